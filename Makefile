@@ -1,0 +1,55 @@
+# pagedinfer — one entry point for every job.
+#   make demo      generate with a small local Qwen3 checkpoint (built with random weights unless MODEL=DIR)
+#   make test      fresh virtual environment, lint, typecheck, layering check, all CPU tests
+#   make test-gpu  GPU tests with the Python already on a CUDA machine (no install step)
+#   make bench     CPU-scale throughput benchmark and block-pool benchmark
+
+PYTHON ?= python3
+VENV ?= .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+MODEL ?=
+
+.PHONY: install lint typecheck layers test test-unit test-gpu demo bench bench-pool clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints-cpu.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install --quiet --upgrade pip
+	$(VPY) -m pip install --quiet -c constraints-cpu.txt torch==2.13.0
+	$(VPY) -m pip install --quiet -c constraints-cpu.txt -e '.[dev]'
+	touch $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks examples
+	$(VENV)/bin/ruff format --check src tests benchmarks examples
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+layers: $(STAMP)
+	$(VENV)/bin/lint-imports
+
+test: lint typecheck layers
+	$(VPY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+test-unit: $(STAMP)
+	$(VPY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+# Runs on a CUDA machine with the interpreter that already has torch (no network needed).
+test-gpu:
+	PYTHONPATH=src $(PYTHON) -m pytest -m gpu tests/gpu -p no:cacheprovider $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	$(VPY) -m pagedinfer demo $(if $(MODEL),--model $(MODEL),)
+
+bench: bench-pool $(STAMP)
+	$(VPY) benchmarks/throughput.py --device cpu --scale cpu
+
+bench-pool: $(STAMP)
+	$(VPY) benchmarks/block_pool.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

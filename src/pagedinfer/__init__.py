@@ -1,0 +1,37 @@
+"""pagedinfer: fast offline LLM inference on a paged KV cache.
+
+``from pagedinfer import Engine, SamplingParams``. Importing the package does not import
+torch: ``Engine`` (and everything else that needs torch) is loaded on first access, so the
+pure-Python :mod:`pagedinfer.domain` works where torch is not installed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pagedinfer.domain.sampling import SamplingParams
+from pagedinfer.domain.sequence import FinishReason
+
+if TYPE_CHECKING:
+    from pagedinfer.engine.engine import Engine
+    from pagedinfer.engine.outputs import RequestOutput, StreamDelta
+
+__all__ = ["Engine", "FinishReason", "RequestOutput", "SamplingParams", "StreamDelta"]
+__version__ = "0.1.0"
+
+_LAZY = {
+    "Engine": "pagedinfer.engine.engine",
+    "RequestOutput": "pagedinfer.engine.outputs",
+    "StreamDelta": "pagedinfer.engine.outputs",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'pagedinfer' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value

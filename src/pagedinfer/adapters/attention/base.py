@@ -1,0 +1,115 @@
+"""The attention-backend contract and the per-step metadata every backend reads.
+
+There is no global "context": the model runner builds one :class:`AttentionMetadata` per step
+from the :class:`~pagedinfer.domain.BatchPlan` and passes it down through the model's
+``forward`` explicitly.
+
+Shapes (``T`` query tokens this step, ``B`` sequences, ``W`` block-table width):
+
+* query ``[T, num_heads, head_dim]``, key / value ``[T, num_kv_heads, head_dim]``
+* one layer's cache ``k_cache`` / ``v_cache``: ``[num_blocks, block_size, num_kv_heads, head_dim]``
+* output ``[T, num_heads, head_dim]``
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
+
+import torch
+
+from pagedinfer.domain.plan import BatchPlan
+
+__all__ = ["AttentionBackend", "AttentionMetadata"]
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """What attention needs to know about one step, as device tensors plus a few host ints.
+
+    ``context_lens[i]`` is the number of K/V tokens sequence ``i`` attends to *including* the
+    tokens stored this step; its queries are the last ``query_lens[i]`` of those positions.
+    ``slot_mapping[t]`` is where token ``t``'s K/V go (``block_id * block_size + offset``; ``-1``
+    skips the store, used for padding rows of captured CUDA graphs).
+    The ``*_host`` lists mirror tensors for backends that loop on the host; they are ``None``
+    on the CUDA-graph decode path, whose tensors are overwritten in place between replays.
+    """
+
+    is_prefill: bool
+    block_size: int
+    slot_mapping: torch.Tensor  # [T] int64
+    cu_seqlens_q: torch.Tensor  # [B + 1] int32
+    cu_seqlens_k: torch.Tensor  # [B + 1] int32
+    context_lens: torch.Tensor  # [B] int32
+    block_tables: torch.Tensor  # [B, W] int32
+    max_seqlen_q: int
+    max_seqlen_k: int
+    has_cached_prefix: bool  # some sequence attends to K/V stored in earlier steps
+    has_padding_slots: bool = False  # some slot_mapping entries are -1
+    query_lens_host: list[int] | None = None
+    context_lens_host: list[int] | None = None
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.context_lens.shape[0])
+
+    @classmethod
+    def from_plan(cls, plan: BatchPlan, device: torch.device) -> AttentionMetadata:
+        def ints(values: list[int], dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype, device=device)
+
+        width = max(plan.block_table_width, 1)
+        tables = plan.block_tables if plan.block_table_width else [[0]] * plan.num_seqs
+        block_tables = torch.tensor(tables, dtype=torch.int32, device=device).view(-1, width)
+        return cls(
+            is_prefill=plan.is_prefill,
+            block_size=plan.block_size,
+            slot_mapping=ints(plan.slot_mapping, torch.int64),
+            cu_seqlens_q=ints(plan.cu_seqlens_q, torch.int32),
+            cu_seqlens_k=ints(plan.cu_seqlens_k, torch.int32),
+            context_lens=ints(plan.context_lens, torch.int32),
+            block_tables=block_tables,
+            max_seqlen_q=plan.max_seqlen_q,
+            max_seqlen_k=plan.max_seqlen_k,
+            has_cached_prefix=plan.has_cached_prefix,
+            has_padding_slots=any(slot < 0 for slot in plan.slot_mapping),
+            query_lens_host=plan.query_lens,
+            context_lens_host=plan.context_lens,
+        )
+
+
+class AttentionBackend(Protocol):
+    """Stores a step's K/V into the paged cache and computes paged attention.
+
+    Implementations: ``torch`` (reference, CPU and CUDA), ``triton`` (own kernels), ``flash``
+    (flash-attn). A backend refuses block sizes it cannot serve at construction time with a
+    :class:`~pagedinfer.errors.ConfigurationError`.
+    """
+
+    name: ClassVar[str]
+    # True when forward() reads no host-side values, so decode can be captured in a CUDA graph.
+    supports_cuda_graphs: ClassVar[bool]
+
+    def store_kv(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        """Write ``key[t]`` / ``value[t]`` into slot ``slot_mapping[t]``; skip slots ``< 0``."""
+        ...
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """Store this step's K/V, then attend; returns ``[T, num_heads, head_dim]``."""
+        ...

@@ -1,0 +1,1 @@
+"""Tensor parallelism: the process group handle, worker processes, the control channel."""

@@ -1,0 +1,26 @@
+"""What a model runner is built from: the engine's settings, already resolved."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["RunnerConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerConfig:
+    model_path: str
+    device: torch.device  # resolved: cpu, or a concrete cuda device
+    dtype: torch.dtype  # resolved model / KV-cache dtype
+    block_size: int
+    attention_backend: str  # resolved: "torch", "triton" or "flash"
+    max_num_seqs: int = 512
+    max_num_batched_tokens: int = 16384
+    max_model_len: int = 4096
+    num_kv_blocks: int | None = None  # None: size from memory (GPU budget / free RAM)
+    gpu_memory_utilization: float = 0.9
+    enforce_eager: bool = False
+    seed: int = 0
+    tensor_parallel_size: int = 1

@@ -1,0 +1,116 @@
+"""One request as the scheduler sees it: its tokens, its progress and its KV blocks."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence as SequenceABC
+
+from pagedinfer.domain.sampling import SamplingParams
+
+__all__ = ["FinishReason", "Sequence", "SequenceStatus"]
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # EOS, a stop token id or a stop string
+    LENGTH = "length"  # max_tokens or max_model_len reached
+    ABORT = "abort"  # aborted by the caller
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Sequence:
+    """A request's token history and cache bookkeeping.
+
+    ``token_ids`` holds the prompt followed by the completion. ``num_computed_tokens`` counts
+    the leading tokens whose K/V are in the cache; the scheduler computes the rest, in chunks
+    if the prompt is long, and a decode step computes exactly the last token.
+    ``num_cached_tokens`` counts the tokens served by the prefix cache when the request was
+    (last) admitted. ``block_table[i]`` is the physical block holding logical block ``i``.
+    ``block_hashes`` caches the chained hashes of the full blocks of ``token_ids``; they depend
+    only on the tokens, so they survive preemption.
+    """
+
+    __slots__ = (
+        "block_hashes",
+        "block_table",
+        "extra_key",
+        "finish_reason",
+        "num_cached_tokens",
+        "num_computed_tokens",
+        "num_prompt_tokens",
+        "num_registered_blocks",
+        "params",
+        "seq_id",
+        "status",
+        "token_ids",
+    )
+
+    def __init__(
+        self,
+        seq_id: int,
+        prompt_token_ids: SequenceABC[int],
+        params: SamplingParams | None = None,
+        *,
+        extra_key: int | None = None,
+    ) -> None:
+        self.seq_id = seq_id
+        self.token_ids: list[int] = list(prompt_token_ids)
+        self.num_prompt_tokens = len(self.token_ids)
+        self.params = params if params is not None else SamplingParams()
+        self.extra_key = extra_key
+        self.status = SequenceStatus.WAITING
+        self.finish_reason: FinishReason | None = None
+        self.num_cached_tokens = 0
+        self.num_computed_tokens = 0
+        self.block_table: list[int] = []
+        self.block_hashes: list[int] = []
+        # How many leading entries of block_table the prefix cache already knows about.
+        self.num_registered_blocks = 0
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence(id={self.seq_id}, status={self.status.value}, tokens={len(self.token_ids)}"
+            f", computed={self.num_computed_tokens}, blocks={self.block_table})"
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def completion_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def last_token_id(self) -> int:
+        return self.token_ids[-1]
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def block_token_ids(self, index: int, block_size: int) -> list[int]:
+        start = index * block_size
+        return self.token_ids[start : start + block_size]

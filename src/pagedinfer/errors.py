@@ -1,0 +1,66 @@
+"""The exceptions pagedinfer raises on purpose.
+
+Every class also derives from the built-in exception a user would expect (``ValueError`` for
+bad input, ``FileNotFoundError`` for a missing checkpoint, ``RuntimeError`` for resource
+problems), so ``except ValueError`` keeps working while ``except PagedInferError`` catches all
+of them. Messages say the value that was wrong, the limit it broke and, where there is one, the
+fix. This module is pure Python: the domain layer may import it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BlockPoolError",
+    "CheckpointNotFoundError",
+    "ConfigurationError",
+    "EngineClosedError",
+    "InvalidRequestError",
+    "InvalidSamplingParamsError",
+    "KVCacheMemoryError",
+    "PagedInferError",
+    "UnsupportedModelError",
+    "WorkerDiedError",
+]
+
+
+class PagedInferError(Exception):
+    """Base class of every error pagedinfer raises deliberately."""
+
+
+class InvalidSamplingParamsError(PagedInferError, ValueError):
+    """A ``SamplingParams`` field is out of its allowed range."""
+
+
+class InvalidRequestError(PagedInferError, ValueError):
+    """A request cannot be served: empty prompt, bad token id, too long for ``max_model_len``."""
+
+
+class ConfigurationError(PagedInferError, ValueError):
+    """The engine's settings contradict each other or the chosen backend."""
+
+
+class UnsupportedModelError(PagedInferError, ValueError):
+    """The checkpoint exists but is not a model this library can run, or lacks weights."""
+
+
+class CheckpointNotFoundError(PagedInferError, FileNotFoundError):
+    """The model path does not exist or is not a directory."""
+
+
+class KVCacheMemoryError(PagedInferError, RuntimeError):
+    """Not enough memory for the KV cache (not even a single block)."""
+
+
+class BlockPoolError(PagedInferError, RuntimeError):
+    """The block pool was asked to do something impossible (double free, unknown block).
+
+    The pool checks before it mutates, so after this error its state is unchanged.
+    """
+
+
+class WorkerDiedError(PagedInferError, RuntimeError):
+    """A tensor-parallel worker process exited; the engine cannot continue."""
+
+
+class EngineClosedError(PagedInferError, RuntimeError):
+    """The engine was used after ``close()``."""
