@@ -1,0 +1,167 @@
+"""Build Qwen3 checkpoints with random weights on local disk (no model hub needed).
+
+Used by the tests, ``make demo`` and the benchmarks. ``transformers`` writes the files
+(``config.json`` + safetensors), so what we load is exactly what a real checkpoint looks like.
+A small byte-level BPE tokenizer, trained on an embedded text, can be saved alongside so that
+string prompts work; its outputs are meaningless because the weights are random.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["PRESETS", "RandomQwen3Spec", "build_random_qwen3", "build_tokenizer"]
+
+
+@dataclass(frozen=True, slots=True)
+class RandomQwen3Spec:
+    vocab_size: int = 512
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 32
+    rope_theta: float = 10000.0
+    tie_word_embeddings: bool = True
+    max_position_embeddings: int = 4096
+    rms_norm_eps: float = 1e-6
+    # Larger than transformers' default 0.02 so that greedy argmax gaps are comfortably
+    # above float32 rounding noise in parity tests.
+    initializer_range: float = 0.1
+    dtype: str = "float32"
+    eos_token_id: int | None = None
+
+
+PRESETS: dict[str, RandomQwen3Spec] = {
+    # Unit and parity tests: milliseconds per step on a CPU.
+    "tiny": RandomQwen3Spec(),
+    # CPU demo and CPU benchmark: small enough for 2 cores, large enough to be bound by compute.
+    "small": RandomQwen3Spec(
+        vocab_size=4096,
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=32,
+        rope_theta=1_000_000.0,
+        initializer_range=0.02,
+    ),
+    # Qwen3-0.6B's shape (28 layers, hidden 1024, 16/8 heads, head_dim 128, vocab 151936, tied).
+    "qwen3-0.6b": RandomQwen3Spec(
+        vocab_size=151936,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        rope_theta=1_000_000.0,
+        max_position_embeddings=40960,
+        initializer_range=0.02,
+        dtype="bfloat16",
+        eos_token_id=151645,
+    ),
+}
+
+
+def build_random_qwen3(
+    path: str | Path,
+    spec: RandomQwen3Spec | str = "tiny",
+    *,
+    seed: int = 0,
+    with_tokenizer: bool = False,
+    **overrides: Any,
+) -> Path:
+    """Write a random-weight Qwen3 checkpoint to ``path`` and return it.
+
+    ``spec`` is a :class:`RandomQwen3Spec` or a preset name; keyword ``overrides`` replace
+    fields of it. With ``with_tokenizer=True`` a small BPE tokenizer is saved too (its
+    vocabulary fits inside ``vocab_size``, which must then be at least 512).
+    """
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    base = PRESETS[spec] if isinstance(spec, str) else spec
+    spec = replace(base, **overrides)
+    target = Path(path)
+    target.mkdir(parents=True, exist_ok=True)
+    eos = spec.eos_token_id
+    if with_tokenizer:
+        tokenizer = build_tokenizer(min(spec.vocab_size, 1024))
+        tokenizer.save_pretrained(str(target))
+        eos = tokenizer.eos_token_id
+    config = Qwen3Config(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        head_dim=spec.head_dim,
+        rope_theta=spec.rope_theta,
+        tie_word_embeddings=spec.tie_word_embeddings,
+        max_position_embeddings=spec.max_position_embeddings,
+        rms_norm_eps=spec.rms_norm_eps,
+        initializer_range=spec.initializer_range,
+        eos_token_id=eos,
+        bos_token_id=eos,
+    )
+    torch.manual_seed(seed)
+    dtype = getattr(torch, spec.dtype)
+    with torch.device("meta" if spec.num_hidden_layers > 8 else "cpu"):
+        model = Qwen3ForCausalLM(config)
+    if spec.num_hidden_layers > 8:  # large shapes: skip transformers' slow init, fill directly
+        model = model.to_empty(device="cpu")
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.fill_(1.0)
+                else:
+                    param.normal_(0.0, spec.initializer_range, generator=generator)
+    model = model.to(dtype)
+    model.config.dtype = dtype
+    model.save_pretrained(str(target))
+    return target
+
+
+_CORPUS = """
+Paged attention stores the key and value cache in fixed size blocks, like pages of virtual
+memory. A block table maps each sequence's logical blocks to physical blocks. Prefix caching
+shares the blocks of a common prompt prefix between requests. The scheduler admits waiting
+requests while memory allows, prefills their prompts, then decodes one token per step for
+every running request. When memory runs out, the newest request is preempted and recomputed
+later. Continuous batching keeps the accelerator busy. The quick brown fox jumps over the lazy
+dog. Once upon a time there was a small language model that answered every question with
+random words, because its weights were random. Hello, world! How are you today? What is the
+capital of France? Write a short poem about the sea. Explain how a transformer works.
+0 1 2 3 4 5 6 7 8 9 10 100 1000 + - * / = ( ) [ ] { } < > , . ; : ! ? ' "
+"""
+
+
+def build_tokenizer(vocab_size: int = 1024) -> Any:
+    """A byte-level BPE tokenizer trained on a short embedded text (fast, deterministic)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator([_CORPUS] * 4, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        bos_token="<|endoftext|>",
+    )
