@@ -1,0 +1,151 @@
+"""The example and the block-pool benchmark run as users run them: as scripts, in a subprocess.
+
+The example runs with torch, numpy, triton and transformers made unimportable, which proves
+the embedding story of SPEC §1.3 end to end (an in-process check would be masked by whatever
+earlier tests imported).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "custom_runtime.py"
+BENCHMARK = REPO / "benchmarks" / "block_pool.py"
+HEAVY = ("torch", "numpy", "triton", "transformers", "safetensors")
+
+# Runs a script as __main__ with the heavy packages blocked, then proves none was loaded.
+_RUN_WITHOUT_HEAVY_PACKAGES = """
+import runpy, sys
+
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {heavy!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}} (blocked by the test)")
+        return None
+
+sys.meta_path.insert(0, Refuse())
+script, *args = sys.argv[1:]
+sys.argv = [script, *args]
+try:
+    runpy.run_path(script, run_name="__main__")
+except SystemExit as exit:
+    if exit.code not in (None, 0):
+        raise
+loaded = sorted(name for name in sys.modules if name.split(".")[0] in {heavy!r})
+assert not loaded, f"heavy modules were imported: {{loaded}}"
+"""
+
+
+def _run_script(script: Path, *args: str, timeout: float = 120) -> str:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
+    code = textwrap.dedent(_RUN_WITHOUT_HEAVY_PACKAGES.format(heavy=HEAVY))
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(script), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        check=False,
+    )
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    return result.stdout
+
+
+# ------------------------------------------------------------------------- the example
+
+_PLAN_HEADER = re.compile(r"^step (\d+): (prefill|decode), is_prefill=(True|False)")
+_PLAN_ROW = re.compile(
+    r"^  seq (\d+): query_len=\s*(\d+) positions=\[([^\]]*)\] context_len=\s*(\d+) "
+    r"slots=\[([^\]]*)\] block_table=\[([^\]]*)\]"
+)
+_OUTPUT_ROW = re.compile(
+    r"^  seq (\d+): prompt=(\d+) cached=(\d+) completion=(\d+) finish_reason=(\w+)"
+)
+
+
+def _expand(spans: str) -> list[int]:
+    """Inverse of the example's ``[a..b, c]`` rendering."""
+    values: list[int] = []
+    for part in spans.split(", "):
+        first, _, last = part.partition("..")
+        values.extend(range(int(first), int(last or first) + 1))
+    return values
+
+
+@pytest.fixture(scope="module")
+def example_output() -> str:
+    return _run_script(EXAMPLE, "--seed", "0", "--show-steps", "1000")
+
+
+def test_example_runs_without_torch(example_output: str) -> None:
+    assert "torch imported: False" in example_output
+
+
+def test_example_plans_are_consistent(example_output: str) -> None:
+    plans: list[tuple[bool, list[tuple[int, ...]]]] = []
+    for line in example_output.splitlines():
+        if header := _PLAN_HEADER.match(line):
+            assert (header[2] == "prefill") == (header[3] == "True")
+            plans.append((header[3] == "True", []))
+        elif row := _PLAN_ROW.match(line):
+            seq_id, query_len, positions, context_len = (
+                int(row[1]),
+                int(row[2]),
+                _expand(row[3]),
+                int(row[4]),
+            )
+            slots = _expand(row[5])
+            table = [int(entry) for entry in row[6].split(", ") if entry != "-"]
+            assert len(positions) == len(slots) == query_len
+            # The query is the tail of the context, and every slot lies in the block the
+            # table assigns to its position (block_size 8 in the example).
+            assert positions == list(range(context_len - query_len, context_len))
+            for position, slot in zip(positions, slots, strict=True):
+                assert slot // 8 == table[position // 8]
+            assert len(table) == -(-context_len // 8)
+            plans[-1][1].append((seq_id, query_len, positions[0], context_len))
+    assert len(plans) > 5
+    assert any(is_prefill for is_prefill, _ in plans)
+    assert any(not is_prefill for is_prefill, _ in plans)
+    for is_prefill, rows in plans:
+        assert rows, "a plan without sequences"
+        if not is_prefill:
+            assert all(query_len == 1 for _, query_len, _, _ in rows)
+    # Chunked prefill: some sequence's prompt arrives in more than one prefill step, each
+    # chunk starting where the previous one ended.
+    chunks: dict[int, list[tuple[int, int]]] = {}
+    for is_prefill, rows in plans:
+        for seq_id, query_len, start, _ in rows:
+            if is_prefill:
+                chunks.setdefault(seq_id, []).append((start, query_len))
+    assert any(len(parts) > 1 for parts in chunks.values()), chunks
+
+
+def test_example_finishes_every_request_and_frees_the_pool(example_output: str) -> None:
+    outputs = [_OUTPUT_ROW.match(line) for line in example_output.splitlines()]
+    rows = [row for row in outputs if row is not None]
+    assert sorted(int(row[1]) for row in rows) == [0, 1, 2, 3, 4]
+    for row in rows:
+        assert row[5] in {"length", "stop"}
+        assert 1 <= int(row[4]) <= 30  # max_tokens is drawn from [12, 30]
+        assert int(row[3]) <= int(row[2])
+    # The shared system prompt is served from the prefix cache for later requests.
+    assert any(int(row[3]) >= 24 for row in rows)
+    pool = re.search(r"pool: free=(\d+)/(\d+) .* prefix_hits=(\d+)/(\d+)", example_output)
+    assert pool is not None
+    assert pool[1] == pool[2], "finished requests must give every block back"
+    assert 0 < int(pool[3]) <= int(pool[4])
+    sched = re.search(r"preemptions=(\d+) waiting=(\d+) running=(\d+)", example_output)
+    assert sched is not None
+    assert int(sched[1]) >= 1, "the small pool is meant to force a preemption"
+    assert sched[2] == sched[3] == "0"
+    assert "preempted (no free block)" in example_output
