@@ -1,0 +1,102 @@
+"""Attention backends behind one protocol, and the choice between them.
+
+``torch`` (reference, any device), ``triton`` (own kernels; CUDA, or CPU under
+``TRITON_INTERPRET=1``), ``flash`` (flash-attn; CUDA, block sizes that are multiples of 256).
+The Triton and flash modules are imported only when chosen.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+
+import torch
+
+from pagedinfer.adapters.attention.base import AttentionBackend, AttentionMetadata
+from pagedinfer.errors import ConfigurationError
+
+__all__ = [
+    "BACKEND_NAMES",
+    "AttentionBackend",
+    "AttentionMetadata",
+    "create_backend",
+    "flash_attn_available",
+    "resolve_backend_name",
+]
+
+BACKEND_NAMES: tuple[str, ...] = ("auto", "torch", "triton", "flash")
+# flash-attn's paged kernels need pages of a multiple of this many tokens.
+FLASH_BLOCK_SIZE_MULTIPLE = 256
+
+
+def flash_attn_available() -> bool:
+    """True when ``flash_attn`` imports (a broken build counts as absent)."""
+    try:
+        importlib.import_module("flash_attn")
+    except Exception:  # ImportError, or an ABI mismatch surfacing as OSError/RuntimeError
+        return False
+    return True
+
+
+def _triton_usable_on(device: torch.device) -> bool:
+    if device.type == "cuda":
+        return importlib.util.find_spec("triton") is not None
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def resolve_backend_name(
+    requested: str, device: torch.device, *, block_size: int | None = None
+) -> str:
+    """``"auto"`` -> the fastest backend for ``device``; explicit names are checked.
+
+    ``auto``: on CUDA ``flash`` if flash-attn imports (and ``block_size``, when given, is a
+    multiple of 256), else ``triton``; on CPU ``torch``. Raises :class:`ConfigurationError` for
+    unknown names and for backends that cannot run on ``device``.
+    """
+    if requested not in BACKEND_NAMES:
+        raise ConfigurationError(
+            f"attention_backend={requested!r} is unknown: expected one of "
+            f"{', '.join(repr(name) for name in BACKEND_NAMES)}."
+        )
+    if requested == "auto":
+        if device.type != "cuda":
+            return "torch"
+        flash_fits = block_size is None or block_size % FLASH_BLOCK_SIZE_MULTIPLE == 0
+        if flash_fits and flash_attn_available():
+            return "flash"
+        return "triton" if _triton_usable_on(device) else "torch"
+    if requested == "flash" and (device.type != "cuda" or not flash_attn_available()):
+        raise ConfigurationError(
+            f"attention_backend='flash' needs a CUDA device and an importable flash-attn "
+            f"package (device is {device}). Install flash-attn or use attention_backend='auto'."
+        )
+    if requested == "triton" and not _triton_usable_on(device):
+        raise ConfigurationError(
+            f"attention_backend='triton' needs a CUDA device with triton installed, or "
+            f"TRITON_INTERPRET=1 on CPU (device is {device}). Use attention_backend='auto'."
+        )
+    return requested
+
+
+def create_backend(name: str, block_size: int) -> AttentionBackend:
+    """Instantiate a resolved backend (``torch``, ``triton`` or ``flash``) for ``block_size``.
+
+    Backends refuse block sizes they cannot serve with a :class:`ConfigurationError`.
+    """
+    if name == "torch":
+        from pagedinfer.adapters.attention.torch_ref import TorchAttentionBackend
+
+        return TorchAttentionBackend(block_size)
+    if name == "triton":
+        triton_module = importlib.import_module("pagedinfer.adapters.attention.triton")
+        backend: AttentionBackend = triton_module.TritonAttentionBackend(block_size)
+        return backend
+    if name == "flash":
+        flash_module = importlib.import_module("pagedinfer.adapters.attention.flash")
+        backend = flash_module.FlashAttentionBackend(block_size)
+        return backend
+    raise ConfigurationError(
+        f"attention backend {name!r} is unknown: expected 'torch', 'triton' or 'flash' "
+        "(resolve 'auto' with resolve_backend_name first)."
+    )

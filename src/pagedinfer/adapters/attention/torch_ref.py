@@ -96,7 +96,12 @@ class TorchAttentionBackend:
         scale: float,
     ) -> torch.Tensor:
         store_kv_torch(
-            key, value, k_cache, v_cache, meta.slot_mapping, has_padding_slots=meta.has_padding_slots
+            key,
+            value,
+            k_cache,
+            v_cache,
+            meta.slot_mapping,
+            has_padding_slots=meta.has_padding_slots,
         )
         if meta.is_prefill:
             return self._prefill(query, key, value, k_cache, v_cache, meta, scale)

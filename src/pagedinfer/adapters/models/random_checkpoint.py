@@ -30,6 +30,7 @@ class RandomQwen3Spec:
     tie_word_embeddings: bool = True
     max_position_embeddings: int = 4096
     rms_norm_eps: float = 1e-6
+    attention_bias: bool = False
     # Larger than transformers' default 0.02 so that greedy argmax gaps are comfortably
     # above float32 rounding noise in parity tests.
     initializer_range: float = 0.1
@@ -95,7 +96,10 @@ def build_random_qwen3(
         tokenizer = build_tokenizer(min(spec.vocab_size, 1024))
         tokenizer.save_pretrained(str(target))
         eos = tokenizer.eos_token_id
+    # transformers >= 5 turns rope_theta into rope_parameters; older versions keep it as is.
+    legacy_kwargs: dict[str, Any] = {"rope_theta": spec.rope_theta}
     config = Qwen3Config(
+        **legacy_kwargs,
         vocab_size=spec.vocab_size,
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
@@ -103,10 +107,10 @@ def build_random_qwen3(
         num_attention_heads=spec.num_attention_heads,
         num_key_value_heads=spec.num_key_value_heads,
         head_dim=spec.head_dim,
-        rope_theta=spec.rope_theta,
         tie_word_embeddings=spec.tie_word_embeddings,
         max_position_embeddings=spec.max_position_embeddings,
         rms_norm_eps=spec.rms_norm_eps,
+        attention_bias=spec.attention_bias,
         initializer_range=spec.initializer_range,
         eos_token_id=eos,
         bos_token_id=eos,
@@ -159,7 +163,8 @@ def build_tokenizer(vocab_size: int = 1024) -> Any:
         show_progress=False,
     )
     tokenizer.train_from_iterator([_CORPUS] * 4, trainer=trainer)
-    return PreTrainedTokenizerFast(
+    fast_tokenizer: Any = PreTrainedTokenizerFast  # untyped constructor
+    return fast_tokenizer(
         tokenizer_object=tokenizer,
         eos_token="<|endoftext|>",
         pad_token="<|endoftext|>",

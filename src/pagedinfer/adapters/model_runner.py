@@ -1,0 +1,292 @@
+"""``ModelRunner``: one rank's model, KV cache and sampler; runs a ``BatchPlan`` per call.
+
+Construction: read the checkpoint's config, build the model on the target device in the
+target dtype, load the weights, size the KV cache (CUDA: after a warm-up pass, from the memory
+budget; CPU: ``num_kv_blocks`` or a share of free RAM), allocate it and bind one view per
+attention layer. :meth:`ModelRunner.execute` then turns each plan into tensors in one place
+(:meth:`ModelRunner.prepare`), runs the model, computes logits only for the sampled rows and
+samples on rank 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+
+from pagedinfer.adapters.attention import create_backend
+from pagedinfer.adapters.attention.base import AttentionMetadata
+from pagedinfer.adapters.distributed.parallel import SINGLE_PROCESS, ParallelContext
+from pagedinfer.adapters.kv_cache import (
+    allocate_kv_cache,
+    available_host_memory,
+    cpu_kv_block_budget,
+    cuda_kv_block_budget,
+    kv_block_bytes,
+    max_useful_blocks,
+)
+from pagedinfer.adapters.layers.linear import divide
+from pagedinfer.adapters.models.config import ModelConfig
+from pagedinfer.adapters.models.loader import load_weights
+from pagedinfer.adapters.models.registry import build_model
+from pagedinfer.adapters.runner_config import RunnerConfig
+from pagedinfer.adapters.sampler import Sampler, SamplingBatch
+from pagedinfer.domain.plan import PADDING_SLOT, BatchPlan
+from pagedinfer.errors import ConfigurationError, EngineClosedError
+
+__all__ = ["DecodeGraphRunner", "ModelRunner", "StepInputs"]
+
+
+@dataclass(frozen=True, slots=True)
+class StepInputs:
+    """A plan as device tensors: everything the model and the sampler read in one step."""
+
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    meta: AttentionMetadata
+    sample_indices: torch.Tensor | None  # [n] int64; None when every row is sampled in order
+    sampling: SamplingBatch | None  # None on ranks that do not sample
+
+
+class DecodeGraphRunner(Protocol):
+    """Replays captured CUDA graphs for decode steps (implemented in ``adapters/cuda_graph``)."""
+
+    def can_replay(self, plan: BatchPlan) -> bool:
+        """True when a captured graph covers this decode step (batch size, table width)."""
+        ...
+
+    def replay(self, inputs: StepInputs) -> torch.Tensor:
+        """Copy ``inputs`` into the graph's static tensors, replay, return ``[T, hidden]``."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class ModelRunner:
+    """Executes batch plans on one device (one tensor-parallel rank).
+
+    ``num_kv_blocks`` is the size of the KV pool this runner allocated; the scheduler's block
+    pool must have exactly that many blocks. With tensor parallelism every rank runs
+    :meth:`execute` on the same plan; rank 0 returns the sampled ids, the others ``[]``.
+    """
+
+    def __init__(self, config: RunnerConfig, parallel: ParallelContext = SINGLE_PROCESS) -> None:
+        assert config.tensor_parallel_size == parallel.world_size, (config, parallel)
+        self.config = config
+        self.parallel = parallel
+        self.device = config.device
+        self.dtype = config.dtype
+        self.model_config = model_config = ModelConfig.from_pretrained(config.model_path)
+        if config.max_model_len > model_config.max_position_embeddings:
+            raise ConfigurationError(
+                f"max_model_len={config.max_model_len} exceeds the model's "
+                f"max_position_embeddings={model_config.max_position_embeddings}: lower "
+                "max_model_len."
+            )
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self.backend = create_backend(config.attention_backend, config.block_size)
+        self.model = build_model(
+            model_config,
+            parallel=parallel,
+            backend=self.backend,
+            device=self.device,
+            dtype=self.dtype,
+        )
+        load_weights(self.model, config.model_path)
+        self.num_kv_heads = divide(
+            model_config.num_key_value_heads, parallel.world_size, "num_key_value_heads"
+        )
+        self.block_bytes = kv_block_bytes(
+            num_layers=model_config.num_hidden_layers,
+            block_size=config.block_size,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=model_config.head_dim,
+            dtype=self.dtype,
+        )
+        self.sampler = Sampler(self.device, config.seed)
+        self._closed = False
+        self.num_kv_blocks = self._size_kv_cache()
+        self.kv_cache = self._allocate_kv_cache(self.num_kv_blocks)
+        self._bind_kv_cache(self.kv_cache)
+        # Seam for CUDA graphs: decode steps go through graph_runner when it is set.
+        self.graph_runner: DecodeGraphRunner | None = self._create_graph_runner()
+
+    # ------------------------------------------------------------------ steps
+    def execute(self, plan: BatchPlan) -> list[int]:
+        """Run one step; return one sampled token id per ``plan.sampled_seq_ids`` (rank 0)."""
+        if self._closed:
+            raise EngineClosedError("the model runner was used after close()")
+        inputs = self.prepare(plan)
+        with torch.inference_mode():
+            hidden = self._run_model(plan, inputs)
+            if plan.num_samples == 0:  # only partial prefill chunks this step
+                return []
+            if inputs.sample_indices is not None:
+                hidden = hidden.index_select(0, inputs.sample_indices)
+            logits = self.model.compute_logits(hidden)
+            if logits is None or inputs.sampling is None:
+                return []
+            token_ids = self.sampler(logits, inputs.sampling)
+        return [int(token) for token in token_ids.tolist()]
+
+    def prepare(self, plan: BatchPlan) -> StepInputs:
+        """The only place a plan becomes tensors."""
+        device = self.device
+        every_row_sampled = plan.num_samples == plan.num_tokens  # decode: rows in order
+        return StepInputs(
+            input_ids=torch.tensor(plan.input_ids, dtype=torch.int64, device=device),
+            positions=torch.tensor(plan.positions, dtype=torch.int64, device=device),
+            meta=AttentionMetadata.from_plan(plan, device),
+            sample_indices=None
+            if every_row_sampled
+            else torch.tensor(plan.sample_indices, dtype=torch.int64, device=device),
+            sampling=SamplingBatch.from_plan(plan, device) if self.parallel.is_driver else None,
+        )
+
+    def _run_model(self, plan: BatchPlan, inputs: StepInputs) -> torch.Tensor:
+        graphs = self.graph_runner
+        if graphs is not None and not plan.is_prefill and graphs.can_replay(plan):
+            return graphs.replay(inputs)
+        hidden: torch.Tensor = self.model(inputs.input_ids, inputs.positions, inputs.meta)
+        return hidden
+
+    def close(self) -> None:
+        """Free the KV cache and the model. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.graph_runner is not None:
+            self.graph_runner.close()
+            self.graph_runner = None
+        self._unbind_kv_cache()
+        del self.kv_cache
+        del self.model
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    # --------------------------------------------------------------- KV cache
+    def _size_kv_cache(self) -> int:
+        config = self.config
+        if config.num_kv_blocks is not None:
+            if config.num_kv_blocks < 1:
+                raise ConfigurationError(
+                    f"num_kv_blocks={config.num_kv_blocks} is invalid: expected an integer >= 1 "
+                    "(or None to size the cache from memory)."
+                )
+            num_blocks = config.num_kv_blocks
+        elif self.device.type == "cuda":
+            num_blocks = self._cuda_block_budget()
+        else:
+            num_blocks = cpu_kv_block_budget(
+                available=available_host_memory(),
+                block_bytes=self.block_bytes,
+                max_blocks=max_useful_blocks(
+                    max_num_seqs=config.max_num_seqs,
+                    max_model_len=config.max_model_len,
+                    block_size=config.block_size,
+                ),
+            )
+        if self.parallel.world_size > 1:
+            # Every rank must hold the same pool; take the smallest budget.
+            agreed = torch.tensor([num_blocks], dtype=torch.int64, device=self.device)
+            dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+            num_blocks = int(agreed.item())
+        return num_blocks
+
+    def _cuda_block_budget(self) -> int:
+        """Run the largest prefill a step can hold, then size the cache from what is left."""
+        device = self.device
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        self._bind_kv_cache(self._allocate_kv_cache(1))  # slots are -1: nothing is stored
+        self.execute(self._warm_up_plan())
+        self._unbind_kv_cache()
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(device)
+        stats = torch.cuda.memory_stats(device)
+        return cuda_kv_block_budget(
+            total=total,
+            used=total - free,
+            peak=stats["allocated_bytes.all.peak"],
+            current=stats["allocated_bytes.all.current"],
+            utilization=self.config.gpu_memory_utilization,
+            block_bytes=self.block_bytes,
+        )
+
+    def _warm_up_plan(self) -> BatchPlan:
+        """A prefill of ``max_num_batched_tokens`` tokens sampling ``max_num_seqs`` rows.
+
+        Sequences are ``max_model_len`` long (the last one shorter); no K/V is stored
+        (padding slots) and no cache is read, so it runs before the cache exists. Sampling
+        uses top-k and top-p so that the sampler's sort is part of the measured peak.
+        """
+        config = self.config
+        budget = min(config.max_num_batched_tokens, config.max_num_seqs * config.max_model_len)
+        lengths: list[int] = []
+        while budget > 0:
+            lengths.append(min(config.max_model_len, budget))
+            budget -= lengths[-1]
+        cu = [0]
+        for length in lengths:
+            cu.append(cu[-1] + length)
+        num_tokens = cu[-1]
+        num_samples = min(num_tokens, config.max_num_seqs)
+        return BatchPlan(
+            is_prefill=True,
+            seq_ids=list(range(len(lengths))),
+            query_lens=lengths,
+            context_lens=lengths,
+            input_ids=[0] * num_tokens,
+            positions=[p for length in lengths for p in range(length)],
+            slot_mapping=[PADDING_SLOT] * num_tokens,
+            cu_seqlens_q=cu,
+            cu_seqlens_k=cu,
+            max_seqlen_q=max(lengths),
+            max_seqlen_k=max(lengths),
+            block_tables=[[0] for _ in lengths],
+            block_table_width=1,
+            block_size=config.block_size,
+            sample_indices=list(range(num_samples)),
+            sampled_seq_ids=[0] * num_samples,
+            temperatures=[1.0] * num_samples,
+            top_ks=[50] * num_samples,
+            top_ps=[0.9] * num_samples,
+            seeds=[None] * num_samples,
+            sample_steps=[0] * num_samples,
+        )
+
+    def _allocate_kv_cache(self, num_blocks: int) -> torch.Tensor:
+        return allocate_kv_cache(
+            num_layers=self.model_config.num_hidden_layers,
+            num_blocks=num_blocks,
+            block_size=self.config.block_size,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.model_config.head_dim,
+            dtype=self.dtype,
+            device=self.device,
+        )
+
+    def _bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
+        layers = self.model.attention_layers()
+        assert len(layers) == kv_cache.shape[1], (len(layers), kv_cache.shape)
+        for index, layer in enumerate(layers):
+            layer.bind_cache(kv_cache[0, index], kv_cache[1, index])
+
+    def _unbind_kv_cache(self) -> None:
+        for layer in self.model.attention_layers():
+            layer.unbind_cache()
+
+    def _create_graph_runner(self) -> DecodeGraphRunner | None:
+        if (
+            self.device.type != "cuda"
+            or self.config.enforce_eager
+            or not self.backend.supports_cuda_graphs
+        ):
+            return None
+        # adapters/cuda_graph.py plugs in here: capture decode graphs for the batch-size
+        # buckets over self.model and the bound KV cache, and return the replaying runner.
+        return None

@@ -1,0 +1,128 @@
+"""Turn logits into token ids: greedy, or temperature / top-k / top-p plus an exponential race.
+
+Sampling uses the "exponential race" form of the Gumbel-max trick: with independent
+``E_i ~ Exp(1)``, ``argmax_i p_i / E_i`` is distributed as ``Categorical(p)``. The only
+randomness is the noise tensor, so a request with a seed draws its noise row from a generator
+keyed by ``(seed, sample_step)`` and gets the same token whatever else is in the batch and
+however often it was preempted and recomputed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pagedinfer.domain.plan import BatchPlan
+
+__all__ = ["Sampler", "SamplingBatch", "derive_seed"]
+
+_MASK64 = (1 << 64) - 1
+
+
+def derive_seed(seed: int, step: int) -> int:
+    """A well-mixed 64-bit generator seed for sample ``step`` of a request seeded ``seed``.
+
+    splitmix64 finalisers over both inputs: nearby seeds and steps give unrelated streams.
+    """
+
+    def mix(value: int) -> int:
+        value = (value + 0x9E3779B97F4A7C15) & _MASK64
+        value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
+        return value ^ (value >> 31)
+
+    return mix(mix(seed & _MASK64) ^ step)
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingBatch:
+    """The per-row sampling parameters of one step, as tensors plus host-side summaries."""
+
+    temperatures: torch.Tensor  # [n] float32, 0 = greedy
+    top_ks: torch.Tensor  # [n] int64, 0 = off
+    top_ps: torch.Tensor  # [n] float32, 1 = off
+    seeds: list[int | None]
+    sample_steps: list[int]
+    all_greedy: bool
+    any_top_k: bool
+    any_top_p: bool
+
+    @classmethod
+    def from_plan(cls, plan: BatchPlan, device: torch.device) -> SamplingBatch:
+        greedy = [t == 0.0 for t in plan.temperatures]
+        sampled_rows = [i for i, is_greedy in enumerate(greedy) if not is_greedy]
+        return cls(
+            temperatures=torch.tensor(plan.temperatures, dtype=torch.float32, device=device),
+            top_ks=torch.tensor(plan.top_ks, dtype=torch.int64, device=device),
+            top_ps=torch.tensor(plan.top_ps, dtype=torch.float32, device=device),
+            seeds=plan.seeds,
+            sample_steps=plan.sample_steps,
+            all_greedy=not sampled_rows,
+            any_top_k=any(plan.top_ks[i] > 0 for i in sampled_rows),
+            any_top_p=any(plan.top_ps[i] < 1.0 for i in sampled_rows),
+        )
+
+
+class Sampler:
+    """Samples one token per row of ``logits``; rows with temperature 0 are exactly argmax."""
+
+    def __init__(self, device: torch.device, seed: int = 0) -> None:
+        self.device = device
+        # Noise for rows without a per-request seed.
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed & _MASK64)
+
+    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        """``logits [n, vocab]`` -> token ids ``[n]`` (int64)."""
+        logits = logits.float()
+        greedy = logits.argmax(dim=-1)
+        if batch.all_greedy:
+            return greedy
+        temperatures = batch.temperatures
+        # Greedy rows are divided by 1 and their sample discarded below.
+        scaled = logits / torch.where(temperatures > 0, temperatures, 1.0).unsqueeze(1)
+        if batch.any_top_k or batch.any_top_p:
+            scaled = _filter_top_k_top_p(scaled, batch)
+        probs = scaled.softmax(dim=-1)
+        noise = self._exponential_noise(probs, batch)
+        sampled = probs.div_(noise).argmax(dim=-1)
+        return torch.where(temperatures > 0, sampled, greedy)
+
+    def _exponential_noise(self, probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        noise = torch.empty_like(probs)
+        seeded = [i for i, seed in enumerate(batch.seeds) if seed is not None]
+        if len(seeded) < len(batch.seeds):
+            noise.exponential_(generator=self.generator)
+        for row in seeded:
+            seed = batch.seeds[row]
+            assert seed is not None
+            generator = torch.Generator(device=probs.device)
+            generator.manual_seed(derive_seed(seed, batch.sample_steps[row]))
+            noise[row].exponential_(generator=generator)
+        # Exp(1) can return exactly 0; p / 0 would make a filtered token (p = 0) a NaN winner.
+        return noise.clamp_min_(torch.finfo(noise.dtype).tiny)
+
+
+def _filter_top_k_top_p(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Set logits outside each row's top-k, then outside its top-p nucleus, to -inf."""
+    vocab = logits.shape[-1]
+    if not batch.any_top_p:
+        # top-k only: the k-th largest value is a threshold; no full sort needed.
+        ks = torch.where((batch.top_ks > 0) & (batch.top_ks < vocab), batch.top_ks, vocab)
+        max_k = int(ks.max().item())
+        top_values = logits.topk(max_k, dim=-1).values
+        threshold = top_values.gather(1, (ks - 1).unsqueeze(1))
+        return logits.masked_fill_(logits < threshold, float("-inf"))
+    sorted_logits, order = logits.sort(dim=-1, descending=False)
+    if batch.any_top_k:
+        ks = torch.where((batch.top_ks > 0) & (batch.top_ks < vocab), batch.top_ks, vocab)
+        threshold = sorted_logits.gather(1, (vocab - ks).unsqueeze(1))
+        sorted_logits.masked_fill_(sorted_logits < threshold, float("-inf"))
+    # Ascending order: drop tokens while the mass at or below them stays <= 1 - top_p, i.e.
+    # keep the smallest high-probability set whose mass reaches top_p; always keep the top one.
+    cumulative = sorted_logits.softmax(dim=-1).cumsum_(dim=-1)
+    drop = cumulative <= (1.0 - batch.top_ps).unsqueeze(1)
+    drop[:, -1] = False
+    sorted_logits.masked_fill_(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
