@@ -149,3 +149,52 @@ def test_example_finishes_every_request_and_frees_the_pool(example_output: str) 
     assert int(sched[1]) >= 1, "the small pool is meant to force a preemption"
     assert sched[2] == sched[3] == "0"
     assert "preempted (no free block)" in example_output
+
+
+# ---------------------------------------------------------------- the block-pool benchmark
+
+_TIME = re.compile(r"^([\d.]+) (ns|µs)$")
+
+
+def _seconds(cell: str) -> float:
+    match = _TIME.match(cell.strip())
+    assert match is not None, cell
+    return float(match[1]) * (1e-9 if match[2] == "ns" else 1e-6)
+
+
+def _table_rows(output: str, header_start: str) -> list[list[str]]:
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def test_block_pool_benchmark_quick_run() -> None:
+    output = _run_script(BENCHMARK, "--quick", "--sizes", "1000,4000", "--ops", "400")
+    pool_rows = _table_rows(output, "| pool blocks |")
+    workloads = {
+        "alloc+free",
+        "hit free cached",
+        "hit free cached, hot",
+        "hit in-use",
+        "alloc(evict)+register+free",
+    }
+    assert {(row[0], row[1]) for row in pool_rows} == {
+        (size, workload) for size in ("1,000", "4,000") for workload in workloads
+    }
+    for row in pool_rows:
+        ours, theirs = _seconds(row[2]), _seconds(row[4])
+        assert 0 < ours < 1e-3 and 0 < theirs < 1e-1
+        assert int(row[7].replace(",", "")) >= 4  # the baseline did at least one chain
+    scheduler_rows = _table_rows(output, "| scenario |")
+    assert len(scheduler_rows) == 3
+    for row in scheduler_rows:
+        prefill_steps, decode_steps = (int(part) for part in row[3].split(" + "))
+        assert (
+            prefill_steps >= 1 and decode_steps >= 99
+        )  # outputs have >= 100 tokens, the first from prefill
+        assert float(row[7]) > 0
