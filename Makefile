@@ -30,7 +30,7 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 layers: $(STAMP)
-	$(VENV)/bin/lint-imports
+	$(VENV)/bin/lint-imports --no-cache
 
 test: lint typecheck layers
 	$(VPY) -m pytest -m "not gpu" $(PYTEST_ARGS)
