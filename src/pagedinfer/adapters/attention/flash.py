@@ -1,0 +1,113 @@
+"""The ``flash`` backend: flash-attn's varlen and paged-KV kernels (CUDA only).
+
+* store: the project's Triton store kernel on CUDA (the torch fallback elsewhere);
+* prefill without a cached prefix: ``flash_attn_varlen_func`` on the step's own K/V;
+* prefill with a cached prefix (prefix-cache hits, chunked prefill): the same function reading
+  the paged cache through ``block_table``;
+* decode: ``flash_attn_with_kvcache`` with ``cache_seqlens`` and ``block_table``.
+
+flash-attn's paged kernels need pages of a multiple of 256 tokens; other block sizes are
+refused at construction. ``flash_attn`` is imported when the backend is built, so the rest of
+the package works without it (install it with the ``flash`` extra).
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import ClassVar
+
+import torch
+
+from pagedinfer.adapters.attention.base import AttentionMetadata
+from pagedinfer.adapters.attention.torch_ref import store_kv_torch
+from pagedinfer.errors import ConfigurationError
+
+__all__ = ["FLASH_BLOCK_SIZE_MULTIPLE", "FlashAttentionBackend"]
+
+FLASH_BLOCK_SIZE_MULTIPLE = 256
+
+
+def _import_flash_attn() -> ModuleType:
+    try:
+        return importlib.import_module("flash_attn")
+    except Exception as error:  # ImportError, or a broken build failing to load its library
+        raise ConfigurationError(
+            f"attention_backend='flash' needs the flash-attn package, which failed to import "
+            f"({type(error).__name__}: {error}). Install it with `pip install "
+            "'pagedinfer[flash]'` or use attention_backend='triton'."
+        ) from error
+
+
+class FlashAttentionBackend:
+    """Paged attention with flash-attn; block sizes that are multiples of 256."""
+
+    name: ClassVar[str] = "flash"
+    supports_cuda_graphs: ClassVar[bool] = True
+
+    def __init__(self, block_size: int) -> None:
+        if block_size <= 0 or block_size % FLASH_BLOCK_SIZE_MULTIPLE != 0:
+            raise ConfigurationError(
+                f"kv_block_size={block_size} does not suit the flash attention backend: "
+                f"flash-attn's paged kernels need a multiple of {FLASH_BLOCK_SIZE_MULTIPLE}. "
+                f"Use kv_block_size={FLASH_BLOCK_SIZE_MULTIPLE} (or another multiple), or "
+                "attention_backend='triton', which takes any multiple of 16."
+            )
+        flash_attn = _import_flash_attn()
+        self.block_size = block_size
+        self._varlen = flash_attn.flash_attn_varlen_func
+        self._with_kvcache = flash_attn.flash_attn_with_kvcache
+
+    def store_kv(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        if k_cache.is_cuda:
+            from pagedinfer.adapters.kernels.store_kv import store_kv_cache
+
+            store_kv_cache(key, value, k_cache, v_cache, slot_mapping)
+        else:
+            store_kv_torch(key, value, k_cache, v_cache, slot_mapping)
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        self.store_kv(key, value, k_cache, v_cache, meta.slot_mapping)
+        if meta.is_prefill:
+            # Without a cached prefix the step's own K/V are the whole context: no page reads.
+            paged = meta.has_cached_prefix
+            output: torch.Tensor = self._varlen(
+                query,
+                k_cache if paged else key,
+                v_cache if paged else value,
+                cu_seqlens_q=meta.cu_seqlens_q,
+                cu_seqlens_k=meta.cu_seqlens_k,
+                max_seqlen_q=meta.max_seqlen_q,
+                max_seqlen_k=meta.max_seqlen_k,
+                softmax_scale=scale,
+                causal=True,
+                block_table=meta.block_tables if paged else None,
+            )
+            return output
+        # Decode reads tensors only (no host values): safe to capture in a CUDA graph.
+        output = self._with_kvcache(
+            query.unsqueeze(1),
+            k_cache,
+            v_cache,
+            cache_seqlens=meta.context_lens,
+            block_table=meta.block_tables,
+            softmax_scale=scale,
+            causal=True,
+        )
+        return output.squeeze(1)

@@ -1,0 +1,199 @@
+"""The ``triton`` backend: the project's own paged-attention kernels.
+
+* store: :func:`~pagedinfer.adapters.kernels.store_kv.store_kv_cache`
+* prefill (also prefix-cache hits and chunked prefill): one varlen kernel over the paged
+  context, :func:`~pagedinfer.adapters.kernels.prefill_attention.paged_prefill_attention`
+* decode: GQA-grouped split-KV kernel plus a reduction,
+  :func:`~pagedinfer.adapters.kernels.decode_attention.paged_decode_attention`
+
+Decode reads no host values: the batch size and the context capacity come from tensor
+shapes (the captured block-table width covers ``max_model_len``), so decode steps can be
+captured in CUDA graphs. The split-KV partials live in a workspace owned by the backend; call
+:meth:`TritonAttentionBackend.reserve` before capturing graphs so the workspace is allocated
+once, outside any capture, at its largest size.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import ClassVar
+
+import torch
+
+from pagedinfer.adapters.attention.base import AttentionMetadata
+from pagedinfer.adapters.kernels.decode_attention import (
+    MAX_SPLITS,
+    SplitPartials,
+    choose_num_splits,
+    paged_decode_attention,
+    split_workspace_numel,
+)
+from pagedinfer.adapters.kernels.prefill_attention import paged_prefill_attention
+from pagedinfer.adapters.kernels.store_kv import store_kv_cache
+from pagedinfer.errors import ConfigurationError
+
+__all__ = ["TritonAttentionBackend"]
+
+# tl.dot works on tiles of at least 16 rows; pages are read in whole multiples of that.
+BLOCK_SIZE_MULTIPLE = 16
+
+
+class TritonAttentionBackend:
+    """Paged attention with the project's Triton kernels; block sizes that are multiples of 16.
+
+    ``num_splits`` fixes the number of split-KV partitions for decode (``1`` turns splitting
+    off); ``None`` picks it per batch from the batch size, kv heads, SM count and block-table
+    width (see :func:`~pagedinfer.adapters.kernels.decode_attention.choose_num_splits`).
+    """
+
+    name: ClassVar[str] = "triton"
+    supports_cuda_graphs: ClassVar[bool] = True
+
+    def __init__(self, block_size: int, *, num_splits: int | None = None) -> None:
+        if block_size <= 0 or block_size % BLOCK_SIZE_MULTIPLE != 0:
+            raise ConfigurationError(
+                f"kv_block_size={block_size} does not suit the triton attention backend: it "
+                f"needs a positive multiple of {BLOCK_SIZE_MULTIPLE} (e.g. 16, 32, 256). Choose "
+                "such a block size or attention_backend='torch'."
+            )
+        if num_splits is not None and not 1 <= num_splits <= MAX_SPLITS:
+            raise ConfigurationError(
+                f"num_splits={num_splits} is out of range: it must be between 1 and "
+                f"{MAX_SPLITS}, or None to choose per batch."
+            )
+        self.block_size = block_size
+        self.num_splits = num_splits
+        self._workspace: torch.Tensor | None = None
+        # Workspaces replaced while a graph was being captured: the captured graph still
+        # writes to them, so they must live as long as the backend.
+        self._retired: list[torch.Tensor] = []
+
+    def reserve(
+        self,
+        max_num_seqs: int,
+        num_heads: int,
+        head_dim: int,
+        *,
+        num_kv_heads: int = 1,
+        device: torch.device | str = "cuda",
+    ) -> None:
+        """Allocate the split-KV workspace for every decode batch of up to ``max_num_seqs``.
+
+        Call once before capturing CUDA graphs (``num_heads`` / ``num_kv_heads`` per rank).
+        The size covers the most partitions any batch size can get, whatever the context
+        length; ``num_kv_heads=1`` is the safe over-estimate. Without it the workspace grows
+        on demand, which is fine in eager mode.
+        """
+        device = _concrete(torch.device(device))
+        needed = max(
+            split_workspace_numel(
+                batch, num_heads, self._splits(batch, num_kv_heads, None, device), head_dim
+            )
+            for batch in range(1, max_num_seqs + 1)
+        )
+        self._workspace_of(needed, device)
+
+    def store_kv(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        store_kv_cache(key, value, k_cache, v_cache, slot_mapping)
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        assert k_cache.shape[1] == self.block_size, (k_cache.shape, self.block_size)
+        store_kv_cache(key, value, k_cache, v_cache, meta.slot_mapping)
+        if meta.is_prefill:
+            return paged_prefill_attention(
+                query,
+                k_cache,
+                v_cache,
+                cu_seqlens_q=meta.cu_seqlens_q,
+                context_lens=meta.context_lens,
+                block_tables=meta.block_tables,
+                max_seqlen_q=meta.max_seqlen_q,
+                scale=scale,
+            )
+        return self._decode(query, k_cache, v_cache, meta, scale)
+
+    def _decode(
+        self,
+        query: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        # Shapes and static settings only: this runs inside CUDA-graph captures.
+        num_seqs, num_heads, head_dim = query.shape
+        capacity = int(meta.block_tables.shape[1]) * self.block_size
+        num_splits = self._splits(num_seqs, int(k_cache.shape[2]), capacity, query.device)
+        partials = None
+        if num_splits > 1:
+            needed = split_workspace_numel(num_seqs, num_heads, num_splits, head_dim)
+            buffer = self._workspace_of(needed, query.device)
+            partials = SplitPartials.from_buffer(buffer, num_seqs, num_heads, num_splits, head_dim)
+        return paged_decode_attention(
+            query,
+            k_cache,
+            v_cache,
+            context_lens=meta.context_lens,
+            block_tables=meta.block_tables,
+            scale=scale,
+            num_splits=num_splits,
+            partials=partials,
+        )
+
+    def _splits(
+        self, num_seqs: int, num_kv_heads: int, capacity: int | None, device: torch.device
+    ) -> int:
+        if self.num_splits is not None:
+            return self.num_splits
+        unbounded = 1 << 62  # reserve(): the longest context any table could describe
+        return choose_num_splits(
+            num_seqs, num_kv_heads, unbounded if capacity is None else capacity, _num_sms(device)
+        )
+
+    def _workspace_of(self, numel: int, device: torch.device) -> torch.Tensor:
+        """A float32 buffer of at least ``numel`` elements on ``device``; grows, never shrinks."""
+        current = self._workspace
+        if current is not None and current.numel() >= numel and current.device == device:
+            return current
+        if current is not None and _capturing(device):
+            self._retired.append(current)
+        size = max(numel, current.numel() if current is not None else 0)
+        self._workspace = torch.empty(size, dtype=torch.float32, device=device)
+        return self._workspace
+
+
+def _concrete(device: torch.device) -> torch.device:
+    """``cuda`` -> ``cuda:<current>``, so it compares equal to a tensor's device."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device; CPU cores under the interpreter."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return int(torch.cuda.get_device_properties(index).multi_processor_count)
+    return os.cpu_count() or 1

@@ -1,0 +1,348 @@
+"""Decode attention over the paged cache: one query per sequence, GQA-grouped, split-KV.
+
+GQA grouping: program ``(s, g, p)`` handles *all* ``G = num_heads / num_kv_heads`` query heads
+that share kv head ``g`` of sequence ``s``. Their queries form the rows of one ``[BLOCK_G, D]``
+tile (``BLOCK_G`` = ``G`` padded to >= 16 for ``tl.dot``; padding rows are zeros and never
+stored), so each K/V tile is loaded from memory once per group instead of once per head.
+
+Split-KV: with few sequences (small batches, long contexts) one program per (sequence, kv
+head) leaves most SMs idle, so the context is cut into ``num_splits`` partitions processed by
+separate programs. Sequence ``s`` with ``ctx_len`` tokens gives each partition
+``split_len = roundup(cdiv(ctx_len, num_splits), BLOCK_N)`` keys: partition ``p`` covers
+``[p * split_len, min((p + 1) * split_len, ctx_len))``, computed on the device. Each program
+runs the online softmax (see :mod:`.paged_tile`) over its partition and writes its partial
+state — row maximum, row sum and unnormalised output — to a float32 workspace; a partition
+that starts past the context (a short sequence in a long-context batch) skips the loop and
+writes the neutral state ``(-inf, 0, 0)``. A second, small kernel, grid
+``(num_seqs, num_heads)``, merges the partials::
+
+    M = max_p m_p;  out = sum_p 2^(m_p - M) acc_p / sum_p 2^(m_p - M) l_p
+
+With ``num_splits == 1`` the first kernel normalises and writes the output itself. A sequence
+with ``ctx_len == 0`` (a padding row of a captured batch) gets a zero output, not NaN.
+
+Graph safety: the grid ``(num_seqs, num_kv_heads, num_splits)`` and the workspace shape depend
+only on tensor shapes and on ``num_splits``, which :func:`choose_num_splits` derives on the
+host from static facts (batch size, kv heads, SM count, block-table width); context lengths
+and block tables are only read inside the kernels. Replaying a captured graph after
+rewriting those tensors in place therefore computes the new batch correctly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from pagedinfer.adapters.kernels.paged_tile import (
+    LOG2_E,
+    attend_paged_tile,
+    check_attention_shapes,
+    dot_precision,
+    padded_head_dim,
+)
+
+__all__ = [
+    "MAX_SPLITS",
+    "SplitPartials",
+    "choose_num_splits",
+    "paged_decode_attention",
+    "split_workspace_numel",
+]
+
+# More partitions than this cost more in the reduction than they win in parallelism.
+MAX_SPLITS = 16
+# A partition shorter than this spends more time on its prologue and partial store than on
+# streaming keys, so short contexts are not split further.
+MIN_TOKENS_PER_SPLIT = 256
+# Aim for about this many resident programs per SM before adding partitions.
+PROGRAMS_PER_SM = 2
+
+
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, num_sms: int) -> int:
+    """Partitions per sequence for a decode batch, from static information only.
+
+    ``max_context_len`` is the longest context the block tables can describe (their width
+    times the block size), never the batch's actual lengths, so a captured graph and every
+    replay agree. One partition when ``num_seqs * num_kv_heads`` programs already fill the
+    GPU; otherwise enough to reach ``PROGRAMS_PER_SM`` programs per SM, at most
+    :data:`MAX_SPLITS` and at most one per :data:`MIN_TOKENS_PER_SPLIT` tokens.
+    """
+    programs = max(1, num_seqs * num_kv_heads)
+    if programs >= num_sms:
+        return 1
+    wanted = -(-PROGRAMS_PER_SM * num_sms // programs)  # ceil division
+    by_length = max(1, max_context_len // MIN_TOKENS_PER_SPLIT)
+    return max(1, min(wanted, by_length, MAX_SPLITS))
+
+
+def split_workspace_numel(num_seqs: int, num_heads: int, num_splits: int, head_dim: int) -> int:
+    """float32 elements of the split-KV partials for this launch (0 without splitting)."""
+    if num_splits <= 1:
+        return 0
+    return num_seqs * num_heads * num_splits * (padded_head_dim(head_dim) + 2)
+
+
+@dataclass(frozen=True, slots=True)
+class SplitPartials:
+    """Per-partition softmax state: ``acc [B, H, S, D_pad]``, ``max`` / ``sum`` ``[B, H, S]``."""
+
+    acc: torch.Tensor
+    max: torch.Tensor
+    sum: torch.Tensor
+
+    @classmethod
+    def from_buffer(
+        cls,
+        buffer: torch.Tensor,
+        num_seqs: int,
+        num_heads: int,
+        num_splits: int,
+        head_dim: int,
+    ) -> SplitPartials:
+        """Views into the front of a flat float32 ``buffer`` of at least
+        :func:`split_workspace_numel` elements (no allocation: safe inside graph capture)."""
+        padded = padded_head_dim(head_dim)
+        rows = num_seqs * num_heads * num_splits
+        assert buffer.dtype == torch.float32 and buffer.dim() == 1
+        assert buffer.numel() >= rows * (padded + 2), (buffer.numel(), rows, padded)
+        acc = buffer[: rows * padded].view(num_seqs, num_heads, num_splits, padded)
+        maxes = buffer[rows * padded : rows * (padded + 1)].view(num_seqs, num_heads, num_splits)
+        sums = buffer[rows * (padded + 1) : rows * (padded + 2)].view(
+            num_seqs, num_heads, num_splits
+        )
+        return cls(acc=acc, max=maxes, sum=sums)
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _decode_kernel(  # type: ignore[no-untyped-def]
+    out_ptr,
+    part_acc_ptr,
+    part_max_ptr,
+    part_sum_ptr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    context_lens_ptr,
+    qk_scale,
+    num_splits,
+    stride_q_seq,
+    stride_q_head,
+    stride_out_seq,
+    stride_out_head,
+    stride_cache_block,
+    stride_cache_slot,
+    stride_cache_head,
+    stride_table_seq,
+    NUM_HEADS: tl.constexpr,
+    QUERIES_PER_KV: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P2: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    seq = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+
+    ctx_len = tl.load(context_lens_ptr + seq)
+    split_len = tl.cdiv(tl.cdiv(ctx_len, num_splits), BLOCK_N) * BLOCK_N
+    key_start = split * split_len
+    key_end = tl.minimum(key_start + split_len, ctx_len)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, HEAD_DIM_P2)
+    g_mask = offs_g < QUERIES_PER_KV
+    d_mask = offs_d < HEAD_DIM
+    heads = kv_head * QUERIES_PER_KV + offs_g
+    q = tl.load(
+        q_ptr + seq * stride_q_seq + heads[:, None] * stride_q_head + offs_d[None, :],
+        mask=g_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+
+    kv_head_offset = kv_head.to(tl.int64) * stride_cache_head
+    table_row_ptr = block_tables_ptr + seq * stride_table_seq
+    acc = tl.zeros([BLOCK_G, HEAD_DIM_P2], dtype=tl.float32)
+    row_sum = tl.zeros([BLOCK_G], dtype=tl.float32)
+    row_max = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+
+    # Whole tiles without masks, then at most one ragged tail tile. A partition past the
+    # context has key_end < key_start: both are skipped and the neutral state is stored.
+    num_full_tiles = (key_end - key_start) // BLOCK_N
+    for tile in range(0, num_full_tiles):
+        acc, row_sum, row_max = attend_paged_tile(
+            acc, row_sum, row_max, q, k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head_offset,
+            key_start + tile * BLOCK_N, key_end, offs_g, qk_scale, stride_cache_block,
+            stride_cache_slot, offs_d, d_mask, BLOCK_SIZE, BLOCK_N, False, False, DOT_PRECISION,
+        )  # fmt: skip
+    tail_start = key_start + num_full_tiles * BLOCK_N
+    if tail_start < key_end:
+        acc, row_sum, row_max = attend_paged_tile(
+            acc, row_sum, row_max, q, k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head_offset,
+            tail_start, key_end, offs_g, qk_scale, stride_cache_block, stride_cache_slot,
+            offs_d, d_mask, BLOCK_SIZE, BLOCK_N, True, False, DOT_PRECISION,
+        )  # fmt: skip
+
+    if SPLIT:
+        # Row (seq, head, split) of the [B, H, S] partial arrays; acc rows are HEAD_DIM_P2 wide.
+        rows = (seq * NUM_HEADS + heads) * num_splits + split
+        tl.store(part_max_ptr + rows, row_max, mask=g_mask)
+        tl.store(part_sum_ptr + rows, row_sum, mask=g_mask)
+        tl.store(
+            part_acc_ptr + rows[:, None] * HEAD_DIM_P2 + offs_d[None, :],
+            acc,
+            mask=g_mask[:, None],
+        )
+    else:
+        out = acc / tl.where(row_sum > 0.0, row_sum, 1.0)[:, None]  # empty context -> zeros
+        tl.store(
+            out_ptr + seq * stride_out_seq + heads[:, None] * stride_out_head + offs_d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=g_mask[:, None] & d_mask[None, :],
+        )
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _reduce_splits_kernel(  # type: ignore[no-untyped-def]
+    out_ptr,
+    part_acc_ptr,
+    part_max_ptr,
+    part_sum_ptr,
+    num_splits,
+    stride_out_seq,
+    stride_out_head,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P2: tl.constexpr,
+    SPLITS_P2: tl.constexpr,
+):
+    seq = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, SPLITS_P2)
+    offs_d = tl.arange(0, HEAD_DIM_P2)
+    s_mask = offs_s < num_splits
+    d_mask = offs_d < HEAD_DIM
+
+    rows = (seq * NUM_HEADS + head) * num_splits + offs_s
+    maxes = tl.load(part_max_ptr + rows, mask=s_mask, other=float("-inf"))
+    sums = tl.load(part_sum_ptr + rows, mask=s_mask, other=0.0)
+    global_max = tl.max(maxes, 0)
+    # All partitions empty (ctx_len == 0): use 0 so the weights are 0, not NaN.
+    global_max = tl.where(global_max == float("-inf"), 0.0, global_max)
+    weights = tl.math.exp2(maxes - global_max)
+    total = tl.sum(sums * weights, 0)
+    acc = tl.load(
+        part_acc_ptr + rows[:, None] * HEAD_DIM_P2 + offs_d[None, :],
+        mask=s_mask[:, None],
+        other=0.0,
+    )
+    out = tl.sum(acc * weights[:, None], 0) / tl.where(total > 0.0, total, 1.0)
+    tl.store(
+        out_ptr + seq * stride_out_seq + head * stride_out_head + offs_d,
+        out.to(out_ptr.dtype.element_ty),
+        mask=d_mask,
+    )
+
+
+def paged_decode_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    *,
+    context_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    num_splits: int = 1,
+    partials: SplitPartials | None = None,
+    out: torch.Tensor | None = None,
+    block_n: int | None = None,
+) -> torch.Tensor:
+    """Attention of one query per sequence (``query[s]``: ``[num_heads, head_dim]``) over the
+    first ``context_lens[s]`` tokens of pages ``block_tables[s]``.
+
+    ``num_splits > 1`` needs ``partials`` (see :meth:`SplitPartials.from_buffer`) when called
+    inside a CUDA-graph capture; outside one they are allocated if missing. ``block_n``
+    overrides the key-tile size (tests). Reads no device values on the host.
+    """
+    num_seqs, num_heads, head_dim = query.shape
+    num_kv_heads = int(k_cache.shape[2])
+    check_attention_shapes(query, k_cache, v_cache, block_tables, num_seqs)
+    assert context_lens.shape == (num_seqs,), (context_lens.shape, num_seqs)
+    assert num_splits >= 1, num_splits
+    if out is None:
+        out = torch.empty_like(query)
+    if num_seqs == 0:
+        return out
+    query = query if query.stride(-1) == 1 else query.contiguous()
+
+    queries_per_kv = num_heads // num_kv_heads
+    padded = padded_head_dim(head_dim)
+    block_n = block_n or (64 if padded <= 128 else 32)
+    split = num_splits > 1
+    if split and partials is None:
+        buffer = torch.empty(
+            split_workspace_numel(num_seqs, num_heads, num_splits, head_dim),
+            dtype=torch.float32,
+            device=query.device,
+        )
+        partials = SplitPartials.from_buffer(buffer, num_seqs, num_heads, num_splits, head_dim)
+    # Unused pointers when not splitting: any float32-free tensor will do, nothing is stored.
+    part_acc = partials.acc if partials is not None else out
+    part_max = partials.max if partials is not None else out
+    part_sum = partials.sum if partials is not None else out
+
+    _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
+        out,
+        part_acc,
+        part_max,
+        part_sum,
+        query,
+        k_cache,
+        v_cache,
+        block_tables,
+        context_lens,
+        scale * LOG2_E,
+        num_splits,
+        query.stride(0),
+        query.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        block_tables.stride(0),
+        NUM_HEADS=num_heads,
+        QUERIES_PER_KV=queries_per_kv,
+        BLOCK_G=max(16, triton.next_power_of_2(queries_per_kv)),
+        BLOCK_SIZE=int(k_cache.shape[1]),
+        HEAD_DIM=head_dim,
+        HEAD_DIM_P2=padded,
+        BLOCK_N=block_n,
+        SPLIT=split,
+        DOT_PRECISION=dot_precision(query.dtype),
+        num_warps=4,
+        num_stages=2,
+    )
+    if split:
+        _reduce_splits_kernel[(num_seqs, num_heads)](
+            out,
+            part_acc,
+            part_max,
+            part_sum,
+            num_splits,
+            out.stride(0),
+            out.stride(1),
+            NUM_HEADS=num_heads,
+            HEAD_DIM=head_dim,
+            HEAD_DIM_P2=padded,
+            SPLITS_P2=max(2, triton.next_power_of_2(num_splits)),
+            num_warps=4,
+        )
+    return out

@@ -1,0 +1,226 @@
+"""Varlen causal attention over the paged cache: prefill, prefix-cache hits, chunked prefill.
+
+The step's own K/V are stored into the cache first, so every key a query may see is read
+through the block table; one kernel serves a fresh prompt (no prefix), a prompt whose first
+blocks came from the prefix cache, and any chunk of a long prompt.
+
+Positions (bottom-right aligned causal mask): sequence ``s`` has ``q_len`` queries this step
+and ``ctx_len`` keys in total. Query ``i`` sits at position ``ctx_len - q_len + i`` and sees
+keys ``0 ..= ctx_len - q_len + i``.
+
+Grid ``(cdiv(max_seqlen_q, BLOCK_M), num_heads, num_seqs)``: one program per tile of
+``BLOCK_M`` queries of one head of one sequence (FlashAttention-2 style). Programs whose
+tile starts past their sequence's ``q_len`` return at once. Tiles are visited last-first so
+the longest-running tiles (the ones that see the most keys) are scheduled before short ones.
+The grid depends on the host int ``max_seqlen_q``, which is fine: prefill is never captured.
+
+Inner loop, in key tiles of ``BLOCK_N`` (see :mod:`.paged_tile` for the page lookup and the
+online softmax): first the tiles every query row of the program sees in full, with no mask
+at all, then the few tiles on the diagonal, with the causal mask. A K/V head serves
+``num_heads / num_kv_heads`` query heads (GQA) by index arithmetic; nothing is repeated.
+
+Head dims that are not a power of two are padded to the next one with masked loads; the
+scores and output are float32 inside the kernel and cast to the output dtype on store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from pagedinfer.adapters.kernels.paged_tile import (
+    LOG2_E,
+    attend_paged_tile,
+    check_attention_shapes,
+    dot_precision,
+    padded_head_dim,
+)
+
+__all__ = ["PrefillTiles", "choose_prefill_tiles", "paged_prefill_attention"]
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillTiles:
+    """Launch shape of the prefill kernel: query rows and keys per tile, warps, stages."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n"):
+            size = getattr(self, name)
+            # tl.dot needs both operand sides >= 16 and powers of two.
+            assert size >= 16 and size & (size - 1) == 0, f"{name}={size}"
+
+
+def choose_prefill_tiles(head_dim: int, dtype: torch.dtype, max_seqlen_q: int) -> PrefillTiles:
+    """Tile sizes for an H100-class GPU, by padded head dim and element size.
+
+    Per stage the kernel holds a K and a V tile (``BLOCK_N x D``) in shared memory next to the
+    ``BLOCK_M x D`` query tile; the choices keep three stages under ~150 KB for 16-bit types
+    and leave registers for the ``BLOCK_M x D`` float32 accumulator. Short query batches
+    (small chunks, decode-like prefills) use 64 rows so fewer rows are wasted on padding.
+    """
+    padded = padded_head_dim(head_dim)
+    wide = dtype == torch.float32
+    if padded >= 256 or wide:
+        return PrefillTiles(
+            block_m=64, block_n=32, num_warps=4 if padded <= 64 else 8, num_stages=2
+        )
+    block_m = 64 if max_seqlen_q <= 64 else 128
+    if padded <= 64:
+        return PrefillTiles(block_m=block_m, block_n=64, num_warps=4, num_stages=3)
+    return PrefillTiles(
+        block_m=block_m, block_n=64, num_warps=8 if block_m == 128 else 4, num_stages=3
+    )
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _prefill_kernel(  # type: ignore[no-untyped-def]
+    out_ptr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    cu_seqlens_q_ptr,
+    context_lens_ptr,
+    qk_scale,
+    stride_q_token,
+    stride_q_head,
+    stride_out_token,
+    stride_out_head,
+    stride_cache_block,
+    stride_cache_slot,
+    stride_cache_head,
+    stride_table_seq,
+    QUERIES_PER_KV: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P2: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    q_tile = tl.num_programs(0) - 1 - tl.program_id(0)  # longest-running tiles first
+    head = tl.program_id(1)
+    seq = tl.program_id(2)
+
+    q_start = tl.load(cu_seqlens_q_ptr + seq)
+    q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
+    first_row = q_tile * BLOCK_M
+    if first_row >= q_len:
+        return
+    ctx_len = tl.load(context_lens_ptr + seq)
+    prefix_len = ctx_len - q_len  # keys stored by earlier steps
+
+    offs_m = first_row + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM_P2)
+    m_mask = offs_m < q_len
+    d_mask = offs_d < HEAD_DIM
+    tokens = (q_start + offs_m).to(tl.int64)
+    q = tl.load(
+        q_ptr + tokens[:, None] * stride_q_token + head * stride_q_head + offs_d[None, :],
+        mask=m_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+    positions = prefix_len + offs_m
+
+    kv_head_offset = (head // QUERIES_PER_KV).to(tl.int64) * stride_cache_head
+    table_row_ptr = block_tables_ptr + seq.to(tl.int64) * stride_table_seq
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_P2], dtype=tl.float32)
+    row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+    row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+
+    # Keys 0 ..= prefix_len + first_row are visible to every row of this tile (and lie inside
+    # the context): whole tiles of them need no mask. Key 0 is always among the first tile
+    # processed, so every row has a finite maximum before it meets a fully masked tile.
+    num_full_tiles = (prefix_len + first_row + 1) // BLOCK_N
+    for tile in range(0, num_full_tiles):
+        acc, row_sum, row_max = attend_paged_tile(
+            acc, row_sum, row_max, q, k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head_offset,
+            tile * BLOCK_N, ctx_len, positions, qk_scale, stride_cache_block, stride_cache_slot,
+            offs_d, d_mask, BLOCK_SIZE, BLOCK_N, False, False, DOT_PRECISION,
+        )  # fmt: skip
+    # The diagonal: keys up to the last row's position, causally masked.
+    last_key = prefix_len + tl.minimum(first_row + BLOCK_M, q_len)  # exclusive
+    for tile in range(num_full_tiles, tl.cdiv(last_key, BLOCK_N)):
+        acc, row_sum, row_max = attend_paged_tile(
+            acc, row_sum, row_max, q, k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head_offset,
+            tile * BLOCK_N, ctx_len, positions, qk_scale, stride_cache_block, stride_cache_slot,
+            offs_d, d_mask, BLOCK_SIZE, BLOCK_N, True, True, DOT_PRECISION,
+        )  # fmt: skip
+
+    out = acc / row_sum[:, None]
+    tl.store(
+        out_ptr + tokens[:, None] * stride_out_token + head * stride_out_head + offs_d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=m_mask[:, None] & d_mask[None, :],
+    )
+
+
+def paged_prefill_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    *,
+    cu_seqlens_q: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    max_seqlen_q: int,
+    scale: float,
+    out: torch.Tensor | None = None,
+    tiles: PrefillTiles | None = None,
+) -> torch.Tensor:
+    """Causal attention of ``query`` (``[T, num_heads, head_dim]``) over the paged context.
+
+    Sequence ``s`` owns query rows ``cu_seqlens_q[s]:cu_seqlens_q[s+1]`` and attends to the
+    first ``context_lens[s]`` tokens of pages ``block_tables[s]``, which must already hold
+    this step's K/V. ``tiles`` overrides :func:`choose_prefill_tiles` (tests use small tiles
+    to cross many tile boundaries on short contexts). Returns ``out``, allocated if ``None``.
+    """
+    num_tokens, num_heads, head_dim = query.shape
+    num_seqs = int(context_lens.shape[0])
+    num_kv_heads = int(k_cache.shape[2])
+    check_attention_shapes(query, k_cache, v_cache, block_tables, num_seqs)
+    assert cu_seqlens_q.shape == (num_seqs + 1,), (cu_seqlens_q.shape, num_seqs)
+    if out is None:
+        out = torch.empty_like(query)
+    if num_tokens == 0 or num_seqs == 0 or max_seqlen_q == 0:
+        return out
+    query = query if query.stride(-1) == 1 else query.contiguous()
+    tiles = tiles or choose_prefill_tiles(head_dim, query.dtype, max_seqlen_q)
+
+    grid = (triton.cdiv(max_seqlen_q, tiles.block_m), num_heads, num_seqs)
+    _prefill_kernel[grid](
+        out,
+        query,
+        k_cache,
+        v_cache,
+        block_tables,
+        cu_seqlens_q,
+        context_lens,
+        scale * LOG2_E,
+        query.stride(0),
+        query.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        block_tables.stride(0),
+        QUERIES_PER_KV=num_heads // num_kv_heads,
+        BLOCK_SIZE=int(k_cache.shape[1]),
+        HEAD_DIM=head_dim,
+        HEAD_DIM_P2=padded_head_dim(head_dim),
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n,
+        DOT_PRECISION=dot_precision(query.dtype),
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
+    )
+    return out
