@@ -50,6 +50,11 @@ CHAIN_BLOCKS = 4
 TOKENS = tuple(range(BLOCK_SIZE))  # every block holds these; the chain hash tells them apart
 CHAIN_TOKENS = list(TOKENS) * CHAIN_BLOCKS
 HOT_CHAINS = 256
+WARMUP_CALLS = 20
+ROUNDS = 5
+# CPU time of this process: time other processes take on a shared machine is not counted
+# (their effect on the CPU caches still is). Nothing here sleeps or waits on I/O.
+CLOCK = time.process_time
 _MASK64 = (1 << 64) - 1
 
 
@@ -157,15 +162,28 @@ class PoolResult:
 
 
 def _time_ops(op: Callable[[], int], max_ops: int, budget_s: float) -> tuple[float, int]:
-    """Call ``op`` (which returns the block ops it did) until ``max_ops`` or the time budget."""
-    done = 0
-    start = time.perf_counter()
-    deadline = start + budget_s
-    while done < max_ops:
-        done += op()
-        if time.perf_counter() > deadline:
-            break
-    return (time.perf_counter() - start) / done * 1e9, done
+    """Per-op ns of ``op`` (which returns the block ops it did) and the ops timed.
+
+    ``max_ops`` ops (or as many as ``budget_s`` allows) in ``ROUNDS`` rounds; the fastest
+    round counts, so that other processes on a shared machine inflate the result less.
+    """
+    for _ in range(WARMUP_CALLS):  # let the interpreter specialize the code first
+        op()
+    best = float("inf")
+    total = 0
+    per_round = max(max_ops // ROUNDS, 1)
+    for _ in range(ROUNDS):
+        done = calls = 0
+        deadline = time.perf_counter() + budget_s / ROUNDS
+        start = CLOCK()
+        while done < per_round:
+            done += op()
+            calls += 1
+            if calls % 8 == 0 and time.perf_counter() > deadline:
+                break
+        best = min(best, (CLOCK() - start) / done * 1e9)
+        total += done
+    return best, total
 
 
 def _chain_hashes(num_chains: int, first: int = 0) -> list[list[int]]:
@@ -372,7 +390,7 @@ def bench_scheduler(
     sampler = random.Random(seed + 1)
     seconds = decode_seconds = 0.0
     scheduled = 0
-    clock = time.perf_counter
+    clock = CLOCK
     while True:
         start = clock()
         plan = scheduler.schedule()
@@ -480,8 +498,9 @@ def main(argv: list[str] | None = None) -> int:
             gc.collect()
             print(f"  pool size {size:,}: {time.perf_counter() - started:.1f} s", file=sys.stderr)
         print(
-            f"Block pool: block_size {BLOCK_SIZE}, chains of {CHAIN_BLOCKS} blocks, up to "
-            f"{ops:,} block ops per cell (the baseline stops after {budget:g} s).\n"
+            f"Block pool: block_size {BLOCK_SIZE}, chains of {CHAIN_BLOCKS} blocks; per cell up "
+            f"to {ops:,} block ops in {ROUNDS} rounds, fastest round shown (the baseline stops "
+            f"after {budget:g} s).\n"
         )
         print(pool_table(pool_results))
 
@@ -493,15 +512,19 @@ def main(argv: list[str] | None = None) -> int:
         scenarios = [
             ("GPU-sized pool", gpu_blocks, 0),
             ("GPU-sized pool, 512-token shared prefix", gpu_blocks, 512),
-            ("small pool (preemption)", laptop_blocks, 0),
+            ("laptop-GPU-sized pool", laptop_blocks, 0),
         ]
+        # Best of three runs: the run is deterministic, only the machine's noise varies.
         sched_results = [
-            bench_scheduler(name, requests, blocks, prefix, args.seed)
+            min(
+                (bench_scheduler(name, requests, blocks, prefix, args.seed) for _ in range(3)),
+                key=lambda result: result.seconds,
+            )
             for name, blocks, prefix in scenarios
         ]
         print(
             f"\nScheduler: {requests} requests, prompt and output lengths U[100, 1024], "
-            "block_size 256, max_num_batched_tokens 16384; sampling not timed.\n"
+            "block_size 256, max_num_batched_tokens 16384; sampling not timed; best of 3 runs.\n"
         )
         print(scheduler_table(sched_results))
     finally:
