@@ -1,0 +1,52 @@
+"""Shared test fixtures.
+
+``make_checkpoint(name="tiny", *, with_tokenizer=False, seed=0, **overrides) -> Path`` builds a
+random-weight Qwen3 checkpoint directory (config.json + safetensors, optionally a small BPE
+tokenizer) with :func:`pagedinfer.adapters.models.random_checkpoint.build_random_qwen3`.
+``name`` is a preset of ``random_checkpoint.PRESETS`` and ``overrides`` replace fields of its
+``RandomQwen3Spec`` (``num_key_value_heads=4``, ``tie_word_embeddings=False``, ...). Each
+distinct set of arguments is built once per test session and shared; treat the directory as
+read-only (copy it if a test needs to damage it).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    # Triton kernels run in Triton's interpreter on CPU-only machines. Must be set before
+    # triton is first imported, which happens no earlier than test collection.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture(scope="session")
+def make_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """Factory of cached tiny random Qwen3 checkpoints (see the module docstring)."""
+    from pagedinfer.adapters.models.random_checkpoint import build_random_qwen3
+
+    built: dict[tuple[Any, ...], Path] = {}
+
+    def make(
+        name: str = "tiny", *, with_tokenizer: bool = False, seed: int = 0, **overrides: Any
+    ) -> Path:
+        key = (name, with_tokenizer, seed, tuple(sorted(overrides.items())))
+        if key not in built:
+            target = tmp_path_factory.mktemp(f"ckpt-{name}")
+            built[key] = build_random_qwen3(
+                target, name, seed=seed, with_tokenizer=with_tokenizer, **overrides
+            )
+        return built[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(make_checkpoint: Callable[..., Path]) -> Path:
+    """The default tiny checkpoint (GQA 4/2 heads, head_dim 32, 2 layers, tied embeddings)."""
+    return make_checkpoint("tiny")

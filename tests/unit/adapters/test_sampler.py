@@ -1,0 +1,180 @@
+"""Sampler: exact greedy, seeded reproducibility, top-k / top-p support, distribution."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from pagedinfer.adapters.sampler import Sampler, SamplingBatch, derive_seed
+
+CPU = torch.device("cpu")
+
+
+def batch(
+    n: int,
+    *,
+    temperature: float | list[float] = 1.0,
+    top_k: int | list[int] = 0,
+    top_p: float | list[float] = 1.0,
+    seeds: list[int | None] | None = None,
+    steps: list[int] | None = None,
+) -> SamplingBatch:
+    temperatures = temperature if isinstance(temperature, list) else [temperature] * n
+    top_ks = top_k if isinstance(top_k, list) else [top_k] * n
+    top_ps = top_p if isinstance(top_p, list) else [top_p] * n
+    sampled = [i for i in range(n) if temperatures[i] > 0]
+    return SamplingBatch(
+        temperatures=torch.tensor(temperatures, dtype=torch.float32),
+        top_ks=torch.tensor(top_ks, dtype=torch.int64),
+        top_ps=torch.tensor(top_ps, dtype=torch.float32),
+        seeds=seeds if seeds is not None else [None] * n,
+        sample_steps=steps if steps is not None else [0] * n,
+        all_greedy=not sampled,
+        any_top_k=any(top_ks[i] > 0 for i in sampled),
+        any_top_p=any(top_ps[i] < 1.0 for i in sampled),
+    )
+
+
+def logits_for(probs: list[float], rows: int) -> torch.Tensor:
+    return torch.tensor(probs).log().expand(rows, -1).contiguous()
+
+
+def frequencies(tokens: torch.Tensor, vocab: int) -> list[float]:
+    counts = torch.bincount(tokens, minlength=vocab).float()
+    return (counts / counts.sum()).tolist()
+
+
+def test_greedy_is_exactly_argmax() -> None:
+    logits = torch.randn(64, 1000, generator=torch.Generator().manual_seed(0))
+    tokens = Sampler(CPU)(logits, batch(64, temperature=0.0))
+    assert torch.equal(tokens, logits.argmax(dim=-1))
+
+
+def test_greedy_rows_stay_argmax_in_a_mixed_batch() -> None:
+    logits = torch.randn(8, 300, generator=torch.Generator().manual_seed(1))
+    temperatures = [0.0, 1.0, 0.0, 2.0, 0.0, 0.5, 1.0, 0.0]
+    tokens = Sampler(CPU)(logits, batch(8, temperature=temperatures, top_k=3, top_p=0.5))
+    for row, temperature in enumerate(temperatures):
+        if temperature == 0.0:
+            assert tokens[row] == logits[row].argmax()
+
+
+def test_bfloat16_logits_are_sampled_in_float32() -> None:
+    logits = torch.randn(4, 50).to(torch.bfloat16)
+    tokens = Sampler(CPU)(logits, batch(4, temperature=0.0))
+    assert tokens.dtype is torch.int64
+    assert torch.equal(tokens, logits.float().argmax(dim=-1))
+
+
+def test_seeded_rows_do_not_depend_on_the_batch() -> None:
+    generator = torch.Generator().manual_seed(2)
+    row = torch.randn(1, 400, generator=generator)
+    others = torch.randn(3, 400, generator=generator)
+    for step in range(20):
+        alone = Sampler(CPU, seed=0)(row, batch(1, seeds=[77], steps=[step]))
+        mixed = Sampler(CPU, seed=99)(
+            torch.cat([others[:2], row, others[2:]]),
+            batch(4, seeds=[None, 5, 77, None], steps=[3, step, step, 0], top_k=[0, 0, 0, 10]),
+        )
+        assert alone[0] == mixed[2], f"step {step}"
+
+
+def test_seeded_draws_vary_with_the_step_and_the_seed() -> None:
+    logits = torch.zeros(1, 1000)  # uniform: every draw is a fresh token
+    sampler = Sampler(CPU)
+    by_step = {int(sampler(logits, batch(1, seeds=[1], steps=[step]))[0]) for step in range(30)}
+    by_seed = {int(sampler(logits, batch(1, seeds=[seed], steps=[0]))[0]) for seed in range(30)}
+    assert len(by_step) > 20 and len(by_seed) > 20
+
+
+def test_unseeded_rows_use_the_runner_generator() -> None:
+    logits = torch.zeros(16, 1000)
+    first = Sampler(CPU, seed=3)(logits, batch(16))
+    again = Sampler(CPU, seed=3)(logits, batch(16))
+    other = Sampler(CPU, seed=4)(logits, batch(16))
+    assert torch.equal(first, again)
+    assert not torch.equal(first, other)
+
+
+def test_derive_seed_is_a_64_bit_mix() -> None:
+    seeds = {derive_seed(seed, step) for seed in (-1, 0, 1, 2**40) for step in range(50)}
+    assert len(seeds) == 200
+    assert all(0 <= value < 2**64 for value in seeds)
+
+
+def test_top_k_never_leaves_the_top_k() -> None:
+    generator = torch.Generator().manual_seed(5)
+    row = torch.randn(200, generator=generator)
+    allowed = set(row.topk(3).indices.tolist())
+    tokens = Sampler(CPU)(row.expand(4000, -1).contiguous(), batch(4000, top_k=3))
+    assert set(tokens.tolist()) == allowed  # each of the three is drawn, nothing else
+
+
+@pytest.mark.parametrize(
+    ("top_p", "allowed"),
+    [(0.05, {0}), (0.7, {0, 1}), (0.85, {0, 1, 2}), (0.97, {0, 1, 2, 3, 4})],
+)
+def test_top_p_keeps_the_smallest_nucleus(top_p: float, allowed: set[int]) -> None:
+    probs = [0.5, 0.3, 0.1, 0.06, 0.04]
+    tokens = Sampler(CPU)(logits_for(probs, 4000), batch(4000, top_p=top_p))
+    assert set(tokens.tolist()) == allowed
+
+
+@pytest.mark.parametrize(("top_p", "allowed"), [(0.9, {0, 1}), (0.6, {0})])
+def test_top_p_applies_after_top_k(top_p: float, allowed: set[int]) -> None:
+    # After top-k=2 the kept probabilities are 0.625 / 0.375; top-p first would keep {0, 1}
+    # for top_p=0.6 (0.5 < 0.6).
+    probs = [0.5, 0.3, 0.1, 0.06, 0.04]
+    tokens = Sampler(CPU)(logits_for(probs, 4000), batch(4000, top_k=2, top_p=top_p))
+    assert set(tokens.tolist()) == allowed
+
+
+def test_per_row_filters_in_one_batch() -> None:
+    probs = [0.4, 0.3, 0.2, 0.1]
+    n = 3000
+    top_ks = [1, 0, 3] * (n // 3)
+    top_ps = [1.0, 0.65, 1.0] * (n // 3)
+    tokens = Sampler(CPU)(logits_for(probs, n), batch(n, top_k=top_ks, top_p=top_ps))
+    assert set(tokens[0::3].tolist()) == {0}
+    assert set(tokens[1::3].tolist()) == {0, 1}
+    assert set(tokens[2::3].tolist()) == {0, 1, 2}
+
+
+def test_draws_follow_the_softmax_distribution() -> None:
+    probs = [0.45, 0.25, 0.15, 0.1, 0.05]
+    n = 20000
+    observed = frequencies(Sampler(CPU)(logits_for(probs, n), batch(n)), len(probs))
+    for p, f in zip(probs, observed, strict=True):
+        assert abs(f - p) < 5 * math.sqrt(p * (1 - p) / n)
+
+
+def test_temperature_sharpens_and_flattens() -> None:
+    probs = [0.6, 0.25, 0.1, 0.05]
+    n = 8000
+    logits = logits_for(probs, n)
+    cold = frequencies(Sampler(CPU)(logits, batch(n, temperature=0.5)), 4)[0]
+    warm = frequencies(Sampler(CPU)(logits, batch(n, temperature=2.0)), 4)[0]
+    # softmax(log p / T): T=0.5 gives p^2 normalised (~0.83), T=2 gives sqrt(p) (~0.42).
+    assert abs(cold - 0.36 / sum(p * p for p in probs)) < 0.03
+    assert abs(warm - math.sqrt(0.6) / sum(math.sqrt(p) for p in probs)) < 0.03
+
+
+def test_sampling_batch_from_plan_summaries() -> None:
+    from pagedinfer.domain import SamplingParams, Sequence, build_batch_plan
+    from pagedinfer.domain.plan import ScheduledChunk
+
+    greedy = Sequence(0, [1, 2], SamplingParams(temperature=0.0, top_k=5))
+    nucleus = Sequence(1, [3], SamplingParams(temperature=0.8, top_p=0.9, seed=4))
+    for seq in (greedy, nucleus):
+        seq.block_table = [seq.seq_id]
+    plan = build_batch_plan(
+        [ScheduledChunk(greedy, 2), ScheduledChunk(nucleus, 1)], is_prefill=True, block_size=4
+    )
+    sampling = SamplingBatch.from_plan(plan, CPU)
+    assert not sampling.all_greedy
+    assert not sampling.any_top_k  # only the greedy row asks for top-k
+    assert sampling.any_top_p
+    assert sampling.seeds == [None, 4]
+    assert sampling.temperatures.tolist() == pytest.approx([0.0, 0.8])
