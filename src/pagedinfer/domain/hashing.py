@@ -8,7 +8,9 @@ mean equal prefixes (up to xxh64 collisions, which the block pool guards against
 stored token ids and parent hashes).
 
 ``extra_key`` separates requests that must never share KV (a cache salt, an adapter id): it
-seeds the hash of block 0 and therefore changes the whole chain.
+enters the hash of block 0 (as the xxh64 seed *and* as 8 leading bytes, so that
+``extra_key=0`` differs from no key) and therefore changes the whole chain. It is taken
+modulo 2**64.
 """
 
 from __future__ import annotations
@@ -39,10 +41,16 @@ def block_hash(
 
     ``extra_key`` only affects block 0; later blocks inherit it through their parent hash.
     """
-    seed = extra_key & _UINT64_MASK if (extra_key is not None and parent_hash is None) else 0
-    hasher = xxhash.xxh64(seed=seed)
     if parent_hash is not None:
+        hasher = xxhash.xxh64()
         hasher.update(parent_hash.to_bytes(8, "little"))
+    elif extra_key is not None:
+        # A seed alone would make extra_key=0 collide with "no key" (seed 0 is the default).
+        key = extra_key & _UINT64_MASK
+        hasher = xxhash.xxh64(seed=key)
+        hasher.update(key.to_bytes(8, "little"))
+    else:
+        hasher = xxhash.xxh64()
     hasher.update(_int64_le_bytes(token_ids))
     return hasher.intdigest()
 

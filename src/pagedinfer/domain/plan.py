@@ -141,9 +141,7 @@ def build_batch_plan(
     )
 
 
-def _append_slots(
-    out: list[int], table: list[int], start: int, end: int, block_size: int
-) -> None:
+def _append_slots(out: list[int], table: list[int], start: int, end: int, block_size: int) -> None:
     position = start
     while position < end:
         index, offset = divmod(position, block_size)

@@ -1,0 +1,308 @@
+"""Stateful property test of the Scheduler, driven by a fake executor with a fake KV cache.
+
+The executor stores ``(token, position)`` at every slot a plan writes and, for every sampled
+sequence, reads the sequence's whole context back through its block table. The next token
+is a hash of what it *read*, so a prefix hit that served the wrong K/V, a write into a
+shared block or a lost block would change the output. An oracle that needs no scheduler at
+all (apply the sampler to the token history until a finish rule fires) says what every
+request must produce, whatever the pool size, token budget, chunking, preemption or
+prefix caching did on the way.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import Counter
+
+import pytest
+import xxhash
+from hypothesis import event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from pagedinfer.domain import (
+    BatchPlan,
+    FinishReason,
+    SamplingParams,
+    Scheduler,
+    SchedulerConfig,
+    Sequence,
+    SequenceStatus,
+    cdiv,
+)
+from pagedinfer.errors import InvalidRequestError
+
+VOCAB = 40
+EOS = 0
+TOKEN = st.integers(1, VOCAB - 1)
+
+
+def fake_sample(token_ids: list[int]) -> int:
+    """The "model": a deterministic function of the token history (EOS about 1 in 40)."""
+    return xxhash.xxh64_intdigest(array("q", token_ids).tobytes()) % VOCAB
+
+
+def oracle(
+    prompt: list[int], params: SamplingParams, max_model_len: int
+) -> tuple[list[int], FinishReason]:
+    """What an unconstrained engine generates: the spec's finish rules, nothing else."""
+    tokens = list(prompt)
+    while True:
+        token = fake_sample(tokens)
+        tokens.append(token)
+        completion = tokens[len(prompt) :]
+        if (token == EOS and not params.ignore_eos) or token in params.stop_token_ids:
+            return completion, FinishReason.STOP
+        if len(completion) >= params.max_tokens or len(tokens) >= max_model_len:
+            return completion, FinishReason.LENGTH
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    scheduler: Scheduler
+
+    @initialize(
+        block_size=st.sampled_from([1, 2, 4, 16]),
+        max_model_len=st.integers(2, 40),
+        spare_blocks=st.integers(0, 4),
+        budget=st.sampled_from([1, 2, 3, 5, 8, 64]),
+        max_num_seqs=st.integers(1, 5),
+        caching=st.booleans(),
+        prefixes=st.lists(st.lists(TOKEN, min_size=1, max_size=40), min_size=1, max_size=3),
+    )
+    def setup(
+        self,
+        block_size: int,
+        max_model_len: int,
+        spare_blocks: int,
+        budget: int,
+        max_num_seqs: int,
+        caching: bool,
+        prefixes: list[list[int]],
+    ) -> None:
+        # The smallest pool the config accepts, plus a few blocks: preemption is common.
+        num_blocks = cdiv(max_model_len, block_size) + spare_blocks
+        self.config = SchedulerConfig(
+            num_blocks=num_blocks,
+            block_size=block_size,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=budget,
+            max_model_len=max_model_len,
+            enable_prefix_caching=caching,
+            eos_token_ids=frozenset({EOS}),
+        )
+        self.scheduler = Scheduler(self.config)
+        self.prefixes = prefixes
+        self.kv: dict[int, tuple[int, int]] = {}  # slot -> (token id, position)
+        self.seqs: dict[int, Sequence] = {}
+        self.expected: dict[int, tuple[list[int], FinishReason]] = {}
+        self.aborted: set[int] = set()
+        self.next_id = 0
+
+    # -------------------------------------------------------------------------- rules
+    @rule(
+        which=st.integers(0, 2),
+        prefix_len=st.integers(0, 40),
+        suffix=st.lists(TOKEN, max_size=10),
+        max_tokens=st.integers(1, 12),
+        ignore_eos=st.booleans(),
+        stop_token=st.none() | TOKEN,
+    )
+    def add(
+        self,
+        which: int,
+        prefix_len: int,
+        suffix: list[int],
+        max_tokens: int,
+        ignore_eos: bool,
+        stop_token: int | None,
+    ) -> None:
+        prompt = self.prefixes[which % len(self.prefixes)][:prefix_len] + suffix
+        stops = () if stop_token is None else (stop_token,)
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos, stop_token_ids=stops)
+        seq = Sequence(self.next_id, prompt, params)
+        if not prompt or len(prompt) + 1 > self.config.max_model_len:
+            with pytest.raises(InvalidRequestError):
+                self.scheduler.add(seq)
+            assert self.scheduler.get(seq.seq_id) is None
+            return
+        self.scheduler.add(seq)
+        self.seqs[seq.seq_id] = seq
+        self.expected[seq.seq_id] = oracle(prompt, params, self.config.max_model_len)
+        self.next_id += 1
+
+    @rule(repeat=st.integers(1, 4))
+    def step(self, repeat: int) -> None:
+        for _ in range(repeat):
+            self.one_step()
+
+    @rule(which=st.integers(0, 100))
+    def abort(self, which: int) -> None:
+        seq_id = which % (self.next_id + 1)  # sometimes an id never used
+        seq = self.seqs.get(seq_id)
+        was_unfinished = seq is not None and not seq.is_finished
+        assert self.scheduler.abort(seq_id) == was_unfinished
+        if was_unfinished:
+            assert seq is not None and seq.finish_reason is FinishReason.ABORT
+            self.aborted.add(seq_id)
+            event(f"aborted a {'running' if seq.completion_token_ids else 'fresh'} request")
+
+    def teardown(self) -> None:
+        # Every request still queued must finish, with the oracle's tokens, and leave the
+        # pool empty.
+        for _ in range(5_000):
+            if not self.scheduler.has_unfinished():
+                break
+            self.one_step()
+        assert not self.scheduler.has_unfinished(), "requests left unfinished"
+        self.outputs_match_the_oracle()
+        self.pool_is_all_free_when_idle()
+        if self.scheduler.stats().num_preemptions:
+            event("preempted")
+        if self.scheduler.pool.stats().prefix_hit_tokens:
+            event("prefix cache hit")
+
+    # ------------------------------------------------------------------- the executor
+    def one_step(self) -> None:
+        scheduler = self.scheduler
+        plan = scheduler.schedule()
+        if plan is None:
+            # The scheduler owns the whole pool, so something can always run.
+            assert not scheduler.has_unfinished(), "nothing scheduled with requests pending"
+            return
+        self.check_plan(plan)
+        sampled = self.execute(plan)
+        before = {seq_id: self.seqs[seq_id].num_tokens for seq_id in plan.sampled_seq_ids}
+        updated = scheduler.postprocess(plan, sampled)
+        assert [seq.seq_id for seq in updated] == plan.sampled_seq_ids
+        for seq in updated:
+            assert seq.num_tokens == before[seq.seq_id] + 1
+        if plan.num_seqs > 1 and plan.is_prefill:
+            event("multi-sequence prefill")
+        if plan.is_prefill and plan.has_cached_prefix:
+            event("prefill with cached context (chunk or prefix hit)")
+
+    def execute(self, plan: BatchPlan) -> list[int]:
+        size = plan.block_size
+        for slot, token, position in zip(
+            plan.slot_mapping, plan.input_ids, plan.positions, strict=True
+        ):
+            self.kv[slot] = (token, position)
+        sampled: dict[int, int] = {}
+        for i, seq_id in enumerate(plan.seq_ids):
+            table = plan.block_tables[i]
+            seen = [
+                self.kv.get(table[p // size] * size + p % size) for p in range(plan.context_lens[i])
+            ]
+            expected = [(token, p) for p, token in enumerate(self.seqs[seq_id].token_ids)]
+            assert seen == expected[: plan.context_lens[i]], f"sequence {seq_id} read stale K/V"
+            sampled[seq_id] = fake_sample([token for token, _ in expected[: plan.context_lens[i]]])
+        return [sampled[seq_id] for seq_id in plan.sampled_seq_ids]
+
+    def check_plan(self, plan: BatchPlan) -> None:
+        config = self.config
+        size = config.block_size
+        assert plan.block_size == size
+        assert 1 <= plan.num_tokens <= config.max_num_batched_tokens
+        assert 1 <= plan.num_seqs <= config.max_num_seqs
+        assert len(set(plan.seq_ids)) == plan.num_seqs
+        if not plan.is_prefill:
+            assert plan.query_lens == [1] * plan.num_seqs, "a decode step computes one token each"
+        cu_q = [0]
+        cu_k = [0]
+        for q, k in zip(plan.query_lens, plan.context_lens, strict=True):
+            assert q >= 1
+            cu_q.append(cu_q[-1] + q)
+            cu_k.append(cu_k[-1] + k)
+        assert plan.cu_seqlens_q == cu_q and plan.cu_seqlens_k == cu_k
+        assert len(plan.input_ids) == len(plan.positions) == len(plan.slot_mapping) == cu_q[-1]
+        assert plan.max_seqlen_q == max(plan.query_lens)
+        assert plan.max_seqlen_k == max(plan.context_lens)
+        assert plan.block_table_width == max(len(t) for t in plan.block_tables)
+        sampled = []
+        written_blocks: set[int] = set()
+        for i, seq_id in enumerate(plan.seq_ids):
+            seq = self.seqs[seq_id]
+            assert seq.status is SequenceStatus.RUNNING
+            start = seq.num_computed_tokens
+            end = start + plan.query_lens[i]
+            assert plan.context_lens[i] == end <= seq.num_tokens
+            rows = slice(cu_q[i], cu_q[i + 1])
+            assert plan.positions[rows] == list(range(start, end))
+            assert plan.input_ids[rows] == seq.token_ids[start:end]
+            table = plan.block_tables[i]
+            assert table[: len(seq.block_table)] == seq.block_table
+            assert len(seq.block_table) >= cdiv(end, size)
+            for position, slot in zip(range(start, end), plan.slot_mapping[rows], strict=True):
+                block_id = seq.block_table[position // size]
+                assert slot == block_id * size + position % size, "slot outside own blocks"
+                written_blocks.add(block_id)
+            if end == seq.num_tokens:
+                sampled.append((seq_id, cu_q[i + 1] - 1))
+        assert len(set(plan.slot_mapping)) == len(plan.slot_mapping), "two tokens, one slot"
+        pool = self.scheduler.pool
+        for block_id in written_blocks:
+            block = pool.block(block_id)
+            assert block.ref_count == 1, f"write into shared {block!r}"
+            assert block.hash is None, f"write into cached {block!r}"
+        assert [s for s, _ in sampled] == plan.sampled_seq_ids
+        assert [r for _, r in sampled] == plan.sample_indices
+        n = plan.num_samples
+        assert len(plan.temperatures) == len(plan.top_ks) == len(plan.top_ps) == n
+        assert len(plan.seeds) == len(plan.sample_steps) == n
+
+    # --------------------------------------------------------------------- invariants
+    @invariant()
+    def pool_integrity(self) -> None:
+        self.scheduler.pool.check_integrity()
+
+    @invariant()
+    def ref_counts_match_block_tables(self) -> None:
+        scheduler = self.scheduler
+        holders = Counter(b for seq in scheduler.running for b in seq.block_table)
+        for seq in scheduler.waiting:
+            assert seq.block_table == [] and seq.status is SequenceStatus.WAITING
+            assert seq.num_computed_tokens == 0
+        pool = scheduler.pool
+        for block_id in range(pool.num_blocks):
+            assert pool.block(block_id).ref_count == holders[block_id]
+        assert pool.num_free_blocks == sum(1 for b in range(pool.num_blocks) if not holders[b])
+
+    @invariant()
+    def running_sequences_hold_exactly_what_they_computed(self) -> None:
+        scheduler = self.scheduler
+        assert len(scheduler.running) <= min(
+            self.config.max_num_seqs, self.config.max_num_batched_tokens
+        )
+        size = self.config.block_size
+        for seq in scheduler.running:
+            assert seq.status is SequenceStatus.RUNNING
+            assert seq.num_cached_tokens <= seq.num_computed_tokens < seq.num_tokens
+            assert len(seq.block_table) == cdiv(seq.num_computed_tokens, size)
+            assert len(set(seq.block_table)) == len(seq.block_table)
+
+    @invariant()
+    def queues_hold_exactly_the_unfinished(self) -> None:
+        scheduler = self.scheduler
+        queued = [seq.seq_id for seq in [*scheduler.waiting, *scheduler.running]]
+        unfinished = [i for i, seq in self.seqs.items() if not seq.is_finished]
+        assert sorted(queued) == sorted(unfinished)
+        assert scheduler.num_unfinished == len(unfinished)
+
+    @invariant()
+    def outputs_match_the_oracle(self) -> None:
+        for seq_id, seq in self.seqs.items():
+            completion, reason = self.expected[seq_id]
+            got = seq.completion_token_ids
+            assert got == completion[: len(got)], f"request {seq_id} diverged from the oracle"
+            if seq.is_finished and seq_id not in self.aborted:
+                assert (got, seq.finish_reason) == (completion, reason)
+
+    @invariant()
+    def pool_is_all_free_when_idle(self) -> None:
+        if not self.scheduler.has_unfinished():
+            pool = self.scheduler.pool
+            assert pool.num_free_blocks == pool.num_blocks
+
+
+TestSchedulerMachine = SchedulerMachine.TestCase
+TestSchedulerMachine.settings = settings.get_profile("pagedinfer-property")

@@ -1,0 +1,147 @@
+"""BatchPlan: the flat, varlen layout of one step, built from scheduled chunks."""
+
+from __future__ import annotations
+
+from pagedinfer.domain import (
+    BLOCK_TABLE_FILLER,
+    PADDING_SLOT,
+    SamplingParams,
+    ScheduledChunk,
+    Sequence,
+    build_batch_plan,
+)
+
+
+def make_seq(
+    seq_id: int,
+    num_tokens: int,
+    block_table: list[int],
+    *,
+    computed: int = 0,
+    prompt_len: int | None = None,
+    params: SamplingParams | None = None,
+) -> Sequence:
+    tokens = [1000 * (seq_id + 1) + i for i in range(num_tokens)]
+    prompt = tokens if prompt_len is None else tokens[:prompt_len]
+    seq = Sequence(seq_id, prompt, params)
+    seq.token_ids = tokens
+    seq.block_table = list(block_table)
+    seq.num_computed_tokens = computed
+    return seq
+
+
+def test_prefill_of_two_fresh_sequences() -> None:
+    # Block size 4. Sequence 0: 6 tokens in blocks [7, 2]; sequence 1: 3 tokens in block [5].
+    a = make_seq(0, 6, [7, 2], params=SamplingParams(temperature=0.5, top_k=3, seed=11))
+    b = make_seq(1, 3, [5], params=SamplingParams(top_p=0.9))
+    plan = build_batch_plan(
+        [ScheduledChunk(a, 6), ScheduledChunk(b, 3)], is_prefill=True, block_size=4
+    )
+    assert plan.is_prefill
+    assert plan.seq_ids == [0, 1]
+    assert plan.query_lens == [6, 3]
+    assert plan.context_lens == [6, 3]
+    assert plan.input_ids == a.token_ids + b.token_ids
+    assert plan.positions == [0, 1, 2, 3, 4, 5, 0, 1, 2]
+    assert plan.slot_mapping == [28, 29, 30, 31, 8, 9, 20, 21, 22]
+    assert plan.cu_seqlens_q == [0, 6, 9]
+    assert plan.cu_seqlens_k == [0, 6, 9]
+    assert plan.max_seqlen_q == 6
+    assert plan.max_seqlen_k == 6
+    assert plan.block_tables == [[7, 2], [5, BLOCK_TABLE_FILLER]]
+    assert plan.block_table_width == 2
+    assert plan.block_size == 4
+    assert plan.sample_indices == [5, 8]
+    assert plan.sampled_seq_ids == [0, 1]
+    assert plan.temperatures == [0.5, 1.0]
+    assert plan.top_ks == [3, 0]
+    assert plan.top_ps == [1.0, 0.9]
+    assert plan.seeds == [11, None]
+    assert plan.sample_steps == [0, 0]
+    assert plan.num_seqs == 2
+    assert plan.num_tokens == 9
+    assert plan.num_samples == 2
+    assert not plan.has_cached_prefix
+
+
+def test_slots_follow_the_block_table_for_every_token() -> None:
+    block_size = 3
+    table = [9, 0, 4, 6]
+    seq = make_seq(0, 11, table)
+    plan = build_batch_plan([ScheduledChunk(seq, 11)], is_prefill=True, block_size=block_size)
+    for position, slot in zip(plan.positions, plan.slot_mapping, strict=True):
+        assert slot == table[position // block_size] * block_size + position % block_size
+    assert PADDING_SLOT not in plan.slot_mapping
+
+
+def test_a_chunk_that_stops_short_of_the_last_token_is_not_sampled() -> None:
+    # Chunked prefill: sequence 0 computes tokens 4..7 of 10; sequence 1 finishes its prompt.
+    a = make_seq(0, 10, [3, 1], computed=4)
+    b = make_seq(1, 5, [0, 2], computed=2)
+    plan = build_batch_plan(
+        [ScheduledChunk(a, 4), ScheduledChunk(b, 3)], is_prefill=True, block_size=4
+    )
+    assert plan.positions == [4, 5, 6, 7, 2, 3, 4]
+    assert plan.input_ids == a.token_ids[4:8] + b.token_ids[2:5]
+    assert plan.slot_mapping == [4, 5, 6, 7, 2, 3, 8]
+    assert plan.query_lens == [4, 3]
+    assert plan.context_lens == [8, 5]
+    assert plan.cu_seqlens_q == [0, 4, 7]
+    assert plan.cu_seqlens_k == [0, 8, 13]
+    assert plan.max_seqlen_q == 4
+    assert plan.max_seqlen_k == 8
+    assert plan.sample_indices == [6]
+    assert plan.sampled_seq_ids == [1]
+    assert len(plan.temperatures) == len(plan.top_ks) == len(plan.top_ps) == 1
+    assert len(plan.seeds) == len(plan.sample_steps) == 1
+    assert plan.has_cached_prefix
+
+
+def test_decode_plan_has_one_query_token_per_sequence() -> None:
+    # Sequence 0: prompt 5, 2 completion tokens, 6 computed; its new token is position 6.
+    a = make_seq(0, 7, [2, 8], computed=6, prompt_len=5)
+    b = make_seq(1, 9, [1, 3, 0], computed=8, prompt_len=9)  # last prompt token left over
+    plan = build_batch_plan(
+        [ScheduledChunk(a, 1), ScheduledChunk(b, 1)], is_prefill=False, block_size=4
+    )
+    assert not plan.is_prefill
+    assert plan.query_lens == [1, 1]
+    assert plan.input_ids == [a.token_ids[6], b.token_ids[8]]
+    assert plan.positions == [6, 8]
+    assert plan.slot_mapping == [8 * 4 + 2, 0 * 4 + 0]
+    assert plan.context_lens == [7, 9]
+    assert plan.cu_seqlens_q == [0, 1, 2]
+    assert plan.cu_seqlens_k == [0, 7, 16]
+    assert plan.block_tables == [[2, 8, BLOCK_TABLE_FILLER], [1, 3, 0]]
+    assert plan.block_table_width == 3
+    assert plan.sample_indices == [0, 1]
+    assert plan.sampled_seq_ids == [0, 1]
+    assert plan.sample_steps == [2, 0]
+    assert plan.has_cached_prefix
+
+
+def test_block_tables_are_copies() -> None:
+    seq = make_seq(0, 4, [3])
+    plan = build_batch_plan([ScheduledChunk(seq, 4)], is_prefill=True, block_size=4)
+    seq.block_table.append(6)
+    assert plan.block_tables == [[3]]
+
+
+def test_a_filler_table_entry_is_never_a_slot() -> None:
+    # Padding entries keep gathers in bounds but are never written to.
+    a = make_seq(0, 2, [5])
+    b = make_seq(1, 9, [1, 2, 3])
+    plan = build_batch_plan(
+        [ScheduledChunk(a, 2), ScheduledChunk(b, 9)], is_prefill=True, block_size=4
+    )
+    assert plan.block_tables[0] == [5, BLOCK_TABLE_FILLER, BLOCK_TABLE_FILLER]
+    assert plan.slot_mapping[:2] == [20, 21]
+
+
+def test_empty_plan() -> None:
+    plan = build_batch_plan([], is_prefill=False, block_size=4)
+    assert plan.num_seqs == plan.num_tokens == plan.num_samples == 0
+    assert plan.cu_seqlens_q == plan.cu_seqlens_k == [0]
+    assert plan.max_seqlen_q == plan.max_seqlen_k == 0
+    assert plan.block_tables == []
+    assert plan.block_table_width == 0

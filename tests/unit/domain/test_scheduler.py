@@ -1,0 +1,636 @@
+"""Scheduler: admission, chunked prefill, decode, preemption, finishing and aborting.
+
+Driven with a fake sampler (see ``driver.py``): no model, no GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pagedinfer.domain import (
+    BlockPool,
+    FinishReason,
+    SamplingParams,
+    Scheduler,
+    SchedulerConfig,
+    Sequence,
+    SequenceStatus,
+    chain_hashes,
+)
+from pagedinfer.errors import ConfigurationError, InvalidRequestError
+
+from .driver import constant_sampler, hash_sampler, run_to_completion, step
+
+LONG = SamplingParams(max_tokens=1000, ignore_eos=True)
+
+
+def make(
+    num_blocks: int = 64,
+    block_size: int = 4,
+    *,
+    max_num_seqs: int = 16,
+    max_num_batched_tokens: int = 1024,
+    max_model_len: int = 64,
+    enable_prefix_caching: bool = True,
+    eos: frozenset[int] = frozenset(),
+    pool: BlockPool | None = None,
+) -> Scheduler:
+    config = SchedulerConfig(
+        num_blocks=num_blocks,
+        block_size=block_size,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_model_len,
+        enable_prefix_caching=enable_prefix_caching,
+        eos_token_ids=eos,
+    )
+    return Scheduler(config, pool)
+
+
+def prompt(seq_id: int, length: int) -> list[int]:
+    return [100 * (seq_id + 1) + i for i in range(length)]
+
+
+def add(
+    scheduler: Scheduler, seq_id: int, tokens: list[int], params: SamplingParams = LONG
+) -> Sequence:
+    seq = Sequence(seq_id, tokens, params)
+    scheduler.add(seq)
+    return seq
+
+
+def assert_all_free(scheduler: Scheduler) -> None:
+    pool = scheduler.pool
+    pool.check_integrity()
+    assert pool.num_free_blocks == pool.num_blocks
+    assert all(pool.block(i).ref_count == 0 for i in range(pool.num_blocks))
+
+
+def reference_completions(
+    prompts: dict[int, list[int]], params: SamplingParams, max_model_len: int, vocab: int = 1000
+) -> dict[int, list[int]]:
+    """Completions from an unconstrained scheduler: one step prefills everything."""
+    scheduler = make(num_blocks=1024, max_model_len=max_model_len, max_num_batched_tokens=100_000)
+    seqs = {seq_id: add(scheduler, seq_id, tokens, params) for seq_id, tokens in prompts.items()}
+    run_to_completion(scheduler, hash_sampler(vocab))
+    return {seq_id: seq.completion_token_ids for seq_id, seq in seqs.items()}
+
+
+# ------------------------------------------------------------------------------- config
+def test_config_refuses_a_pool_smaller_than_one_max_model_len_sequence() -> None:
+    with pytest.raises(ConfigurationError) as excinfo:
+        SchedulerConfig(num_blocks=4, block_size=16, max_model_len=65)
+    message = str(excinfo.value)
+    assert "64 tokens" in message and "max_model_len is 65" in message
+    assert isinstance(excinfo.value, ValueError)
+    SchedulerConfig(num_blocks=4, block_size=16, max_model_len=64)  # exactly enough
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"num_blocks": 0},
+        {"block_size": 0},
+        {"max_num_seqs": 0},
+        {"max_num_batched_tokens": 0},
+        {"max_num_seqs": True},
+        {"block_size": 2.0},
+        {"max_model_len": 1},
+        {"max_model_len": 8.0},
+    ],
+)
+def test_config_refuses_bad_numbers(kwargs: dict[str, object]) -> None:
+    values: dict[str, object] = {"num_blocks": 64, "block_size": 4, "max_model_len": 16}
+    values.update(kwargs)
+    with pytest.raises(ConfigurationError) as excinfo:
+        SchedulerConfig(**values)  # type: ignore[arg-type]
+    assert next(iter(kwargs)) in str(excinfo.value)
+
+
+def test_token_budget_may_be_smaller_than_max_model_len() -> None:
+    config = SchedulerConfig(
+        num_blocks=64, block_size=4, max_num_batched_tokens=8, max_model_len=64
+    )
+    assert config.max_num_batched_tokens < config.max_model_len
+
+
+def test_a_mismatched_pool_is_refused() -> None:
+    config = SchedulerConfig(num_blocks=8, block_size=4, max_model_len=16)
+    with pytest.raises(ConfigurationError):
+        Scheduler(config, BlockPool(8, 2))
+    with pytest.raises(ConfigurationError):
+        Scheduler(config, BlockPool(9, 4))
+
+
+# ---------------------------------------------------------------------------------- add
+def test_empty_prompt_is_rejected() -> None:
+    scheduler = make()
+    with pytest.raises(InvalidRequestError, match="empty"):
+        scheduler.add(Sequence(0, []))
+    assert not scheduler.has_unfinished()
+
+
+def test_prompt_that_can_never_fit_is_rejected_with_both_numbers() -> None:
+    scheduler = make(max_model_len=16)
+    with pytest.raises(InvalidRequestError) as excinfo:
+        scheduler.add(Sequence(0, prompt(0, 16)))
+    assert "16 tokens" in str(excinfo.value) and "max_model_len=16" in str(excinfo.value)
+    assert isinstance(excinfo.value, ValueError)
+    assert not scheduler.has_unfinished()
+    scheduler.add(Sequence(1, prompt(1, 15)))  # prompt + 1 == max_model_len is fine
+    assert scheduler.num_unfinished == 1
+
+
+def test_duplicate_or_reused_requests_are_rejected() -> None:
+    scheduler = make()
+    seq = add(scheduler, 0, prompt(0, 3))
+    with pytest.raises(InvalidRequestError, match="already"):
+        scheduler.add(Sequence(0, prompt(1, 3)))
+    step(scheduler, constant_sampler(1))
+    with pytest.raises(InvalidRequestError):
+        scheduler.add(seq)
+    assert scheduler.num_unfinished == 1
+
+
+def test_get_and_unfinished() -> None:
+    scheduler = make()
+    seq = add(scheduler, 5, prompt(0, 3))
+    assert scheduler.get(5) is seq
+    assert scheduler.get(6) is None
+    assert scheduler.has_unfinished()
+    assert scheduler.schedule() is not None
+
+
+def test_nothing_to_do_gives_no_plan() -> None:
+    assert make().schedule() is None
+
+
+# -------------------------------------------------------------------------------- prefill
+def test_prefill_admits_in_arrival_order_and_allocates_blocks() -> None:
+    scheduler = make()
+    a = add(scheduler, 0, prompt(0, 5))
+    b = add(scheduler, 1, prompt(1, 3))
+    c = add(scheduler, 2, prompt(2, 8))
+    plan = scheduler.schedule()
+    assert plan is not None and plan.is_prefill
+    assert plan.seq_ids == [0, 1, 2]
+    assert plan.query_lens == [5, 3, 8]
+    assert a.block_table == [0, 1]
+    assert b.block_table == [2]
+    assert c.block_table == [3, 4]
+    assert plan.sampled_seq_ids == [0, 1, 2]
+    assert [s.status for s in (a, b, c)] == [SequenceStatus.RUNNING] * 3
+    assert list(scheduler.running) == [a, b, c]
+    assert not scheduler.waiting
+
+
+def test_prefill_goes_before_decode() -> None:
+    scheduler = make()
+    add(scheduler, 0, prompt(0, 5))
+    add(scheduler, 1, prompt(1, 3))
+    sampler = constant_sampler(7)
+    step(scheduler, sampler)
+    add(scheduler, 2, prompt(2, 6))
+    result = step(scheduler, sampler)
+    assert result is not None
+    assert result.plan.is_prefill and result.plan.seq_ids == [2]
+    result = step(scheduler, sampler)
+    assert result is not None
+    assert not result.plan.is_prefill and result.plan.seq_ids == [0, 1, 2]
+    stats = scheduler.stats()
+    assert (stats.num_prefill_steps, stats.num_decode_steps) == (2, 1)
+
+
+def test_admission_is_strictly_first_come_first_served() -> None:
+    # The head of the queue does not fit; a smaller later request must not overtake it.
+    scheduler = make(num_blocks=4, block_size=4, max_model_len=16)
+    add(scheduler, 0, prompt(0, 9))  # 3 blocks
+    step(scheduler, constant_sampler(7))
+    add(scheduler, 1, prompt(1, 8))  # needs 2 blocks, only 1 is free
+    add(scheduler, 2, prompt(2, 2))  # would fit in the free block
+    result = step(scheduler, constant_sampler(7))
+    assert result is not None
+    assert not result.plan.is_prefill and result.plan.seq_ids == [0]
+    assert [s.seq_id for s in scheduler.waiting] == [1, 2]
+
+
+def test_max_num_seqs_limits_admission() -> None:
+    scheduler = make(max_num_seqs=2)
+    for seq_id in range(3):
+        add(scheduler, seq_id, prompt(seq_id, 3), SamplingParams(max_tokens=2))
+    sampler = constant_sampler(7)
+    plans = run_to_completion(scheduler, sampler)
+    assert plans[0].seq_ids == [0, 1]
+    assert all(plan.num_seqs <= 2 for plan in plans)
+    assert 2 in plans[2].seq_ids  # admitted once 0 and 1 finished
+
+
+def test_token_budget_limits_the_number_of_running_sequences() -> None:
+    # A decode step must hold every running sequence, so a budget of 2 tokens means at
+    # most 2 running sequences even with a larger max_num_seqs.
+    scheduler = make(max_num_seqs=8, max_num_batched_tokens=2)
+    for seq_id in range(4):
+        add(scheduler, seq_id, prompt(seq_id, 1), SamplingParams(max_tokens=3))
+    plans = run_to_completion(scheduler, constant_sampler(7))
+    assert all(plan.num_tokens <= 2 and plan.num_seqs <= 2 for plan in plans)
+
+
+def test_token_budget_counts_only_uncached_tokens() -> None:
+    shared = prompt(0, 8)
+    for caching, expected_seq_ids in ((True, [1, 2]), (False, [1])):
+        scheduler = make(max_num_batched_tokens=8, enable_prefix_caching=caching)
+        add(scheduler, 0, shared, SamplingParams(max_tokens=1))
+        run_to_completion(scheduler, constant_sampler(7))
+        b = add(scheduler, 1, [*shared, *prompt(1, 4)])
+        add(scheduler, 2, prompt(2, 4))
+        plan = scheduler.schedule()
+        assert plan is not None
+        assert plan.seq_ids == expected_seq_ids
+        assert plan.num_tokens == 8
+        if caching:
+            assert b.num_cached_tokens == 8
+            assert plan.query_lens == [4, 4]
+            assert plan.positions[:4] == [8, 9, 10, 11]
+            stats = scheduler.pool.stats()
+            assert stats.prefix_query_tokens == 8 + 12 + 4
+            assert stats.prefix_hit_tokens == 8
+        else:
+            assert b.num_cached_tokens == 0
+
+
+def test_full_prompt_hit_still_recomputes_the_last_block() -> None:
+    scheduler = make()
+    tokens = prompt(0, 8)
+    a = add(scheduler, 0, tokens, SamplingParams(max_tokens=1))
+    step(scheduler, constant_sampler(7))
+    first_blocks = [0, 1]
+    assert a.is_finished
+    b = add(scheduler, 1, tokens)
+    plan = scheduler.schedule()
+    assert plan is not None
+    assert b.num_cached_tokens == 4
+    assert plan.positions == [4, 5, 6, 7]
+    assert plan.sample_indices == [3]
+    assert b.block_table[0] == first_blocks[0]
+    assert b.block_table[1] != first_blocks[1]  # a fresh copy, never a write into a shared block
+    scheduler.postprocess(plan, [7])
+    assert scheduler.pool.stats().num_cached_blocks == 3  # two copies of the second block
+    scheduler.pool.check_integrity()
+
+
+def test_one_token_prompt() -> None:
+    scheduler = make(max_model_len=8)
+    seq = add(scheduler, 0, [42], SamplingParams(max_tokens=3))
+    plans = run_to_completion(scheduler, constant_sampler(7))
+    assert plans[0].is_prefill and plans[0].query_lens == [1]
+    assert seq.completion_token_ids == [7, 7, 7]
+    assert_all_free(scheduler)
+
+
+# -------------------------------------------------------------------------- chunked prefill
+def test_long_prompt_is_prefilled_in_chunks() -> None:
+    scheduler = make(num_blocks=8, max_num_batched_tokens=4, max_model_len=16)
+    seq = add(scheduler, 0, prompt(0, 10))
+    sampler = constant_sampler(7)
+    chunks = []
+    for _ in range(3):
+        result = step(scheduler, sampler)
+        assert result is not None
+        chunks.append(result.plan)
+    assert [p.positions for p in chunks] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert all(p.is_prefill for p in chunks)
+    assert [p.sample_indices for p in chunks] == [[], [], [1]]
+    assert [p.context_lens for p in chunks] == [[4], [8], [10]]
+    assert [p.block_tables for p in chunks] == [[[0]], [[0, 1]], [[0, 1, 2]]]
+    assert seq.completion_token_ids == [7]
+    result = step(scheduler, sampler)
+    assert result is not None
+    assert not result.plan.is_prefill and result.plan.positions == [10]
+
+
+def test_chunks_share_the_budget_with_new_requests() -> None:
+    scheduler = make(max_num_batched_tokens=4)
+    add(scheduler, 0, prompt(0, 6))
+    add(scheduler, 1, prompt(1, 2))
+    sampler = constant_sampler(7)
+    first = step(scheduler, sampler)
+    second = step(scheduler, sampler)
+    assert first is not None and second is not None
+    assert (first.plan.seq_ids, first.plan.query_lens) == ([0], [4])
+    assert (second.plan.seq_ids, second.plan.query_lens) == ([0, 1], [2, 2])
+    assert second.plan.sampled_seq_ids == [0, 1]
+
+
+def test_chunked_prefill_output_equals_a_single_prefill() -> None:
+    prompts = {0: prompt(0, 23), 1: prompt(1, 5)}
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    expected = reference_completions(prompts, params, max_model_len=64)
+    scheduler = make(max_num_batched_tokens=3, block_size=2)
+    seqs = [add(scheduler, i, tokens, params) for i, tokens in prompts.items()]
+    run_to_completion(scheduler, hash_sampler())
+    assert {s.seq_id: s.completion_token_ids for s in seqs} == expected
+
+
+# ---------------------------------------------------------------------------------- decode
+def test_decode_gives_every_running_sequence_one_token() -> None:
+    scheduler = make(block_size=4)
+    a = add(scheduler, 0, prompt(0, 4))
+    b = add(scheduler, 1, prompt(1, 2))
+    sampler = constant_sampler(7)
+    step(scheduler, sampler)
+    result = step(scheduler, sampler)
+    assert result is not None
+    plan = result.plan
+    assert not plan.is_prefill
+    assert plan.query_lens == [1, 1]
+    assert plan.positions == [4, 2]
+    assert a.block_table == [0, 2]  # position 4 opened a new block
+    assert plan.slot_mapping == [2 * 4 + 0, 1 * 4 + 2]
+    assert plan.input_ids == [7, 7]
+    assert plan.sampled_seq_ids == [0, 1]
+    assert [s.num_computed_tokens for s in (a, b)] == [5, 3]
+    assert [s.num_tokens for s in (a, b)] == [6, 4]
+
+
+# ------------------------------------------------------------------------------ preemption
+def test_preemption_takes_the_newest_and_puts_it_at_the_front_of_waiting() -> None:
+    scheduler = make(num_blocks=4, block_size=2, max_model_len=8)
+    a = add(scheduler, 0, [1, 2, 3])
+    b = add(scheduler, 1, [4, 5, 6])
+    sampler = constant_sampler(9)
+    step(scheduler, sampler)  # prefill: a -> [0, 1], b -> [2, 3]
+    c = add(scheduler, 2, [7])
+    step(scheduler, sampler)  # decode both; c does not fit
+    assert (a.block_table, b.block_table) == ([0, 1], [2, 3])
+    result = step(scheduler, sampler)  # a needs a third block: b is preempted
+    assert result is not None
+    assert result.plan.seq_ids == [0]
+    assert list(scheduler.waiting) == [b, c]
+    assert b.status is SequenceStatus.WAITING
+    assert (b.block_table, b.num_computed_tokens, b.num_cached_tokens) == ([], 0, 0)
+    assert b.token_ids == [4, 5, 6, 9, 9]  # the generated tokens are kept for recompute
+    # b freed its tail first, so a took block 3 and b's head block 2 stays cached.
+    assert a.block_table == [0, 1, 3]
+    head = chain_hashes(b.token_ids, 2)[:1]
+    assert [blk.block_id for blk in scheduler.pool.find_cached_prefix(head, b.token_ids)] == [2]
+    assert scheduler.stats().num_preemptions == 1
+    scheduler.pool.check_integrity()
+
+
+def test_preempted_sequences_finish_with_the_reference_tokens() -> None:
+    prompts = {i: prompt(i, 3 + i) for i in range(4)}
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    expected = reference_completions(prompts, params, max_model_len=24)
+    scheduler = make(num_blocks=6, block_size=4, max_model_len=24)
+    seqs = [add(scheduler, i, tokens, params) for i, tokens in prompts.items()]
+    run_to_completion(scheduler, hash_sampler())
+    assert scheduler.stats().num_preemptions > 0
+    assert {s.seq_id: s.completion_token_ids for s in seqs} == expected
+    assert all(s.finish_reason is FinishReason.LENGTH for s in seqs)
+    assert_all_free(scheduler)
+
+
+def test_a_lone_sequence_that_cannot_grow_preempts_itself_without_raising() -> None:
+    pool = BlockPool(4, 2)
+    scheduler = make(num_blocks=4, block_size=2, max_model_len=8, pool=pool)
+    held = [block.block_id for block in pool.allocate(2)]  # someone else holds half the pool
+    seq = add(scheduler, 0, [1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True))
+    sampler = constant_sampler(9)
+    step(scheduler, sampler)  # prefill into 2 blocks
+    step(scheduler, sampler)  # decode position 3, still in block 2
+    assert scheduler.schedule() is None  # position 4 needs a third block: none anywhere
+    assert seq.status is SequenceStatus.WAITING
+    assert seq.block_table == []
+    assert scheduler.stats().num_preemptions == 1
+    assert scheduler.schedule() is None  # still stuck, still no exception
+    pool.free(held)
+    run_to_completion(scheduler, sampler)
+    assert seq.completion_token_ids == [9, 9, 9, 9]
+    assert_all_free(scheduler)
+
+
+def test_stuck_partial_prefills_free_the_newest() -> None:
+    # Two chunked prefills hold the whole pool and neither can grow: the newest is
+    # preempted so that the older one finishes its prompt.
+    pool = BlockPool(8, 1)
+    scheduler = make(
+        num_blocks=8, block_size=1, max_num_batched_tokens=3, max_model_len=8, pool=pool
+    )
+    a = add(scheduler, 0, prompt(0, 5), SamplingParams(max_tokens=1))
+    b = add(scheduler, 1, prompt(1, 5), SamplingParams(max_tokens=1))
+    sampler = constant_sampler(7)
+    step(scheduler, sampler)  # a: 3 tokens
+    result = step(scheduler, sampler)  # a: 2 more (done), b: 1
+    assert result is not None and result.plan.seq_ids == [0, 1]
+    assert a.is_finished
+    held = pool.allocate(pool.num_free_blocks)  # starve b
+    c = add(scheduler, 2, prompt(2, 5), SamplingParams(max_tokens=1))
+    assert scheduler.schedule() is None
+    assert b.status is SequenceStatus.WAITING and list(scheduler.waiting) == [b, c]
+    pool.free([block.block_id for block in held])
+    run_to_completion(scheduler, sampler)
+    assert b.is_finished and c.is_finished
+    assert_all_free(scheduler)
+
+
+# ------------------------------------------------------------------------- finish rules
+def run_one(scheduler: Scheduler, params: SamplingParams, token: int, length: int = 3) -> Sequence:
+    seq = add(scheduler, 0, prompt(0, length), params)
+    run_to_completion(scheduler, constant_sampler(token))
+    assert_all_free(scheduler)
+    return seq
+
+
+def test_eos_finishes_with_stop_and_the_token_is_kept() -> None:
+    seq = run_one(make(eos=frozenset({2})), SamplingParams(max_tokens=5), token=2)
+    assert seq.finish_reason is FinishReason.STOP
+    assert seq.completion_token_ids == [2]
+    assert seq.is_finished
+
+
+def test_ignore_eos_runs_to_max_tokens() -> None:
+    seq = run_one(make(eos=frozenset({2})), SamplingParams(max_tokens=5, ignore_eos=True), 2)
+    assert seq.finish_reason is FinishReason.LENGTH
+    assert seq.completion_token_ids == [2] * 5
+
+
+def test_stop_token_ids_finish_even_with_ignore_eos() -> None:
+    params = SamplingParams(max_tokens=5, ignore_eos=True, stop_token_ids=(3,))
+    seq = run_one(make(eos=frozenset({2})), params, token=3)
+    assert seq.finish_reason is FinishReason.STOP
+    assert seq.completion_token_ids == [3]
+
+
+def test_max_tokens_finishes_with_length() -> None:
+    seq = run_one(make(), SamplingParams(max_tokens=4), token=5)
+    assert seq.finish_reason is FinishReason.LENGTH
+    assert seq.num_completion_tokens == 4
+
+
+def test_max_model_len_finishes_with_length() -> None:
+    seq = run_one(make(max_model_len=10), SamplingParams(max_tokens=100), token=5, length=7)
+    assert seq.finish_reason is FinishReason.LENGTH
+    assert seq.num_tokens == 10
+
+
+def test_postprocess_returns_every_sequence_that_got_a_token() -> None:
+    scheduler = make()
+    a = add(scheduler, 0, prompt(0, 3), SamplingParams(max_tokens=1))
+    b = add(scheduler, 1, prompt(1, 3), SamplingParams(max_tokens=2))
+    result = step(scheduler, constant_sampler(5))
+    assert result is not None
+    assert result.updated == [a, b]
+    assert a.is_finished and not b.is_finished
+    assert scheduler.num_unfinished == 1
+    assert scheduler.get(0) is None
+
+
+def test_postprocess_rejects_a_wrong_number_of_samples() -> None:
+    scheduler = make()
+    add(scheduler, 0, prompt(0, 3))
+    plan = scheduler.schedule()
+    assert plan is not None
+    with pytest.raises(ValueError):
+        scheduler.postprocess(plan, [])
+
+
+# ------------------------------------------------------------------------ finish / abort
+def test_abort_a_waiting_request() -> None:
+    scheduler = make()
+    seq = add(scheduler, 0, prompt(0, 3))
+    assert scheduler.abort(0)
+    assert seq.finish_reason is FinishReason.ABORT and seq.is_finished
+    assert not scheduler.has_unfinished() and not scheduler.waiting
+    assert scheduler.schedule() is None
+
+
+def test_abort_during_chunked_prefill_frees_its_blocks() -> None:
+    scheduler = make(max_num_batched_tokens=4)
+    seq = add(scheduler, 0, prompt(0, 10))
+    step(scheduler, constant_sampler(7))
+    assert seq.block_table == [0]
+    assert scheduler.abort(0)
+    assert not scheduler.running
+    assert_all_free(scheduler)
+
+
+def test_abort_a_decoding_request_with_shared_blocks() -> None:
+    scheduler = make()
+    shared = prompt(0, 8)
+    a = add(scheduler, 0, [*shared, 1])
+    b = add(scheduler, 1, [*shared, 2])
+    sampler = constant_sampler(7)
+    step(scheduler, sampler)  # a computes the shared blocks
+    step(scheduler, sampler)
+    del a
+    add(scheduler, 2, [*shared, 3])
+    step(scheduler, sampler)  # 2 hits a's blocks
+    assert scheduler.abort(0)
+    assert scheduler.abort(2)
+    assert b.status is SequenceStatus.RUNNING
+    assert scheduler.abort(1)
+    assert_all_free(scheduler)
+
+
+def test_abort_a_preempted_request() -> None:
+    scheduler = make(num_blocks=4, block_size=2, max_model_len=8)
+    add(scheduler, 0, [1, 2, 3])
+    b = add(scheduler, 1, [4, 5, 6])
+    sampler = constant_sampler(9)
+    for _ in range(3):
+        step(scheduler, sampler)
+    assert b.status is SequenceStatus.WAITING  # preempted
+    assert scheduler.abort(1)
+    assert b.finish_reason is FinishReason.ABORT
+    assert scheduler.abort(0)
+    assert_all_free(scheduler)
+
+
+def test_abort_unknown_or_finished_returns_false() -> None:
+    scheduler = make()
+    seq = add(scheduler, 0, prompt(0, 3), SamplingParams(max_tokens=1))
+    run_to_completion(scheduler, constant_sampler(7))
+    assert not scheduler.abort(0)
+    assert seq.finish_reason is FinishReason.LENGTH  # not overwritten
+    assert not scheduler.abort(123)
+
+
+def test_abort_between_schedule_and_postprocess() -> None:
+    scheduler = make()
+    a = add(scheduler, 0, prompt(0, 3))
+    b = add(scheduler, 1, prompt(1, 3))
+    plan = scheduler.schedule()
+    assert plan is not None
+    scheduler.abort(0)
+    updated = scheduler.postprocess(plan, [7, 7])
+    assert updated == [b]
+    assert a.token_ids == prompt(0, 3)
+    assert b.completion_token_ids == [7]
+    scheduler.abort(1)
+    assert_all_free(scheduler)
+
+
+def test_finish_stops_a_request_with_the_given_reason() -> None:
+    scheduler = make()
+    seq = add(scheduler, 0, prompt(0, 3))
+    step(scheduler, constant_sampler(7))
+    assert scheduler.finish(0, FinishReason.STOP) is seq
+    assert seq.finish_reason is FinishReason.STOP
+    assert scheduler.finish(0, FinishReason.STOP) is None
+    assert_all_free(scheduler)
+
+
+# ------------------------------------------------------------------------------- fairness
+def test_no_waiting_request_starves_under_a_stream_of_new_ones() -> None:
+    scheduler = make(num_blocks=8, block_size=4, max_num_seqs=2, max_model_len=32)
+    params = SamplingParams(max_tokens=3, ignore_eos=True)
+    seqs = [add(scheduler, i, prompt(i, 6 + 5 * (i % 3)), params) for i in range(3)]
+    sampler = hash_sampler()
+    next_id = 3
+    for _ in range(60):
+        seqs.append(add(scheduler, next_id, prompt(next_id, 3), params))
+        next_id += 1
+        step(scheduler, sampler)
+    # Requests finish in arrival order, so everything added early is done by now.
+    assert all(seq.is_finished for seq in seqs[:20])
+    finished = [seq.seq_id for seq in seqs if seq.is_finished]
+    assert finished == list(range(len(finished)))
+
+
+# ----------------------------------------------------------- duplicate prefixes in one step
+def test_two_sequences_with_the_same_new_prefix_in_one_step() -> None:
+    scheduler = make(num_blocks=8, block_size=4, max_model_len=32)
+    tokens = prompt(0, 8)
+    a = add(scheduler, 0, tokens, SamplingParams(max_tokens=2))
+    b = add(scheduler, 1, tokens, SamplingParams(max_tokens=2))
+    result = step(scheduler, constant_sampler(7))
+    assert result is not None
+    assert result.plan.seq_ids == [0, 1] and result.plan.query_lens == [8, 8]
+    assert set(a.block_table).isdisjoint(b.block_table)
+    pool = scheduler.pool
+    assert pool.stats().num_cached_blocks == 4  # two copies of two blocks
+    pool.check_integrity()
+    run_to_completion(scheduler, constant_sampler(7))
+    assert a.completion_token_ids == b.completion_token_ids == [7, 7]
+    assert_all_free(scheduler)
+    # Evict copies until one of each block is left: the prefix is still found.
+    hashes = chain_hashes(tokens, 4)
+    pool.allocate(pool.num_free_blocks - 2)
+    assert len(pool.find_cached_prefix(hashes, tokens)) == 2
+    pool.check_integrity()
+
+
+# ----------------------------------------------------------------------------------- stats
+def test_stats_count_queues_and_steps() -> None:
+    scheduler = make(max_num_seqs=1)
+    add(scheduler, 0, prompt(0, 3), SamplingParams(max_tokens=2))
+    add(scheduler, 1, prompt(1, 3), SamplingParams(max_tokens=2))
+    stats = scheduler.stats()
+    assert (stats.num_waiting, stats.num_running) == (2, 0)
+    step(scheduler, constant_sampler(7))
+    stats = scheduler.stats()
+    assert (stats.num_waiting, stats.num_running) == (1, 1)
+    run_to_completion(scheduler, constant_sampler(7))
+    stats = scheduler.stats()
+    assert (stats.num_waiting, stats.num_running, stats.num_preemptions) == (0, 0, 0)
+    assert (stats.num_prefill_steps, stats.num_decode_steps) == (2, 2)
