@@ -35,6 +35,7 @@ CASES = {
     "block32-gqa2-dim64-fp16": Case([33, 100], 32, 4, 2, 64, torch.float16),
     "block256-gqa8-fp16": Case([600, 5, 257], 256, 16, 2, 32, torch.float16),
     "block128-gqa16": Case([129, 1], 128, 16, 1, 32),
+    "block16-gqa2-dim128-fp16": Case([90, 20], 16, 4, 2, 128, torch.float16),
 }
 
 

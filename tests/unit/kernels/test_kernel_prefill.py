@@ -38,6 +38,9 @@ CASES = {
     "chunk-block64-dim24": Case([30, 16], [90, 16], 64, 4, 4, 24, pending_tokens=40),
     "mixed-block128-gqa4-fp16": Case([130, 1, 9], [130, 200, 140], 128, 4, 1, 32, torch.float16),
     "block256-dim40": Case([20, 300], [270, 300], 256, 2, 1, 40),
+    # The head dims real Qwen3 models use.
+    "prefix-block16-dim128-fp16": Case([3, 40], [50, 40], 16, 4, 2, 128, torch.float16),
+    "chunk-block32-dim64": Case([24], [56], 32, 2, 1, 64, pending_tokens=9),
 }
 
 

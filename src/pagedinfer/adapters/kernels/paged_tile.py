@@ -17,6 +17,10 @@ The scale ``qk_scale`` already contains ``log2(e)``, so ``exp`` is the cheaper `
 ``m`` is kept in base-2 units; the final output is ``acc / l``. A row that has seen no key yet
 has ``m = -inf``; callers guarantee each row meets a visible key in its first tile, so
 ``m - m'`` is never ``-inf - (-inf)``.
+
+The module also holds the few host-side helpers both attention wrappers share: the
+``log2(e)`` factor, the ``tl.dot`` precision per dtype, the padded head dim and the shape
+invariants they assert.
 """
 
 from __future__ import annotations
