@@ -267,8 +267,9 @@ def paged_decode_attention(
     """Attention of one query per sequence (``query[s]``: ``[num_heads, head_dim]``) over the
     first ``context_lens[s]`` tokens of pages ``block_tables[s]``.
 
-    ``num_splits > 1`` needs ``partials`` (see :meth:`SplitPartials.from_buffer`) when called
-    inside a CUDA-graph capture; outside one they are allocated if missing. ``block_n``
+    ``num_splits > 1`` writes partial results to ``partials`` (views of a preallocated buffer,
+    see :meth:`SplitPartials.from_buffer`; pass them under CUDA-graph capture so the graph
+    does not own a private workspace); they are allocated if missing. ``block_n``
     overrides the key-tile size (tests). Reads no device values on the host.
     """
     num_seqs, num_heads, head_dim = query.shape
@@ -293,7 +294,7 @@ def paged_decode_attention(
             device=query.device,
         )
         partials = SplitPartials.from_buffer(buffer, num_seqs, num_heads, num_splits, head_dim)
-    # Unused pointers when not splitting: any float32-free tensor will do, nothing is stored.
+    # Without splitting the kernel never touches the partials; `out` stands in for them.
     part_acc = partials.acc if partials is not None else out
     part_max = partials.max if partials is not None else out
     part_sum = partials.sum if partials is not None else out
