@@ -1,19 +1,20 @@
-"""Kernel tests run on CPU in Triton's interpreter unless the kernels were already compiled.
+"""Kernel tests run on CPU in Triton's interpreter, or compiled on CUDA when there is a GPU.
 
 ``TRITON_INTERPRET`` must be set before the kernel modules are imported (``triton.jit``
-decides at decoration time); the root conftest sets it on CPU-only machines and this one
-makes sure it is set when these tests are collected first. If an earlier import already
-compiled the kernels for a GPU, the tests run on CUDA instead.
+decides at decoration time). Like the root conftest, this sets it only on machines without
+CUDA, so a GPU session is never switched to the interpreter behind the GPU tests' back. The
+``device`` fixture follows whatever the kernels ended up as.
 """
 
 from __future__ import annotations
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def kernels_are_interpreted() -> bool:
