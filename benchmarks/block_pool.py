@@ -360,6 +360,7 @@ class SchedulerResult:
     preemptions: int
     seconds: float  # schedule() + postprocess() only
     decode_seconds: float
+    decode_tokens: int
 
     @property
     def us_per_token(self) -> float:
@@ -368,6 +369,11 @@ class SchedulerResult:
     @property
     def us_per_decode_step(self) -> float:
         return self.decode_seconds / max(self.decode_steps, 1) * 1e6
+
+    @property
+    def us_per_decode_token(self) -> float:
+        """Decode-step time per sequence in the step: the per-sequence cost of a step."""
+        return self.decode_seconds / max(self.decode_tokens, 1) * 1e6
 
 
 def bench_scheduler(
@@ -389,7 +395,7 @@ def bench_scheduler(
         scheduler.add(DomainSequence(seq_id, prompt, params))
     sampler = random.Random(seed + 1)
     seconds = decode_seconds = 0.0
-    scheduled = 0
+    scheduled = decode_tokens = 0
     clock = CLOCK
     while True:
         start = clock()
@@ -404,6 +410,7 @@ def bench_scheduler(
         seconds += elapsed
         if not plan.is_prefill:
             decode_seconds += elapsed
+            decode_tokens += plan.num_tokens
         scheduled += plan.num_tokens
     stats = scheduler.stats()
     if scheduler.has_unfinished() or scheduler.pool.num_free_blocks != num_blocks:
@@ -418,6 +425,7 @@ def bench_scheduler(
         stats.num_preemptions,
         seconds,
         decode_seconds,
+        decode_tokens,
     )
 
 
@@ -448,15 +456,15 @@ def scheduler_table(results: list[SchedulerResult]) -> str:
     lines = [
         "| scenario | requests | pool blocks (x256 tokens) | steps (prefill + decode) | "
         "scheduled tokens | preemptions | schedule+postprocess | µs / scheduled token | "
-        "µs / decode step |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "µs / decode step | µs / decode token |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in results:
         lines.append(
             f"| {row.scenario} | {row.num_requests} | {row.num_blocks:,} | "
             f"{row.prefill_steps} + {row.decode_steps} | {row.scheduled_tokens:,} | "
             f"{row.preemptions} | {row.seconds:.2f} s | {row.us_per_token:.2f} | "
-            f"{row.us_per_decode_step:.0f} |"
+            f"{row.us_per_decode_step:.0f} | {row.us_per_decode_token:.2f} |"
         )
     return "\n".join(lines)
 
