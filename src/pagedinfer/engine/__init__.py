@@ -1,0 +1,6 @@
+"""The public engine: tokenizer, request loop, progress and metrics on top of the adapters."""
+
+from pagedinfer.engine.engine import Engine, EngineStats
+from pagedinfer.engine.outputs import RequestOutput, StreamDelta
+
+__all__ = ["Engine", "EngineStats", "RequestOutput", "StreamDelta"]

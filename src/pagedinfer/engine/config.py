@@ -1,0 +1,126 @@
+"""The engine's settings: validated at construction, device and dtype resolved."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from pagedinfer.errors import ConfigurationError
+
+__all__ = ["ATTENTION_BACKENDS", "EngineConfig", "resolve_device", "resolve_dtype"]
+
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash")
+
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """``Engine``'s keyword arguments, checked. See :class:`pagedinfer.Engine` for meanings."""
+
+    model_path: str
+    device: str | torch.device = "auto"
+    dtype: str | torch.dtype = "auto"
+    max_num_seqs: int = 512
+    max_num_batched_tokens: int = 16384
+    max_model_len: int = 4096
+    kv_block_size: int = 256
+    num_kv_blocks: int | None = None
+    gpu_memory_utilization: float = 0.9
+    tensor_parallel_size: int = 1
+    enforce_eager: bool = False
+    enable_prefix_caching: bool = True
+    attention_backend: str = "auto"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _positive_int("max_num_seqs", self.max_num_seqs)
+        _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
+        _positive_int("max_model_len", self.max_model_len, minimum=2)
+        _positive_int("kv_block_size", self.kv_block_size)
+        _positive_int("tensor_parallel_size", self.tensor_parallel_size)
+        if self.num_kv_blocks is not None:
+            _positive_int("num_kv_blocks", self.num_kv_blocks)
+        utilization = self.gpu_memory_utilization
+        if (
+            not isinstance(utilization, (int, float))
+            or isinstance(utilization, bool)
+            or not math.isfinite(utilization)
+            or not 0.0 < utilization <= 1.0
+        ):
+            raise ConfigurationError(
+                f"gpu_memory_utilization={utilization!r} is invalid: expected a fraction in (0, 1]."
+            )
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ConfigurationError(
+                f"attention_backend={self.attention_backend!r} is unknown: choose one of "
+                f"{', '.join(ATTENTION_BACKENDS)}."
+            )
+        for name in ("enforce_eager", "enable_prefix_caching"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigurationError(f"{name}={getattr(self, name)!r} must be True or False.")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise ConfigurationError(f"seed={self.seed!r} must be an integer.")
+
+
+def _positive_int(name: str, value: object, minimum: int = 1) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigurationError(f"{name}={value!r} is invalid: expected an integer >= {minimum}.")
+
+
+def resolve_device(requested: str | torch.device) -> torch.device:
+    """``"auto"`` picks CUDA when available, else the CPU."""
+    if isinstance(requested, str) and requested == "auto":
+        return (
+            torch.device("cuda", torch.cuda.current_device())
+            if torch.cuda.is_available()
+            else (torch.device("cpu"))
+        )
+    try:
+        device = torch.device(requested)
+    except (RuntimeError, TypeError) as error:
+        raise ConfigurationError(
+            f"device={requested!r} is not a device: use 'auto', 'cpu', 'cuda' or 'cuda:N'."
+        ) from error
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigurationError(
+                f"device={requested!r} was requested but CUDA is not available; "
+                "use 'cpu' or 'auto'."
+            )
+        return torch.device("cuda", device.index if device.index is not None else 0)
+    if device.type != "cpu":
+        raise ConfigurationError(f"device={requested!r} is not supported: use 'cpu' or 'cuda'.")
+    return device
+
+
+def resolve_dtype(
+    requested: str | torch.dtype, device: torch.device, checkpoint_dtype: torch.dtype
+) -> torch.dtype:
+    """``"auto"``: the checkpoint's dtype on CUDA, float32 on the CPU."""
+    if isinstance(requested, torch.dtype):
+        dtype = requested
+    elif requested == "auto":
+        return checkpoint_dtype if device.type == "cuda" else torch.float32
+    elif isinstance(requested, str) and requested in _DTYPES:
+        dtype = _DTYPES[requested]
+    else:
+        raise ConfigurationError(
+            f"dtype={requested!r} is not supported: use 'auto', 'float32', 'float16' or 'bfloat16'."
+        )
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ConfigurationError(
+            f"dtype={dtype} is not supported: use float32, float16 or bfloat16."
+        )
+    return dtype
