@@ -20,7 +20,7 @@ Part 2, the scheduler: ``schedule()`` + ``postprocess()`` time (sampling exclude
 nano-vLLM's workload: 256 requests, prompt and output lengths uniform in [100, 1024], random
 token ids < 10000, ``ignore_eos``, block_size 256.
 
-    python benchmarks/block_pool.py            # full run, about a minute on 2 CPU cores
+    python benchmarks/block_pool.py            # full run, under a minute on 2 CPU cores
     python benchmarks/block_pool.py --quick    # seconds; a smoke test
 """
 
