@@ -85,7 +85,7 @@ class ModelRunner:
                 f"max_position_embeddings={model_config.max_position_embeddings}: lower "
                 "max_model_len."
             )
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" and self.device.index is not None:
             torch.cuda.set_device(self.device)
         self.backend = create_backend(config.attention_backend, config.block_size)
         self.model = build_model(

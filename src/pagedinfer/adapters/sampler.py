@@ -1,7 +1,8 @@
 """Turn logits into token ids: greedy, or temperature / top-k / top-p plus an exponential race.
 
 Sampling uses the "exponential race" form of the Gumbel-max trick: with independent
-``E_i ~ Exp(1)``, ``argmax_i p_i / E_i`` is distributed as ``Categorical(p)``. The only
+``E_i ~ Exp(1)``, ``argmax_i p_i / E_i`` is distributed as ``Categorical(p)``. It needs no
+cumulative sum or search, so a whole batch samples in a few vectorised passes. The only
 randomness is the noise tensor, so a request with a seed draws its noise row from a generator
 keyed by ``(seed, sample_step)`` and gets the same token whatever else is in the batch and
 however often it was preempted and recomputed.
@@ -45,6 +46,7 @@ class SamplingBatch:
     seeds: list[int | None]
     sample_steps: list[int]
     all_greedy: bool
+    any_greedy: bool
     any_top_k: bool
     any_top_p: bool
 
@@ -59,6 +61,7 @@ class SamplingBatch:
             seeds=plan.seeds,
             sample_steps=plan.sample_steps,
             all_greedy=not sampled_rows,
+            any_greedy=len(sampled_rows) < len(greedy),
             any_top_k=any(plan.top_ks[i] > 0 for i in sampled_rows),
             any_top_p=any(plan.top_ps[i] < 1.0 for i in sampled_rows),
         )
@@ -76,32 +79,37 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """``logits [n, vocab]`` -> token ids ``[n]`` (int64)."""
         logits = logits.float()
-        greedy = logits.argmax(dim=-1)
         if batch.all_greedy:
-            return greedy
+            return logits.argmax(dim=-1)
         temperatures = batch.temperatures
+        is_greedy = temperatures == 0
+        greedy = logits.argmax(dim=-1) if batch.any_greedy else None
         # Greedy rows are divided by 1 and their sample discarded below.
-        scaled = logits / torch.where(temperatures > 0, temperatures, 1.0).unsqueeze(1)
+        scaled = logits / torch.where(is_greedy, 1.0, temperatures).unsqueeze(1)
         if batch.any_top_k or batch.any_top_p:
             scaled = _filter_top_k_top_p(scaled, batch)
         probs = scaled.softmax(dim=-1)
-        noise = self._exponential_noise(probs, batch)
-        sampled = probs.div_(noise).argmax(dim=-1)
-        return torch.where(temperatures > 0, sampled, greedy)
+        sampled = probs.div_(self._exponential_noise(probs, batch)).argmax(dim=-1)
+        return sampled if greedy is None else torch.where(is_greedy, greedy, sampled)
 
     def _exponential_noise(self, probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        noise = torch.empty_like(probs)
+        """``Exp(1)`` noise shaped like ``probs``: seeded rows from their own generators.
+
+        Drawn as ``-log(U)``, ``U ~ Uniform[0, 1)``: several times faster on CPU than
+        ``Tensor.exponential_``, and never exactly 0 (``U < 1``), so ``p / E`` is never NaN;
+        ``U = 0`` gives ``E = inf`` and that token simply loses.
+        """
+        uniform = torch.empty_like(probs)
         seeded = [i for i, seed in enumerate(batch.seeds) if seed is not None]
         if len(seeded) < len(batch.seeds):
-            noise.exponential_(generator=self.generator)
+            uniform.uniform_(generator=self.generator)
         for row in seeded:
             seed = batch.seeds[row]
             assert seed is not None
             generator = torch.Generator(device=probs.device)
             generator.manual_seed(derive_seed(seed, batch.sample_steps[row]))
-            noise[row].exponential_(generator=generator)
-        # Exp(1) can return exactly 0; p / 0 would make a filtered token (p = 0) a NaN winner.
-        return noise.clamp_min_(torch.finfo(noise.dtype).tiny)
+            uniform[row].uniform_(generator=generator)
+        return uniform.log_().neg_()
 
 
 def _filter_top_k_top_p(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

@@ -4,6 +4,7 @@ sampling; KV-cache layout and sizing; lifecycle."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,20 @@ def test_greedy_matches_transformers(
         assert scheduler.stats().num_preemptions > 0
     if max_batched < 45:  # some prompt is longer than a step: some chunk samples nothing
         assert any(plan.is_prefill and plan.num_samples < plan.num_seqs for plan in plans)
+
+
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="CPU run of the Triton kernels needs the interpreter",
+)
+def test_triton_backend_in_the_model_path(tiny_checkpoint: Path) -> None:
+    """The model path with the Triton kernels (interpreted on CPU): same greedy tokens."""
+    prompts = [[*mixed_prompts()[4], 5], [3, 1, 4, 1, 5]]
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    runner = make_runner(tiny_checkpoint, attention_backend="triton", max_num_batched_tokens=32)
+    outputs, _ = generate(runner, prompts, params)
+    for prompt, output in zip(prompts, outputs, strict=True):
+        assert output == hf_greedy(tiny_checkpoint, prompt, 4)
 
 
 def test_warm_prefix_cache_reuses_blocks_and_matches(tiny_checkpoint: Path) -> None:

@@ -32,6 +32,7 @@ def batch(
         seeds=seeds if seeds is not None else [None] * n,
         sample_steps=steps if steps is not None else [0] * n,
         all_greedy=not sampled,
+        any_greedy=len(sampled) < n,
         any_top_k=any(top_ks[i] > 0 for i in sampled),
         any_top_p=any(top_ps[i] < 1.0 for i in sampled),
     )
@@ -174,6 +175,7 @@ def test_sampling_batch_from_plan_summaries() -> None:
     )
     sampling = SamplingBatch.from_plan(plan, CPU)
     assert not sampling.all_greedy
+    assert sampling.any_greedy
     assert not sampling.any_top_k  # only the greedy row asks for top-k
     assert sampling.any_top_p
     assert sampling.seeds == [None, 4]

@@ -149,23 +149,27 @@ class TorchAttentionBackend:
         scale: float,
     ) -> torch.Tensor:
         num_seqs = query.shape[0]
-        tables = meta.block_tables.long()
         longest = _host_max(meta.context_lens_host, meta.context_lens)
-        width = -(-longest // self.block_size)
-        tables = tables[:, :width]
-        # [B, W, block, H, D] -> [B, H, W * block, D]
-        k = k_cache[tables].flatten(1, 2).transpose(1, 2)[:, :, :longest]
-        v = v_cache[tables].flatten(1, 2).transpose(1, 2)[:, :, :longest]
+        # Gather each sequence's first `longest` slots (not whole pages): one index_select per
+        # cache over flat slot ids, [B, longest] -> [B, longest, kv_heads, head_dim].
         positions = torch.arange(longest, device=query.device)
+        tables = meta.block_tables.long()
+        slots = tables[:, positions // self.block_size] * self.block_size
+        slots += positions % self.block_size
+        flat_slots = slots.view(-1)
+        num_kv_heads, head_dim = k_cache.shape[-2], k_cache.shape[-1]
+        shape = (num_seqs, longest, num_kv_heads, head_dim)
+        k = k_cache.view(-1, num_kv_heads, head_dim).index_select(0, flat_slots).view(shape)
+        v = v_cache.view(-1, num_kv_heads, head_dim).index_select(0, flat_slots).view(shape)
         mask = positions[None, :] < meta.context_lens[:, None].to(positions.dtype)
         out = _sdpa(
-            query.view(num_seqs, -1, 1, query.shape[-1]),
-            k.to(query.dtype),
-            v.to(query.dtype),
+            query.view(num_seqs, -1, 1, head_dim),
+            k.transpose(1, 2).to(query.dtype),
+            v.transpose(1, 2).to(query.dtype),
             scale,
             attn_mask=mask[:, None, None, :],
         )
-        return out.view(num_seqs, -1, query.shape[-1])
+        return out.view(num_seqs, -1, head_dim)
 
 
 def _host(values: list[int] | None, tensor: torch.Tensor) -> list[int]:
