@@ -32,7 +32,9 @@ class ParallelContext:
         """Concatenate every rank's ``tensor`` along ``dim`` on rank 0; other ranks get None."""
         if self.world_size == 1:
             return tensor
-        parts = [torch.empty_like(tensor) for _ in range(self.world_size)] if self.rank == 0 else None
+        parts = (
+            [torch.empty_like(tensor) for _ in range(self.world_size)] if self.rank == 0 else None
+        )
         dist.gather(tensor.contiguous(), parts, dst=0)
         return torch.cat(parts, dim=dim) if parts is not None else None
 
