@@ -8,6 +8,7 @@ padding rows, stale rows and narrower block tables all occur), and no graphs exi
 
 from __future__ import annotations
 
+import gc
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -154,6 +155,7 @@ def test_close_releases_graph_memory(make_checkpoint: Callable[..., Path]) -> No
     assert torch.cuda.memory_allocated() > baseline
     runner.close()
     del runner
+    gc.collect()
     torch.cuda.synchronize()
     # The model, the KV cache, the static inputs and every graph's pool are gone.
     assert torch.cuda.memory_allocated() - baseline < 1 << 20
