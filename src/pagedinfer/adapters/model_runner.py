@@ -10,11 +10,11 @@ samples on rank 0.
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-import torch.distributed as dist
 
 from pagedinfer.adapters.attention import create_backend
 from pagedinfer.adapters.attention.base import AttentionMetadata
@@ -108,11 +108,13 @@ class ModelRunner:
         )
         self.sampler = Sampler(self.device, config.seed)
         self._closed = False
+        # Decode steps go through graph_runner when it is set; the warm-up pass that sizes
+        # the cache runs eagerly, and graphs are captured once the cache is bound.
+        self.graph_runner: DecodeGraphRunner | None = None
         self.num_kv_blocks = self._size_kv_cache()
         self.kv_cache = self._allocate_kv_cache(self.num_kv_blocks)
         self._bind_kv_cache(self.kv_cache)
-        # Seam for CUDA graphs: decode steps go through graph_runner when it is set.
-        self.graph_runner: DecodeGraphRunner | None = self._create_graph_runner()
+        self.graph_runner = self._create_graph_runner()
 
     # ------------------------------------------------------------------ steps
     def execute(self, plan: BatchPlan) -> list[int]:
@@ -165,6 +167,10 @@ class ModelRunner:
         del self.kv_cache
         del self.model
         if self.device.type == "cuda":
+            # Parameters reference their modules through their weight loaders (a cycle), so
+            # the weights are freed by the cycle collector, not by `del`; run it now so the
+            # memory is back before the next engine sizes its cache.
+            gc.collect()
             torch.cuda.empty_cache()
 
     # --------------------------------------------------------------- KV cache
@@ -189,12 +195,8 @@ class ModelRunner:
                     block_size=config.block_size,
                 ),
             )
-        if self.parallel.world_size > 1:
-            # Every rank must hold the same pool; take the smallest budget.
-            agreed = torch.tensor([num_blocks], dtype=torch.int64, device=self.device)
-            dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
-            num_blocks = int(agreed.item())
-        return num_blocks
+        # Every rank must hold the same pool; take the smallest budget.
+        return self.parallel.min_over_ranks(num_blocks, self.device)
 
     def _cuda_block_budget(self) -> int:
         """Run the largest prefill a step can hold, then size the cache from what is left."""
@@ -221,8 +223,9 @@ class ModelRunner:
         """A prefill of ``max_num_batched_tokens`` tokens sampling ``max_num_seqs`` rows.
 
         Sequences are ``max_model_len`` long (the last one shorter); no K/V is stored
-        (padding slots) and no cache is read, so it runs before the cache exists. Sampling
-        uses top-k and top-p so that the sampler's sort is part of the measured peak.
+        (padding slots). It runs over a one-block cache: backends that read every key through
+        the block table (triton) find block 0 in every column, so all reads stay in bounds.
+        Sampling uses top-k and top-p so that the sampler's sort is part of the measured peak.
         """
         config = self.config
         budget = min(config.max_num_batched_tokens, config.max_num_seqs * config.max_model_len)
@@ -235,6 +238,7 @@ class ModelRunner:
             cu.append(cu[-1] + length)
         num_tokens = cu[-1]
         num_samples = min(num_tokens, config.max_num_seqs)
+        width = -(-max(lengths) // config.block_size)
         return BatchPlan(
             is_prefill=True,
             seq_ids=list(range(len(lengths))),
@@ -247,8 +251,8 @@ class ModelRunner:
             cu_seqlens_k=cu,
             max_seqlen_q=max(lengths),
             max_seqlen_k=max(lengths),
-            block_tables=[[0] for _ in lengths],
-            block_table_width=1,
+            block_tables=[[0] * width for _ in lengths],
+            block_table_width=width,
             block_size=config.block_size,
             sample_indices=list(range(num_samples)),
             sampled_seq_ids=[0] * num_samples,
@@ -287,6 +291,15 @@ class ModelRunner:
             or not self.backend.supports_cuda_graphs
         ):
             return None
-        # adapters/cuda_graph.py plugs in here: capture decode graphs for the batch-size
-        # buckets over self.model and the bound KV cache, and return the replaying runner.
-        return None
+        from pagedinfer.adapters.cuda_graph import capture_decode_graphs
+
+        config = self.config
+        return capture_decode_graphs(
+            self.model,
+            self.backend,
+            # The scheduler never runs more sequences in a step than tokens fit in one.
+            max_num_seqs=min(config.max_num_seqs, config.max_num_batched_tokens),
+            max_model_len=config.max_model_len,
+            block_size=config.block_size,
+            device=self.device,
+        )

@@ -1,24 +1,287 @@
-"""Placeholder until the tensor-parallel executor lands (worker processes + control channel)."""
+"""``TensorParallelExecutor``: rank 0 in this process, ranks 1..N-1 in spawned workers.
+
+Start-up: check that the model splits evenly, host a private TCP store on a free port,
+create the control channel (a uniquely named shared-memory segment), spawn one worker per
+extra rank, wait until each has started, join the group (gloo on the CPU, NCCL on CUDA),
+build rank 0's :class:`ModelRunner` and wait until every worker's runner is ready. The
+runners agree on the KV-cache size inside their constructors (the minimum over ranks).
+
+Each step: check the workers are alive, send ``("execute", plan)`` through the channel,
+run rank 0's share of the step; the model's collectives keep all ranks in lock step. Any
+failure during a step leaves the ranks out of step, so the executor then stops its workers
+and every later call raises :class:`WorkerDiedError`. If a worker died, that is the error
+raised, with the worker's exit status and, when it had one, its traceback.
+
+``close()``, garbage collection and interpreter exit all end in the same release (a
+``weakref.finalize``): ask the workers to shut down, join them (terminate them if they do
+not exit in time), free rank 0's runner and unlink the shared memory.
+"""
 
 from __future__ import annotations
 
+import multiprocessing
+import time
+import weakref
+from dataclasses import replace
+from datetime import timedelta
+
+import torch
+from torch._C._distributed_c10d import TCPStore
+
+from pagedinfer.adapters.distributed.channel import ChannelWriter
+from pagedinfer.adapters.distributed.group import LOCALHOST, ProcessGroupCollectives, host_store
+from pagedinfer.adapters.distributed.messages import (
+    READY,
+    STARTED,
+    execute_message,
+    shutdown_message,
+)
+from pagedinfer.adapters.distributed.parallel import ParallelContext
+from pagedinfer.adapters.distributed.worker import WorkerSpec
+from pagedinfer.adapters.distributed.worker_handle import WorkerHandle, first_dead
+from pagedinfer.adapters.layers.linear import divide
+from pagedinfer.adapters.model_runner import ModelRunner
+from pagedinfer.adapters.models.config import ModelConfig
 from pagedinfer.adapters.runner_config import RunnerConfig
 from pagedinfer.domain.plan import BatchPlan
-from pagedinfer.errors import ConfigurationError
+from pagedinfer.errors import (
+    ConfigurationError,
+    EngineClosedError,
+    PagedInferError,
+    WorkerDiedError,
+)
 
-__all__ = ["TensorParallelExecutor"]
+__all__ = [
+    "DEFAULT_CHANNEL_BYTES",
+    "DEFAULT_TIMEOUT_S",
+    "TensorParallelExecutor",
+    "check_tensor_parallel_split",
+    "rank_devices",
+]
+
+DEFAULT_CHANNEL_BYTES = 1 << 20
+"""Initial control-channel segment (it grows when a step's message does not fit)."""
+DEFAULT_TIMEOUT_S = 300.0
+"""Collective and store timeout: how long a *hung* (not dead) peer can stall a step."""
+STARTUP_TIMEOUT_S = 600.0
+"""How long a live worker may take to import, load its shard and size its KV cache."""
+DEATH_GRACE_S = 5.0
+"""After a failed step, how long to wait for a dying worker's exit to become visible."""
+SHUTDOWN_GRACE_S = 10.0
+"""How long ``close()`` waits for workers to exit on their own before terminating them."""
+
+
+def check_tensor_parallel_split(config: ModelConfig, world_size: int) -> None:
+    """Raise :class:`ConfigurationError` unless every split dimension divides evenly."""
+    divide(config.num_attention_heads, world_size, "num_attention_heads")
+    divide(config.num_key_value_heads, world_size, "num_key_value_heads")
+    divide(config.intermediate_size, world_size, "intermediate_size")
+    divide(config.vocab_size, world_size, "vocab_size")
+
+
+def rank_devices(device: torch.device, world_size: int) -> list[torch.device]:
+    """Rank r's device: the CPU for every rank, or ``cuda:(i + r)`` from ``device = cuda:i``."""
+    if device.type != "cuda":
+        return [device] * world_size
+    first = device.index or 0
+    visible = torch.cuda.device_count()
+    if first + world_size > visible:
+        raise ConfigurationError(
+            f"tensor_parallel_size={world_size} needs {world_size} GPUs starting at "
+            f"cuda:{first}, but {visible} are visible: lower tensor_parallel_size or make "
+            "more GPUs visible (CUDA_VISIBLE_DEVICES)."
+        )
+    return [torch.device("cuda", first + rank) for rank in range(world_size)]
+
+
+class _Group:
+    """Everything the executor must release, kept apart so that a finalizer can hold it
+    without keeping the executor alive."""
+
+    def __init__(self) -> None:
+        self.store: TCPStore | None = None
+        self.channel: ChannelWriter | None = None
+        self.workers: list[WorkerHandle] = []
+        self.group: ProcessGroupCollectives | None = None
+        self.runner: ModelRunner | None = None
+        self.healthy = False  # True once started; False again after a failed step
+
+    def check_workers(self) -> None:
+        for worker in self.workers:
+            worker.check_alive()
+
+    def release(self) -> None:
+        """Stop the workers and free every resource (run once, by the finalizer)."""
+        graceful = self.healthy and self.channel is not None
+        self.healthy = False
+        if graceful:
+            assert self.channel is not None
+            try:
+                self.channel.send(
+                    shutdown_message(), check=self.check_workers, timeout=SHUTDOWN_GRACE_S
+                )
+            except Exception:
+                graceful = False  # a worker is gone or stuck: terminate them below
+        for worker in self.workers:
+            worker.stop(SHUTDOWN_GRACE_S if graceful else 0.0)
+        if self.runner is not None:
+            self.runner.close()
+            self.runner = None
+        if self.group is not None:
+            self.group.close(abort=not graceful)
+            self.group = None
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
+        self.store = None
 
 
 class TensorParallelExecutor:
+    """Runs each ``BatchPlan`` on ``tensor_parallel_size`` ranks; rank 0 samples.
+
+    ``channel_bytes`` is the initial size of the control channel and ``timeout_s`` the
+    collective timeout; ``None`` means :data:`DEFAULT_CHANNEL_BYTES` and
+    :data:`DEFAULT_TIMEOUT_S` (read at construction, so tests can shrink them).
+    """
+
     num_kv_blocks: int
 
-    def __init__(self, config: RunnerConfig) -> None:
-        raise ConfigurationError(
-            f"tensor_parallel_size={config.tensor_parallel_size} is not supported yet."
-        )
+    def __init__(
+        self,
+        config: RunnerConfig,
+        *,
+        channel_bytes: int | None = None,
+        timeout_s: float | None = None,
+    ) -> None:
+        world_size = config.tensor_parallel_size
+        if world_size < 2:
+            raise ConfigurationError(
+                f"TensorParallelExecutor needs tensor_parallel_size >= 2, got {world_size}: "
+                "use ModelRunner for a single rank."
+            )
+        # Refuse before any process starts: these checks are what the workers would hit.
+        check_tensor_parallel_split(ModelConfig.from_pretrained(config.model_path), world_size)
+        devices = rank_devices(config.device, world_size)
+        self._group = _Group()
+        self._failure: str | None = None
+        self._finalizer = weakref.finalize(self, self._group.release)
+        try:
+            self._start(
+                config,
+                devices,
+                DEFAULT_CHANNEL_BYTES if channel_bytes is None else channel_bytes,
+                DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s,
+            )
+        except BaseException as error:
+            died = self._dead_worker_error(error, grace=DEATH_GRACE_S)
+            self._finalizer()
+            if died is not None and died is not error:
+                raise died from error
+            raise
+
+    @property
+    def world_size(self) -> int:
+        return len(self._group.workers) + 1
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of ranks 1..N-1."""
+        return [worker.pid for worker in self._group.workers if worker.pid is not None]
+
+    @property
+    def channel_capacity(self) -> int:
+        """Current size of the control channel's segment in bytes (it only grows)."""
+        channel = self._group.channel
+        if channel is None:
+            raise EngineClosedError("the tensor-parallel executor is closed")
+        return channel.capacity
 
     def execute(self, plan: BatchPlan) -> list[int]:
-        raise NotImplementedError
+        """Run one step on every rank; return rank 0's sampled token ids."""
+        group = self._group
+        if self._failure is not None:
+            raise WorkerDiedError(self._failure)
+        runner, channel = group.runner, group.channel
+        if runner is None or channel is None:
+            raise EngineClosedError("the tensor-parallel executor was used after close()")
+        try:
+            group.check_workers()
+            channel.send(execute_message(plan), check=group.check_workers)
+            return runner.execute(plan)
+        except BaseException as error:
+            # The ranks are out of step now: nothing can continue on this group.
+            grace = DEATH_GRACE_S if isinstance(error, Exception) else 0.0
+            died = self._dead_worker_error(error, grace=grace)
+            self._failure = (
+                str(died)
+                if died is not None
+                else (
+                    "the tensor-parallel workers were stopped after a step failed on rank 0 "
+                    f"({error!r}); create a new Engine."
+                )
+            )
+            group.healthy = False
+            self._finalizer()
+            if died is not None and died is not error:
+                raise died from error
+            raise
 
     def close(self) -> None:
-        return None
+        """Shut the workers down, free rank 0's runner, unlink the channel. Idempotent."""
+        self._finalizer()
+
+    # ------------------------------------------------------------------ start-up
+    def _start(
+        self,
+        config: RunnerConfig,
+        devices: list[torch.device],
+        channel_bytes: int,
+        timeout_s: float,
+    ) -> None:
+        group = self._group
+        world_size = len(devices)
+        timeout = timedelta(seconds=timeout_s)
+        group.store = host_store(world_size, timeout)
+        context = multiprocessing.get_context("spawn")
+        num_workers = world_size - 1
+        group.channel = ChannelWriter(
+            [context.Semaphore(0) for _ in range(num_workers)],
+            [context.Semaphore(0) for _ in range(num_workers)],
+            capacity=channel_bytes,
+        )
+        for rank in range(1, world_size):
+            status_reader, status_writer = context.Pipe(duplex=False)
+            spec = WorkerSpec(
+                rank=rank,
+                config=replace(config, device=devices[rank]),
+                store_host=LOCALHOST,
+                store_port=group.store.port,
+                timeout_s=timeout_s,
+                channel=group.channel.endpoint(rank - 1),
+                status=status_writer,
+            )
+            group.workers.append(WorkerHandle(context, spec, status_reader))
+            # The worker holds its own copy now; ours would hide the pipe's end-of-file.
+            status_writer.close()
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        for worker in group.workers:
+            worker.await_status(STARTED, check=group.check_workers, deadline=deadline)
+        group.group = ProcessGroupCollectives(
+            group.store, rank=0, world_size=world_size, device=devices[0], timeout=timeout
+        )
+        parallel = ParallelContext(0, world_size, group.group)
+        group.runner = ModelRunner(replace(config, device=devices[0]), parallel)
+        for worker in group.workers:
+            _, num_blocks = worker.await_status(READY, check=group.check_workers, deadline=deadline)
+            assert num_blocks == group.runner.num_kv_blocks, (num_blocks, group.runner)
+        self.num_kv_blocks = group.runner.num_kv_blocks
+        group.healthy = True
+
+    def _dead_worker_error(self, error: BaseException, *, grace: float) -> WorkerDiedError | None:
+        """The error to raise for ``error`` if a worker died (now or within ``grace`` s)."""
+        if isinstance(error, WorkerDiedError):
+            return error
+        if isinstance(error, PagedInferError):
+            return None  # raised on purpose by rank 0 (e.g. a configuration error): keep it
+        dead = first_dead(self._group.workers, grace) if self._group.workers else None
+        return dead.died_error() if dead is not None else None

@@ -2,20 +2,39 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["SINGLE_PROCESS", "ParallelContext"]
+__all__ = ["SINGLE_PROCESS", "Collectives", "ParallelContext"]
+
+
+class Collectives(Protocol):
+    """One group's collectives (see ``adapters/distributed/group.py``), rank order 0..N-1."""
+
+    def all_reduce(self, tensor: torch.Tensor, *, minimum: bool = False) -> None:
+        """Sum (or take the minimum of) ``tensor`` over the group, in place."""
+        ...
+
+    def gather(self, tensor: torch.Tensor) -> list[torch.Tensor] | None:
+        """Every rank's ``tensor`` on rank 0, in rank order; None on the other ranks."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
 class ParallelContext:
-    """This process's rank in the tensor-parallel group (``world_size == 1``: no group)."""
+    """This process's rank in the tensor-parallel group (``world_size == 1``: no group).
+
+    ``group`` carries the engine's own collectives, so that several tensor-parallel engines
+    can live in one process; without it, ``torch.distributed``'s default group is used
+    (a process launched by ``torchrun`` or ``init_process_group``).
+    """
 
     rank: int = 0
     world_size: int = 1
+    group: Collectives | None = field(default=None, compare=False, repr=False)
 
     @property
     def is_driver(self) -> bool:
@@ -25,13 +44,30 @@ class ParallelContext:
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum ``tensor`` over the group, in place."""
         if self.world_size > 1:
-            dist.all_reduce(tensor)
+            if self.group is not None:
+                self.group.all_reduce(tensor)
+            else:
+                dist.all_reduce(tensor)
         return tensor
+
+    def min_over_ranks(self, value: int, device: torch.device) -> int:
+        """The smallest ``value`` any rank holds (every rank must call it)."""
+        if self.world_size == 1:
+            return value
+        agreed = torch.tensor([value], dtype=torch.int64, device=device)
+        if self.group is not None:
+            self.group.all_reduce(agreed, minimum=True)
+        else:
+            dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+        return int(agreed.item())
 
     def gather_to_driver(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor | None:
         """Concatenate every rank's ``tensor`` along ``dim`` on rank 0; other ranks get None."""
         if self.world_size == 1:
             return tensor
+        if self.group is not None:
+            gathered = self.group.gather(tensor.contiguous())
+            return torch.cat(gathered, dim=dim) if gathered is not None else None
         parts = (
             [torch.empty_like(tensor) for _ in range(self.world_size)] if self.rank == 0 else None
         )
