@@ -233,6 +233,8 @@ class Engine:
     def _step(self) -> list[RequestOutput]:
         plan = self.scheduler.schedule()
         if plan is None:
+            if self.scheduler.has_unfinished():  # cannot happen with an engine-owned pool
+                raise RuntimeError("the scheduler could not schedule any unfinished request")
             return []
         assert self._executor is not None
         started = time.perf_counter()
