@@ -145,6 +145,8 @@ class ChannelWriter:
     def close(self) -> None:
         """Close and unlink the segment. Safe to call twice."""
         segment, self._segment = self._segment, None
+        # Named semaphores are unlinked when their last reference goes: drop ours now.
+        self._ready, self._consumed, self._unacknowledged = [], [], set()
         if segment is not None:
             _close(segment)
             _unlink(segment)

@@ -175,9 +175,13 @@ class TensorParallelExecutor:
         except BaseException as error:
             died = self._dead_worker_error(error, grace=DEATH_GRACE_S)
             self._finalizer()
-            if died is not None and died is not error:
+            if died is None or died is error:
+                died = None
+                raise
+            try:
                 raise died from error
-            raise
+            finally:
+                died = None  # no reference cycle through this frame (see execute)
 
     @property
     def world_size(self) -> int:
@@ -222,9 +226,16 @@ class TensorParallelExecutor:
             )
             group.healthy = False
             self._finalizer()
-            if died is not None and died is not error:
+            # Raise without keeping the exception in a local of this frame: the traceback
+            # holds the frame, and that cycle would keep everything the frames reference
+            # (the channel and its named semaphores) alive until the cycle collector runs.
+            if died is None or died is error:
+                died = None
+                raise
+            try:
                 raise died from error
-            raise
+            finally:
+                died = None
 
     def close(self) -> None:
         """Shut the workers down, free rank 0's runner, unlink the channel. Idempotent."""
