@@ -4,7 +4,7 @@ The machines apply the ``pagedinfer-property`` profile to themselves explicitly 
 loaded globally, so other Hypothesis tests in the session keep their own settings). Pick
 its size with ``PAGEDINFER_PROPERTY_PROFILE``:
 
-* ``ci`` (default): 200 examples of up to 50 steps per machine, about a minute in all on
+* ``ci`` (default): 500 examples of up to 50 steps per machine, about 20 seconds in all on
   two CPU cores;
 * ``quick``: a smoke run while editing;
 * ``thorough``: a long hunt before a release (minutes to tens of minutes).
@@ -17,7 +17,7 @@ import os
 from hypothesis import HealthCheck, settings
 
 _SIZES = {
-    "ci": {"max_examples": 200, "stateful_step_count": 50},
+    "ci": {"max_examples": 500, "stateful_step_count": 50},
     "quick": {"max_examples": 25, "stateful_step_count": 30},
     "thorough": {"max_examples": 3000, "stateful_step_count": 100},
 }

@@ -212,9 +212,20 @@ class BlockPoolMachine(RuleBasedStateMachine):
                 self.meta[block_id] = (hashes[index], parent, tuple(chunk))
 
     @precondition(lambda self: self.tables)
-    @rule(which=st.integers(0, 100), index=st.integers(0, 5), other=st.lists(TOKENS, max_size=4))
-    def register_collision(self, which: int, index: int, other: list[int]) -> None:
-        """Force a hash collision: a block stored under the hash of different tokens."""
+    @rule(
+        which=st.integers(0, 100),
+        index=st.integers(0, 5),
+        other=st.lists(TOKENS, max_size=4),
+        wrong_parent=st.booleans(),
+    )
+    def register_collision(
+        self, which: int, index: int, other: list[int], wrong_parent: bool
+    ) -> None:
+        """Force a hash collision: a block stored under the hash of other content.
+
+        Either its tokens differ from the content the hash stands for, or its tokens are
+        right but it claims a parent, which a first block of a chain cannot have.
+        """
         table = self.tables[which % len(self.tables)]
         if not table.block_ids:
             return
@@ -222,15 +233,23 @@ class BlockPoolMachine(RuleBasedStateMachine):
         block_id = table.block_ids[index]
         if self.pool.block(block_id).hash is not None:
             return
-        victim = (other * self.size + [1] * self.size)[: self.size]
-        digest = block_hash(victim, None)
-        chunk = table.tokens[index * self.size : (index + 1) * self.size]
-        if tuple(chunk) == tuple(victim):
-            return  # not a collision
-        self.pool.register(block_id, digest, None, chunk)
+        genuine = (other * self.size + [1] * self.size)[: self.size]
+        digest = block_hash(genuine, None)
+        if wrong_parent:
+            parent: int | None = digest ^ 1
+            stored = genuine
+        else:
+            parent = None
+            stored = table.tokens[index * self.size : (index + 1) * self.size]
+            if stored == genuine:
+                return  # not a collision
+        self.pool.register(block_id, digest, parent, stored)
         if self.caching:
-            self.meta[block_id] = (digest, None, tuple(chunk))
+            self.meta[block_id] = (digest, parent, tuple(stored))
             self.impostors.add(block_id)
+        # The guard: a lookup of the genuine first block never returns the impostor.
+        found = self.pool.find_cached_prefix([digest], genuine)
+        assert block_id not in [block.block_id for block in found]
 
     @precondition(lambda self: self.tables)
     @rule(which=st.integers(0, 100))

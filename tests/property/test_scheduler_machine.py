@@ -95,7 +95,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.kv: dict[int, tuple[int, int]] = {}  # slot -> (token id, position)
         self.seqs: dict[int, Sequence] = {}
         self.expected: dict[int, tuple[list[int], FinishReason]] = {}
-        self.aborted: set[int] = set()
+        self.aborted: set[int] = set()  # aborted or finished early by the caller
+        self.admitted: list[int] = []  # request ids in order of their first admission
+        self.cached_at_admission: dict[int, int] = {}
         self.next_id = 0
 
     # -------------------------------------------------------------------------- rules
@@ -106,6 +108,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         max_tokens=st.integers(1, 12),
         ignore_eos=st.booleans(),
         stop_token=st.none() | TOKEN,
+        extra_key=st.sampled_from([None, None, None, 0]),
+        fit=st.sampled_from([True, True, True, False]),
     )
     def add(
         self,
@@ -115,11 +119,15 @@ class SchedulerMachine(RuleBasedStateMachine):
         max_tokens: int,
         ignore_eos: bool,
         stop_token: int | None,
+        extra_key: int | None,
+        fit: bool,
     ) -> None:
         prompt = self.prefixes[which % len(self.prefixes)][:prefix_len] + suffix
+        if fit:  # most requests should be servable; the others test the rejection
+            prompt = prompt[: self.config.max_model_len - 1]
         stops = () if stop_token is None else (stop_token,)
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos, stop_token_ids=stops)
-        seq = Sequence(self.next_id, prompt, params)
+        seq = Sequence(self.next_id, prompt, params, extra_key=extra_key)
         if not prompt or len(prompt) + 1 > self.config.max_model_len:
             with pytest.raises(InvalidRequestError):
                 self.scheduler.add(seq)
@@ -130,21 +138,32 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.expected[seq.seq_id] = oracle(prompt, params, self.config.max_model_len)
         self.next_id += 1
 
-    @rule(repeat=st.integers(1, 4))
+    @rule(repeat=st.integers(1, 8))
     def step(self, repeat: int) -> None:
         for _ in range(repeat):
             self.one_step()
 
-    @rule(which=st.integers(0, 100))
-    def abort(self, which: int) -> None:
+    @rule(which=st.integers(0, 100), stop_string=st.booleans())
+    def abort(self, which: int, stop_string: bool) -> None:
+        """The caller aborts, or the engine matched a stop string and finishes the request."""
         seq_id = which % (self.next_id + 1)  # sometimes an id never used
         seq = self.seqs.get(seq_id)
         was_unfinished = seq is not None and not seq.is_finished
-        assert self.scheduler.abort(seq_id) == was_unfinished
+        if stop_string:
+            finished = self.scheduler.finish(seq_id, FinishReason.STOP)
+            assert finished is (seq if was_unfinished else None)
+        else:
+            assert self.scheduler.abort(seq_id) == was_unfinished
         if was_unfinished:
-            assert seq is not None and seq.finish_reason is FinishReason.ABORT
+            assert seq is not None and seq.is_finished
+            assert seq.finish_reason is (FinishReason.STOP if stop_string else FinishReason.ABORT)
             self.aborted.add(seq_id)
             event(f"aborted a {'running' if seq.completion_token_ids else 'fresh'} request")
+
+    @rule(dice=st.integers(0, 9))
+    def reset_prefix_cache(self, dice: int) -> None:
+        if dice == 0:  # rarely, or the cache would rarely hold anything
+            self.scheduler.pool.reset_prefix_cache()
 
     def teardown(self) -> None:
         # Every request still queued must finish, with the oracle's tokens, and leave the
@@ -172,6 +191,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.check_plan(plan)
         sampled = self.execute(plan)
         before = {seq_id: self.seqs[seq_id].num_tokens for seq_id in plan.sampled_seq_ids}
+        for seq_id in plan.seq_ids:
+            if seq_id not in self.admitted:
+                self.admitted.append(seq_id)
+                self.cached_at_admission[seq_id] = self.seqs[seq_id].num_cached_tokens
         updated = scheduler.postprocess(plan, sampled)
         assert [seq.seq_id for seq in updated] == plan.sampled_seq_ids
         for seq in updated:
@@ -276,7 +299,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         size = self.config.block_size
         for seq in scheduler.running:
             assert seq.status is SequenceStatus.RUNNING
-            assert seq.num_cached_tokens <= seq.num_computed_tokens < seq.num_tokens
+            assert seq.num_computed_tokens < seq.num_tokens
             assert len(seq.block_table) == cdiv(seq.num_computed_tokens, size)
             assert len(set(seq.block_table)) == len(seq.block_table)
 
@@ -287,6 +310,21 @@ class SchedulerMachine(RuleBasedStateMachine):
         unfinished = [i for i, seq in self.seqs.items() if not seq.is_finished]
         assert sorted(queued) == sorted(unfinished)
         assert scheduler.num_unfinished == len(unfinished)
+
+    @invariant()
+    def cached_tokens_are_prompt_tokens_found_at_first_admission(self) -> None:
+        for seq_id, seq in self.seqs.items():
+            # At least one prompt token is always computed, whatever the cache holds.
+            assert seq.num_cached_tokens < seq.num_prompt_tokens
+            if seq_id in self.cached_at_admission:
+                assert seq.num_cached_tokens == self.cached_at_admission[seq_id]
+            if not self.config.enable_prefix_caching:
+                assert seq.num_cached_tokens == 0
+
+    @invariant()
+    def first_come_first_served(self) -> None:
+        # Preempted requests go back to the front, but new ones are admitted in arrival order.
+        assert self.admitted == sorted(self.admitted)
 
     @invariant()
     def outputs_match_the_oracle(self) -> None:

@@ -121,7 +121,13 @@ class Scheduler:
 
     # --------------------------------------------------------------- schedule
     def schedule(self) -> BatchPlan | None:
-        """The next step's plan, or ``None`` when no request is unfinished."""
+        """The next step's plan, or ``None`` when nothing can run.
+
+        With the pool owned by this scheduler, ``None`` means no request is unfinished. A
+        pool shared with something else that holds blocks can leave requests unable to
+        grow: they are preempted (never an exception) and ``None`` is returned until blocks
+        come back.
+        """
         # Each pass either returns a plan or preempts one running sequence, so this ends.
         for _ in range(len(self.running) + 2):
             chunks = self._schedule_prefill()
@@ -185,7 +191,10 @@ class Scheduler:
         new_blocks = pool.allocate(num_new_blocks)
         seq.block_table = [block.block_id for block in hits]
         seq.block_table.extend(block.block_id for block in new_blocks)
-        seq.num_cached_tokens = num_cached
+        if seq.num_preemptions == 0:
+            # Re-admitted after preemption, a request finds its own earlier blocks: those hits
+            # are not prompt tokens served by the cache, and may even be completion tokens.
+            seq.num_cached_tokens = num_cached
         seq.num_computed_tokens = num_cached
         seq.num_registered_blocks = len(hits)
         seq.status = SequenceStatus.RUNNING
@@ -310,7 +319,7 @@ class Scheduler:
         self.running.remove(seq)
         self._release_blocks(seq)
         seq.num_computed_tokens = 0
-        seq.num_cached_tokens = 0
+        seq.num_preemptions += 1
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         self._num_preemptions += 1

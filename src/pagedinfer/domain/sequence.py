@@ -31,8 +31,10 @@ class Sequence:
     ``token_ids`` holds the prompt followed by the completion. ``num_computed_tokens`` counts
     the leading tokens whose K/V are in the cache; the scheduler computes the rest, in chunks
     if the prompt is long, and a decode step computes exactly the last token.
-    ``num_cached_tokens`` counts the tokens served by the prefix cache when the request was
-    (last) admitted. ``block_table[i]`` is the physical block holding logical block ``i``.
+    ``num_cached_tokens`` counts the prompt tokens served by the prefix cache when the request
+    was first admitted; a preempted request recomputes (or re-finds) its own tokens later, which
+    does not change it. ``num_preemptions`` counts how often the request was preempted.
+    ``block_table[i]`` is the physical block holding logical block ``i``.
     ``block_hashes`` caches the chained hashes of the full blocks of ``token_ids``; they depend
     only on the tokens, so they survive preemption.
     """
@@ -44,6 +46,7 @@ class Sequence:
         "finish_reason",
         "num_cached_tokens",
         "num_computed_tokens",
+        "num_preemptions",
         "num_prompt_tokens",
         "num_registered_blocks",
         "params",
@@ -69,6 +72,7 @@ class Sequence:
         self.finish_reason: FinishReason | None = None
         self.num_cached_tokens = 0
         self.num_computed_tokens = 0
+        self.num_preemptions = 0
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []
         # How many leading entries of block_table the prefix cache already knows about.

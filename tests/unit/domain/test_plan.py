@@ -127,6 +127,19 @@ def test_block_tables_are_copies() -> None:
     assert plan.block_tables == [[3]]
 
 
+def test_a_chunk_one_token_short_of_the_end_is_not_sampled() -> None:
+    seq = make_seq(0, 6, [1, 2])
+    plan = build_batch_plan([ScheduledChunk(seq, 5)], is_prefill=True, block_size=4)
+    assert plan.sample_indices == [] and plan.sampled_seq_ids == []
+    assert plan.temperatures == plan.top_ks == plan.top_ps == plan.seeds == []
+
+
+def test_filler_is_a_valid_block_id() -> None:
+    # Kernels gather whole block-table rows; the filler must index a real block.
+    assert BLOCK_TABLE_FILLER >= 0
+    assert PADDING_SLOT < 0  # while a padding slot must never address one
+
+
 def test_a_filler_table_entry_is_never_a_slot() -> None:
     # Padding entries keep gathers in bounds but are never written to.
     a = make_seq(0, 2, [5])

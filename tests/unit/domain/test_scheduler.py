@@ -258,6 +258,35 @@ def test_token_budget_counts_only_uncached_tokens() -> None:
             assert b.num_cached_tokens == 0
 
 
+def test_admission_counts_hits_on_blocks_in_use_as_free() -> None:
+    # 4 blocks; a holds 3. b shares a's first two blocks and needs just one more: it fits.
+    scheduler = make(num_blocks=4, block_size=4, max_model_len=16)
+    a = add(scheduler, 0, prompt(0, 9))
+    sampler = constant_sampler(7)
+    step(scheduler, sampler)
+    assert scheduler.pool.num_free_blocks == 1
+    b = add(scheduler, 1, [*prompt(0, 8), 5])
+    result = step(scheduler, sampler)
+    assert result is not None and result.plan.seq_ids == [1]
+    assert b.block_table[:2] == a.block_table[:2]
+    assert b.num_cached_tokens == 8 and result.plan.query_lens == [1]
+    assert scheduler.pool.num_free_blocks == 0
+
+
+def test_admission_pays_for_resurrecting_free_cached_blocks() -> None:
+    # The hits sit on the free list: taking them costs free blocks, so c must wait.
+    scheduler = make(num_blocks=4, block_size=4, max_model_len=16)
+    sampler = constant_sampler(7)
+    add(scheduler, 0, prompt(0, 8), SamplingParams(max_tokens=1))
+    run_to_completion(scheduler, sampler)  # blocks 0 and 1 free but cached
+    add(scheduler, 1, prompt(1, 8))  # takes blocks 2 and 3
+    step(scheduler, sampler)
+    c = add(scheduler, 2, [*prompt(0, 8), 5])  # 2 free cached hits + 1 new block > 2 free
+    result = step(scheduler, sampler)
+    assert result is not None and result.plan.seq_ids == [1]  # a decode step instead
+    assert c.status is SequenceStatus.WAITING
+
+
 def test_full_prompt_hit_still_recomputes_the_last_block() -> None:
     scheduler = make()
     tokens = prompt(0, 8)
@@ -276,6 +305,25 @@ def test_full_prompt_hit_still_recomputes_the_last_block() -> None:
     scheduler.postprocess(plan, [7])
     assert scheduler.pool.stats().num_cached_blocks == 3  # two copies of the second block
     scheduler.pool.check_integrity()
+
+
+def test_requests_with_different_extra_keys_never_share_blocks() -> None:
+    scheduler = make()
+    tokens = prompt(0, 12)
+    sampler = constant_sampler(7)
+    add(scheduler, 0, tokens, SamplingParams(max_tokens=1))
+    run_to_completion(scheduler, sampler)
+    salted = Sequence(1, tokens, SamplingParams(max_tokens=1), extra_key=0)
+    scheduler.add(salted)
+    run_to_completion(scheduler, sampler)
+    assert salted.num_cached_tokens == 0
+    again = Sequence(2, tokens, SamplingParams(max_tokens=1), extra_key=0)
+    plain = Sequence(3, tokens, SamplingParams(max_tokens=1))
+    scheduler.add(again)
+    scheduler.add(plain)
+    run_to_completion(scheduler, sampler)
+    assert again.num_cached_tokens == 8  # shares with the request of the same key
+    assert plain.num_cached_tokens == 8  # and the plain one with the first request
 
 
 def test_one_token_prompt() -> None:
@@ -368,6 +416,7 @@ def test_preemption_takes_the_newest_and_puts_it_at_the_front_of_waiting() -> No
     assert list(scheduler.waiting) == [b, c]
     assert b.status is SequenceStatus.WAITING
     assert (b.block_table, b.num_computed_tokens, b.num_cached_tokens) == ([], 0, 0)
+    assert (a.num_preemptions, b.num_preemptions, c.num_preemptions) == (0, 1, 0)
     assert b.token_ids == [4, 5, 6, 9, 9]  # the generated tokens are kept for recompute
     # b freed its tail first, so a took block 3 and b's head block 2 stays cached.
     assert a.block_table == [0, 1, 3]
@@ -375,6 +424,22 @@ def test_preemption_takes_the_newest_and_puts_it_at_the_front_of_waiting() -> No
     assert [blk.block_id for blk in scheduler.pool.find_cached_prefix(head, b.token_ids)] == [2]
     assert scheduler.stats().num_preemptions == 1
     scheduler.pool.check_integrity()
+
+
+def test_preemption_spares_older_sequences() -> None:
+    # Three sequences fill the pool; the oldest needs a block: the newest gives its blocks
+    # up, not the middle one.
+    scheduler = make(num_blocks=6, block_size=2, max_model_len=12)
+    a, b, c = (add(scheduler, i, prompt(i, 3)) for i in range(3))
+    sampler = constant_sampler(9)
+    step(scheduler, sampler)  # prefill: two blocks each
+    step(scheduler, sampler)  # decode position 3: still two blocks each
+    result = step(scheduler, sampler)  # position 4 needs a third block for a and b
+    assert result is not None
+    assert result.plan.seq_ids == [0, 1]
+    assert list(scheduler.waiting) == [c]
+    assert len(a.block_table) == len(b.block_table) == 3
+    assert c.block_table == []
 
 
 def test_preempted_sequences_finish_with_the_reference_tokens() -> None:
@@ -518,16 +583,20 @@ def test_abort_a_decoding_request_with_shared_blocks() -> None:
     scheduler = make()
     shared = prompt(0, 8)
     a = add(scheduler, 0, [*shared, 1])
-    b = add(scheduler, 1, [*shared, 2])
+    b = add(scheduler, 1, [*shared, 2])  # same step: computes its own copy of the prefix
     sampler = constant_sampler(7)
-    step(scheduler, sampler)  # a computes the shared blocks
     step(scheduler, sampler)
-    del a
-    add(scheduler, 2, [*shared, 3])
-    step(scheduler, sampler)  # 2 hits a's blocks
+    step(scheduler, sampler)  # both decoding
+    c = add(scheduler, 2, [*shared, 3])
+    step(scheduler, sampler)
+    assert c.num_cached_tokens == 8
+    shared_blocks = c.block_table[:2]
+    assert shared_blocks in (a.block_table[:2], b.block_table[:2])
+    assert [scheduler.pool.block(i).ref_count for i in shared_blocks] == [2, 2]
     assert scheduler.abort(0)
     assert scheduler.abort(2)
     assert b.status is SequenceStatus.RUNNING
+    assert all(scheduler.pool.block(i).ref_count == 1 for i in b.block_table)
     assert scheduler.abort(1)
     assert_all_free(scheduler)
 

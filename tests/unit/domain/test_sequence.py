@@ -13,6 +13,7 @@ def test_a_new_sequence_is_waiting_with_nothing_computed() -> None:
     assert not seq.is_finished
     assert seq.num_cached_tokens == 0
     assert seq.num_computed_tokens == 0
+    assert seq.num_preemptions == 0
     assert seq.num_uncomputed_tokens == 3
     assert seq.block_table == []
     assert seq.block_hashes == []
