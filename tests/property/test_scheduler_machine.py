@@ -269,6 +269,9 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert block.hash is None, f"write into cached {block!r}"
         assert [s for s, _ in sampled] == plan.sampled_seq_ids
         assert [r for _, r in sampled] == plan.sample_indices
+        assert plan.sample_steps == [
+            self.seqs[seq_id].num_completion_tokens for seq_id in plan.sampled_seq_ids
+        ]
         n = plan.num_samples
         assert len(plan.temperatures) == len(plan.top_ks) == len(plan.top_ps) == n
         assert len(plan.seeds) == len(plan.sample_steps) == n
