@@ -164,6 +164,15 @@ def test_heads_not_divisible_by_the_tp_size_are_refused_before_spawning(
     assert issubclass(ConfigurationError, ValueError)
 
 
+def test_an_error_found_after_the_workers_started_still_stops_them(gqa_checkpoint: Path) -> None:
+    shm_before, children_before = shm_entries(), child_pids()
+    too_small = {**SETTINGS, "num_kv_blocks": 4}  # 64 tokens < max_model_len = 128
+    with pytest.raises(ConfigurationError, match="max_model_len"):
+        Engine(gqa_checkpoint, tensor_parallel_size=2, **too_small)
+    assert child_pids() <= children_before
+    assert shm_entries() <= shm_before
+
+
 # ------------------------------------------------------------------- isolation
 def test_two_engines_in_one_process_run_at_the_same_time(
     gqa_engine: Engine, mha_engine: Engine, gqa_checkpoint: Path, mha_checkpoint: Path

@@ -20,6 +20,7 @@ not exit in time), free rank 0's runner and unlink the shared memory.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import time
 import weakref
 from dataclasses import replace
@@ -105,6 +106,7 @@ class _Group:
         self.group: ProcessGroupCollectives | None = None
         self.runner: ModelRunner | None = None
         self.healthy = False  # True once started; False again after a failed step
+        self.owner_pid = os.getpid()
 
     def check_workers(self) -> None:
         for worker in self.workers:
@@ -112,6 +114,10 @@ class _Group:
 
     def release(self) -> None:
         """Stop the workers and free every resource (run once, by the finalizer)."""
+        if os.getpid() != self.owner_pid:
+            # A forked copy of the caller's process exiting: the workers and the segment
+            # belong to the original process, which is still using them.
+            return
         graceful = self.healthy and self.channel is not None
         self.healthy = False
         if graceful:
