@@ -128,18 +128,20 @@ class _Group:
                 )
             except Exception:
                 graceful = False  # a worker is gone or stuck: terminate them below
-        for worker in self.workers:
-            worker.stop(SHUTDOWN_GRACE_S if graceful else 0.0)
-        if self.runner is not None:
-            self.runner.close()
-            self.runner = None
-        if self.group is not None:
-            self.group.close(abort=not graceful)
-            self.group = None
-        if self.channel is not None:
-            self.channel.close()
-            self.channel = None
-        self.store = None
+        try:
+            for worker in self.workers:
+                worker.stop(SHUTDOWN_GRACE_S if graceful else 0.0)
+            if self.runner is not None:
+                self.runner.close()
+                self.runner = None
+            if self.group is not None:
+                self.group.close(abort=not graceful)
+                self.group = None
+        finally:  # whatever failed above, the shared memory must not outlive the engine
+            if self.channel is not None:
+                self.channel.close()
+                self.channel = None
+            self.store = None
 
 
 class TensorParallelExecutor:
