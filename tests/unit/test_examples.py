@@ -1,4 +1,4 @@
-"""The example and the block-pool benchmark run as users run them: as scripts, in a subprocess.
+"""The example and the benchmarks run as users run them: as scripts, in a subprocess.
 
 The example runs with torch, numpy, triton and transformers made unimportable, which proves
 the embedding story of SPEC §1.3 end to end (an in-process check would be masked by whatever
@@ -7,6 +7,7 @@ earlier tests imported).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -19,6 +20,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "custom_runtime.py"
 BENCHMARK = REPO / "benchmarks" / "block_pool.py"
+THROUGHPUT = REPO / "benchmarks" / "throughput.py"
 HEAVY = ("torch", "numpy", "triton", "transformers", "safetensors")
 
 # Runs a script as __main__ with the heavy packages blocked, then proves none was loaded.
@@ -198,3 +200,46 @@ def test_block_pool_benchmark_quick_run() -> None:
             prefill_steps >= 1 and decode_steps >= 99
         )  # outputs have >= 100 tokens, the first from prefill
         assert float(row[7]) > 0
+
+
+# ---------------------------------------------------------------- the throughput benchmark
+
+
+def test_throughput_benchmark_smoke_run(tmp_path: Path) -> None:
+    """The script runs pagedinfer and both transformers baselines on one workload and reports
+    every request's tokens (it raises if pagedinfer produced a different count)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
+    report = tmp_path / "result.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(THROUGHPUT),
+            "--device=cpu",
+            "--scale=smoke",
+            "--random-weights=tiny",
+            f"--cache-dir={tmp_path}",
+            "--repeats=2",
+            "--threads=1",
+            f"--json={report}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    payload = json.loads(report.read_text())
+    names = [entry["name"] for entry in payload["results"]]
+    assert names[0].startswith("pagedinfer (torch")
+    assert any(name.startswith("transformers generate (padded") for name in names)
+    assert any(name.startswith("transformers generate_batch") for name in names)
+    tokens = {run["output_tokens"] for entry in payload["results"] for run in entry["runs"]}
+    assert len(tokens) == 1 and tokens.pop() > 0, "every system must produce the same tokens"
+    for entry in payload["results"]:
+        assert len(entry["runs"]) == 2
+        assert entry["median_throughput"] > 0
+    table = _table_rows(result.stdout, "| system |")
+    assert [row[0] for row in table] == names
+    assert table[0][5] == "1.00x"
