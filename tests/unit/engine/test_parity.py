@@ -141,3 +141,27 @@ def test_chunked_prefill_with_preemption_and_shared_prefixes(
     ) as engine:
         _check(engine, checkpoint, prompts)
         _check(engine, checkpoint, list(reversed(prompts)))
+
+
+def test_decode_in_length_groups(
+    make_checkpoint: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The torch backend splits ragged decode batches into length groups; with the per-group
+    cost set to zero it does so whenever that saves padding, and the tokens do not change."""
+    from pagedinfer.adapters.attention import torch_ref
+
+    splits: list[int] = []
+    original = torch_ref.split_by_length
+
+    def spy(lengths: list[int], overhead: int, max_groups: int = 4) -> list[list[int]] | None:
+        groups = original(lengths, overhead, max_groups)
+        splits.append(0 if groups is None else len(groups))
+        return groups
+
+    monkeypatch.setattr(torch_ref, "_GROUP_OVERHEAD_BYTES", 0)
+    monkeypatch.setattr(torch_ref, "split_by_length", spy)
+    checkpoint = make_checkpoint("tiny")
+    prompts = _prompts(7, 12, 512, (1, 120))
+    with Engine(checkpoint, device="cpu", kv_block_size=16, max_model_len=256) as engine:
+        _check(engine, checkpoint, prompts)
+    assert max(splits) > 1, "the ragged batch was never split"

@@ -13,7 +13,7 @@ Shapes (``T`` query tokens this step, ``B`` sequences, ``W`` block-table width):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
 import torch
@@ -33,6 +33,8 @@ class AttentionMetadata:
     skips the store, used for padding rows of captured CUDA graphs).
     The ``*_host`` lists mirror tensors for backends that loop on the host; they are ``None``
     on the CUDA-graph decode path, whose tensors are overwritten in place between replays.
+    ``derived`` holds what a backend derives from this step's metadata once and reuses in every
+    layer (index tensors, masks), keyed by the backend; it lives and dies with the step.
     """
 
     is_prefill: bool
@@ -48,6 +50,7 @@ class AttentionMetadata:
     has_padding_slots: bool = False  # some slot_mapping entries are -1
     query_lens_host: list[int] | None = None
     context_lens_host: list[int] | None = None
+    derived: dict[str, object] = field(default_factory=dict)
 
     @property
     def num_seqs(self) -> int:

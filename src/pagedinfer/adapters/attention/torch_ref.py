@@ -3,11 +3,18 @@
 Runs on CPU and CUDA and is the oracle the Triton and flash backends are tested against.
 It is also the production backend on CPU, so the common cases avoid needless work: a
 prefill with no cached prefix attends over the step's own K/V without touching the cache,
-and decode is one batched SDPA call over the gathered pages.
+and decode is a few batched SDPA calls over the gathered pages.
+
+Decode pads every sequence of a batch to the longest context, so a batch of very different
+lengths would gather and attend over mostly padding. The batch is therefore split into a few
+groups of similar length (sorted by context length, equal-count groups; the number of groups
+that minimises padded rows plus a fixed per-call cost wins). The grouping, the flat slot ids
+and the masks are derived once per step and reused by every layer.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -15,7 +22,12 @@ import torch.nn.functional as F
 
 from pagedinfer.adapters.attention.base import AttentionMetadata
 
-__all__ = ["TorchAttentionBackend", "gather_context", "store_kv_torch"]
+__all__ = ["TorchAttentionBackend", "gather_context", "split_by_length", "store_kv_torch"]
+
+# A decode group costs a few extra small ops (row selects, one more SDPA call, a scatter):
+# about as much as gathering and attending over this many bytes of K+V. Measured on CPU.
+_GROUP_OVERHEAD_BYTES = 512 * 1024
+_MAX_DECODE_GROUPS = 4
 
 
 def store_kv_torch(
@@ -44,6 +56,80 @@ def gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int) 
     num_blocks = -(-length // block_size)
     pages = cache.index_select(0, block_table[:num_blocks].long())
     return pages.flatten(0, 1)[:length]
+
+
+def split_by_length(
+    lengths: list[int], overhead: int, max_groups: int = _MAX_DECODE_GROUPS
+) -> list[list[int]] | None:
+    """Rows grouped by similar length to cut padding; ``None`` when one group is best.
+
+    Candidates are ``1..max_groups`` equal-count groups of the rows sorted by length; a
+    candidate costs the padded rows it processes (``group size * longest in group``) plus
+    ``overhead`` rows per group.
+    """
+    count = len(lengths)
+    order = sorted(range(count), key=lengths.__getitem__)
+    best_cost = count * max(lengths, default=0) + overhead
+    best: list[list[int]] | None = None
+    for num_groups in range(2, min(max_groups, count) + 1):
+        bounds = [count * g // num_groups for g in range(num_groups + 1)]
+        groups = [order[bounds[g] : bounds[g + 1]] for g in range(num_groups)]
+        cost = sum(len(rows) * lengths[rows[-1]] for rows in groups) + num_groups * overhead
+        if cost < best_cost:
+            best_cost, best = cost, groups
+    return best
+
+
+@dataclass(frozen=True, slots=True)
+class _DecodeGroup:
+    """Sequences decoded by one SDPA call, padded to the group's longest context."""
+
+    rows: torch.Tensor | None  # batch rows in this group; None: the whole batch, in order
+    slots: torch.Tensor  # [n * longest] flat cache slot of each padded position
+    mask: torch.Tensor  # [n, 1, 1, longest] True where the position is in the context
+    num_seqs: int
+    longest: int
+
+
+def _decode_group(
+    meta: AttentionMetadata, rows: list[int] | None, lengths: list[int] | None
+) -> _DecodeGroup:
+    device = meta.context_lens.device
+    row_index = None if rows is None else torch.tensor(rows, device=device)
+    tables = meta.block_tables if row_index is None else meta.block_tables[row_index]
+    context_lens = meta.context_lens if row_index is None else meta.context_lens[row_index]
+    if lengths is not None:
+        longest = max(lengths[row] for row in rows) if rows is not None else max(lengths)
+    else:
+        longest = int(context_lens.max().item())
+    positions = torch.arange(longest, device=device)
+    slots = tables.long()[:, positions // meta.block_size] * meta.block_size
+    slots += positions % meta.block_size
+    mask = positions[None, :] < context_lens[:, None].to(positions.dtype)
+    return _DecodeGroup(
+        rows=row_index,
+        slots=slots.view(-1),
+        mask=mask[:, None, None, :],
+        num_seqs=int(tables.shape[0]),
+        longest=longest,
+    )
+
+
+def _decode_groups(meta: AttentionMetadata, row_bytes: int) -> list[_DecodeGroup]:
+    """This step's decode groups, derived on first use and kept in ``meta.derived``."""
+    cached = meta.derived.get("torch.decode_groups")
+    if cached is not None:
+        return cached  # type: ignore[return-value]
+    lengths = meta.context_lens_host
+    split = None
+    if lengths:
+        split = split_by_length(lengths, overhead=max(1, _GROUP_OVERHEAD_BYTES // row_bytes))
+    if split is None:
+        groups = [_decode_group(meta, None, lengths)]
+    else:
+        groups = [_decode_group(meta, rows, lengths) for rows in split]
+    meta.derived["torch.decode_groups"] = groups
+    return groups
 
 
 def _sdpa(
@@ -148,33 +234,41 @@ class TorchAttentionBackend:
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        num_seqs = query.shape[0]
-        longest = _host_max(meta.context_lens_host, meta.context_lens)
-        # Gather each sequence's first `longest` slots (not whole pages): one index_select per
-        # cache over flat slot ids, [B, longest] -> [B, longest, kv_heads, head_dim].
-        positions = torch.arange(longest, device=query.device)
-        tables = meta.block_tables.long()
-        slots = tables[:, positions // self.block_size] * self.block_size
-        slots += positions % self.block_size
-        flat_slots = slots.view(-1)
         num_kv_heads, head_dim = k_cache.shape[-2], k_cache.shape[-1]
-        shape = (num_seqs, longest, num_kv_heads, head_dim)
-        k = k_cache.view(-1, num_kv_heads, head_dim).index_select(0, flat_slots).view(shape)
-        v = v_cache.view(-1, num_kv_heads, head_dim).index_select(0, flat_slots).view(shape)
-        mask = positions[None, :] < meta.context_lens[:, None].to(positions.dtype)
+        row_bytes = 2 * num_kv_heads * head_dim * k_cache.element_size()
+        groups = _decode_groups(meta, row_bytes)
+        if len(groups) == 1:
+            return self._decode_group(query, k_cache, v_cache, groups[0], scale)
+        output = torch.empty_like(query)
+        for group in groups:
+            assert group.rows is not None  # only a single group covers the batch in order
+            out = self._decode_group(query[group.rows], k_cache, v_cache, group, scale)
+            output.index_copy_(0, group.rows, out)
+        return output
+
+    @staticmethod
+    def _decode_group(
+        query: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        group: _DecodeGroup,
+        scale: float,
+    ) -> torch.Tensor:
+        # Gather each sequence's first `longest` slots (not whole pages): one index_select per
+        # cache over flat slot ids, [n, longest] -> [n, longest, kv_heads, head_dim].
+        num_kv_heads, head_dim = k_cache.shape[-2], k_cache.shape[-1]
+        shape = (group.num_seqs, group.longest, num_kv_heads, head_dim)
+        k = k_cache.view(-1, num_kv_heads, head_dim).index_select(0, group.slots).view(shape)
+        v = v_cache.view(-1, num_kv_heads, head_dim).index_select(0, group.slots).view(shape)
         out = _sdpa(
-            query.view(num_seqs, -1, 1, head_dim),
+            query.view(group.num_seqs, -1, 1, head_dim),
             k.transpose(1, 2).to(query.dtype),
             v.transpose(1, 2).to(query.dtype),
             scale,
-            attn_mask=mask[:, None, None, :],
+            attn_mask=group.mask,
         )
-        return out.view(num_seqs, -1, head_dim)
+        return out.view(group.num_seqs, -1, head_dim)
 
 
 def _host(values: list[int] | None, tensor: torch.Tensor) -> list[int]:
     return values if values is not None else [int(x) for x in tensor.tolist()]
-
-
-def _host_max(values: list[int] | None, tensor: torch.Tensor) -> int:
-    return max(values) if values else int(tensor.max().item())

@@ -1,0 +1,91 @@
+"""The torch backend's decode: length groups cut padding and never change the result."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from paged_batches import dense_reference, make_batch, tolerance
+
+from pagedinfer.adapters.attention import torch_ref
+from pagedinfer.adapters.attention.torch_ref import TorchAttentionBackend, split_by_length
+
+# Very different lengths in a scrambled order: sorting and grouping them matters.
+RAGGED = [300, 3, 64, 5, 200, 17, 150, 1, 90, 260, 2, 33]
+
+
+class TestSplitByLength:
+    def test_similar_lengths_stay_one_group(self) -> None:
+        assert split_by_length([100, 101, 99, 100], overhead=16) is None
+
+    def test_one_group_when_the_overhead_outweighs_the_padding_saved(self) -> None:
+        assert split_by_length([1, 1, 1, 100], overhead=10_000) is None
+
+    def test_ragged_lengths_are_split_into_sorted_groups(self) -> None:
+        groups = split_by_length(RAGGED, overhead=0)
+        assert groups is not None and 2 <= len(groups) <= 4
+        ordered = [RAGGED[row] for rows in groups for row in rows]
+        assert ordered == sorted(RAGGED)
+
+    @settings(max_examples=200, deadline=None)
+    @given(
+        lengths=st.lists(st.integers(1, 4096), min_size=1, max_size=300),
+        overhead=st.integers(0, 5000),
+        max_groups=st.integers(1, 8),
+    )
+    def test_groups_partition_the_rows_and_never_cost_more(
+        self, lengths: list[int], overhead: int, max_groups: int
+    ) -> None:
+        groups = split_by_length(lengths, overhead=overhead, max_groups=max_groups)
+        single = len(lengths) * max(lengths) + overhead
+        if groups is None:
+            return
+        assert 2 <= len(groups) <= max_groups
+        assert sorted(row for rows in groups for row in rows) == list(range(len(lengths)))
+        assert all(rows for rows in groups)
+        cost = sum(len(rows) * max(lengths[r] for r in rows) + overhead for rows in groups)
+        assert cost < single
+
+
+def _decode(
+    context_lens: list[int], overhead_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(backend output, dense reference, number of groups used) for one decode step."""
+    monkeypatch.setattr(torch_ref, "_GROUP_OVERHEAD_BYTES", overhead_bytes)
+    batch = make_batch(
+        [1] * len(context_lens),
+        context_lens,
+        block_size=16,
+        num_heads=8,
+        num_kv_heads=2,
+        head_dim=16,
+        is_prefill=False,
+        device=torch.device("cpu"),
+    )
+    k_cache, v_cache = batch.clean_caches()
+    backend = TorchAttentionBackend(16)
+    out = backend.forward(
+        batch.query, batch.key, batch.value, k_cache, v_cache, batch.meta, batch.scale
+    )
+    # A second layer of the same step reuses the groups derived by the first.
+    groups = batch.meta.derived["torch.decode_groups"]
+    again = backend.forward(
+        batch.query, batch.key, batch.value, k_cache, v_cache, batch.meta, batch.scale
+    )
+    assert batch.meta.derived["torch.decode_groups"] is groups
+    torch.testing.assert_close(again, out, rtol=0, atol=0)
+    assert isinstance(groups, list)
+    return out, dense_reference(batch), len(groups)
+
+
+def test_grouped_decode_matches_the_dense_reference_and_the_single_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    grouped, expected, num_groups = _decode(RAGGED, 0, monkeypatch)
+    single, _, one = _decode(RAGGED, 1 << 40, monkeypatch)
+    assert num_groups > 1 and one == 1
+    torch.testing.assert_close(grouped.double(), expected, **tolerance(torch.float32))
+    torch.testing.assert_close(single.double(), expected, **tolerance(torch.float32))
+    # Only the padded length differs, which moves SDPA's blocking: rounding-level changes.
+    torch.testing.assert_close(grouped, single, rtol=1e-5, atol=1e-6)
