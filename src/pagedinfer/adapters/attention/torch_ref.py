@@ -133,15 +133,23 @@ def _decode_groups(meta: AttentionMetadata, row_bytes: int) -> list[_DecodeGroup
 
 
 def _sdpa(
-    query: torch.Tensor,  # [heads, q, dim]
-    key: torch.Tensor,  # [kv_heads, k, dim]
+    query: torch.Tensor,  # [batch, heads, q, dim] or [heads, q, dim]
+    key: torch.Tensor,  # [batch, kv_heads, k, dim] or [kv_heads, k, dim]
     value: torch.Tensor,
     scale: float,
     *,
     attn_mask: torch.Tensor | None = None,
     is_causal: bool = False,
 ) -> torch.Tensor:
-    return F.scaled_dot_product_attention(
+    """SDPA with a batch dimension always present.
+
+    On CPU, 3-D inputs take the slow "math" path (it materialises the scores and a causal
+    mask); 4-D inputs take the fused flash kernel, several times faster.
+    """
+    unbatched = query.dim() == 3
+    if unbatched:
+        query, key, value = query[None], key[None], value[None]
+    out = F.scaled_dot_product_attention(
         query,
         key,
         value,
@@ -150,6 +158,7 @@ def _sdpa(
         scale=scale,
         enable_gqa=query.shape[-3] != key.shape[-3],
     )
+    return out[0] if unbatched else out
 
 
 class TorchAttentionBackend:
