@@ -41,12 +41,30 @@ from pagedinfer import Engine, SamplingParams
 from pagedinfer.adapters.models.random_checkpoint import build_random_qwen3
 
 SCALES: dict[str, dict[str, Any]] = {
-    # nano-vLLM's workload.
-    "full": {"num_requests": 256, "input_len": (100, 1024), "output_len": (100, 1024)},
-    # The CPU target of the CPU model-path issue: 2 threads, small Qwen3.
-    "cpu": {"num_requests": 64, "input_len": (16, 256), "output_len": (16, 128)},
+    # nano-vLLM's workload and engine settings.
+    "full": {
+        "num_requests": 256,
+        "input_len": (100, 1024),
+        "output_len": (100, 1024),
+        "max_num_batched_tokens": 16384,
+    },
+    # The CPU target of the CPU model-path issue: 2 threads, small Qwen3. A 4096-token step
+    # budget keeps each activation under glibc's 32 MB mmap ceiling: larger ones are mapped
+    # and unmapped on every step, and the page faults cost up to a third of the run
+    # (docs/benchmarks.md).
+    "cpu": {
+        "num_requests": 64,
+        "input_len": (16, 256),
+        "output_len": (16, 128),
+        "max_num_batched_tokens": 4096,
+    },
     # A smoke run (tests, quick checks).
-    "smoke": {"num_requests": 6, "input_len": (4, 24), "output_len": (2, 8)},
+    "smoke": {
+        "num_requests": 6,
+        "input_len": (4, 24),
+        "output_len": (2, 8),
+        "max_num_batched_tokens": 16384,
+    },
 }
 
 
@@ -342,7 +360,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--attention-backend", default="auto")
     parser.add_argument("--kv-block-size", type=int, default=256)
     parser.add_argument("--max-num-seqs", type=int, default=512)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="pagedinfer's per-step token budget (default: 16384; 4096 at the cpu scale)",
+    )
     parser.add_argument("--max-model-len", type=int, default=0)
     parser.add_argument("--num-kv-blocks", type=int, default=None)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
