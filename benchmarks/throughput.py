@@ -49,9 +49,9 @@ SCALES: dict[str, dict[str, Any]] = {
         "max_num_batched_tokens": 16384,
     },
     # The CPU target of the CPU model-path issue: 2 threads, small Qwen3. A 4096-token step
-    # budget keeps each activation under glibc's 32 MB mmap ceiling: larger ones are mapped
-    # and unmapped on every step, and the page faults cost up to a third of the run
-    # (docs/benchmarks.md).
+    # budget keeps activations to a few MB; with 16384 the one prefill step allocates ~50 MB
+    # tensors, which glibc maps fresh (page faults) whenever its heap was disturbed, e.g. by
+    # the baseline that ran before: 6 % slower median and slow outliers (docs/benchmarks.md).
     "cpu": {
         "num_requests": 64,
         "input_len": (16, 256),
