@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from hf_reference import hf_greedy
 from pagedinfer import Engine, SamplingParams
 from pagedinfer.adapters.cuda_graph import CudaGraphDecodeRunner
 from pagedinfer.adapters.kv_cache import kv_block_bytes
@@ -51,33 +51,6 @@ def runner_of(engine: Engine) -> ModelRunner:
 def graph_replays(engine: Engine) -> int:
     graphs = runner_of(engine).graph_runner
     return graphs.num_replays if isinstance(graphs, CudaGraphDecodeRunner) else 0
-
-
-@lru_cache(maxsize=2)
-def _hf_model(path: str) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-
-
-@lru_cache(maxsize=1024)
-def _hf_greedy(path: str, prompt: tuple[int, ...], max_new_tokens: int) -> tuple[int, ...]:
-    input_ids = torch.tensor([prompt])
-    with torch.inference_mode():
-        out = _hf_model(path).generate(
-            input_ids,
-            attention_mask=torch.ones_like(input_ids),
-            max_new_tokens=max_new_tokens,
-            min_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=0,
-        )
-    return tuple(int(t) for t in out[0, len(prompt) :])
-
-
-def hf_greedy(path: Path, prompt: list[int], max_new_tokens: int) -> list[int]:
-    """transformers' float32 greedy continuation on the CPU (memoized)."""
-    return list(_hf_greedy(str(path), tuple(prompt), max_new_tokens))
 
 
 def greedy(max_tokens: int) -> SamplingParams:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Sequence as SequenceABC
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -77,31 +76,3 @@ def random_prompts(
 ) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(vocab) for _ in range(rng.randint(*lengths))] for _ in range(count)]
-
-
-@lru_cache(maxsize=4)
-def hf_model(path: str) -> Any:
-    from transformers import Qwen3ForCausalLM
-
-    model: Any = Qwen3ForCausalLM.from_pretrained(path, dtype=torch.float32)
-    return model.eval()
-
-
-@lru_cache(maxsize=256)
-def _hf_greedy(path: str, prompt: tuple[int, ...], max_new_tokens: int) -> tuple[int, ...]:
-    input_ids = torch.tensor([prompt])
-    with torch.inference_mode():
-        out = hf_model(path).generate(
-            input_ids,
-            attention_mask=torch.ones_like(input_ids),
-            max_new_tokens=max_new_tokens,
-            min_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=0,
-        )
-    return tuple(int(t) for t in out[0, len(prompt) :])
-
-
-def hf_greedy(path: Path, prompt: list[int], max_new_tokens: int) -> list[int]:
-    """transformers' greedy continuation of one unpadded prompt (memoized)."""
-    return list(_hf_greedy(str(path), tuple(prompt), max_new_tokens))

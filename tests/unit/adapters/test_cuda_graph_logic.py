@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hf_reference import hf_greedy
 from pagedinfer import Engine, SamplingParams
 from pagedinfer.adapters.attention.base import AttentionMetadata
 from pagedinfer.adapters.cuda_graph import (
@@ -32,7 +33,7 @@ from pagedinfer.domain import BatchPlan, Scheduler, SchedulerConfig, Sequence
 from pagedinfer.domain.plan import PADDING_SLOT
 from pagedinfer.errors import ConfigurationError
 
-from .runner_helpers import hf_greedy, make_runner, random_prompts
+from .runner_helpers import make_runner, random_prompts
 
 CPU = torch.device("cpu")
 

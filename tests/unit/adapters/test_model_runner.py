@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from hf_reference import hf_greedy
 from pagedinfer.adapters.model_runner import ModelRunner
 from pagedinfer.domain import BatchPlan, SamplingParams, Scheduler, SchedulerConfig, Sequence
 from pagedinfer.errors import ConfigurationError, EngineClosedError
 
-from .runner_helpers import generate, hf_greedy, make_runner, random_prompts
+from .runner_helpers import generate, make_runner, random_prompts
 
 MAX_TOKENS = 12
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)

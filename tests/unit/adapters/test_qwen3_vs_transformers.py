@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 import torch
 
+from hf_reference import hf_model
 from pagedinfer.adapters.model_runner import ModelRunner
 from pagedinfer.domain import SamplingParams, Scheduler, SchedulerConfig, Sequence
 
-from .runner_helpers import hf_model, make_runner, random_prompts
+from .runner_helpers import make_runner, random_prompts
 
 SHAPES: dict[str, dict[str, Any]] = {
     "gqa-tied": {},

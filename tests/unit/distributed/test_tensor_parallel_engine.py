@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from hf_reference import hf_greedy
 from pagedinfer import Engine, SamplingParams
 from pagedinfer.adapters.distributed import channel as channel_module
 from pagedinfer.adapters.distributed import executor as executor_module
@@ -30,7 +31,6 @@ from pagedinfer.errors import ConfigurationError, EngineClosedError, WorkerDiedE
 from .tp_helpers import (
     SHM,
     child_pids,
-    hf_greedy,
     is_running,
     shared_prefix_prompts,
     shm_entries,

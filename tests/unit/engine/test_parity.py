@@ -13,9 +13,8 @@ from typing import Any
 
 import pytest
 
+from hf_reference import hf_greedy
 from pagedinfer import Engine, SamplingParams
-
-from .hf_reference import hf_greedy
 
 MAX_TOKENS = 12
 

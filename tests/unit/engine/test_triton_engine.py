@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from hf_reference import hf_greedy
 from pagedinfer import Engine, SamplingParams
-
-from .hf_reference import hf_greedy
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1",

@@ -1,27 +1,33 @@
-"""Greedy reference outputs from Hugging Face transformers, memoized per test session."""
+"""transformers as the reference: a float32 model on the CPU and its greedy continuations.
+
+Shared by the unit, tensor-parallel and GPU tests (importable as ``hf_reference`` because the
+root ``conftest.py`` puts this folder on ``sys.path``). Models and continuations are memoized
+for the whole test session.
+"""
 
 from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM
 
 
 @lru_cache(maxsize=8)
-def _load(path: str) -> torch.nn.Module:
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    model.eval()
-    return model
+def hf_model(path: str) -> Any:
+    """The checkpoint at ``path`` as a float32 transformers model on the CPU, in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return model.eval()
 
 
 @lru_cache(maxsize=4096)
 def _greedy(path: str, prompt: tuple[int, ...], max_new_tokens: int) -> tuple[int, ...]:
-    model = _load(path)
     input_ids = torch.tensor([prompt], dtype=torch.long)
-    with torch.no_grad():
-        out = model.generate(  # type: ignore[operator]
+    with torch.inference_mode():
+        out = hf_model(path).generate(
             input_ids,
             attention_mask=torch.ones_like(input_ids),
             max_new_tokens=max_new_tokens,
