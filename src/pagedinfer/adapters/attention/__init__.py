@@ -18,6 +18,7 @@ from pagedinfer.errors import ConfigurationError
 
 __all__ = [
     "BACKEND_NAMES",
+    "FLASH_BLOCK_SIZE_MULTIPLE",
     "AttentionBackend",
     "AttentionMetadata",
     "create_backend",

@@ -19,13 +19,12 @@ from typing import ClassVar
 
 import torch
 
+from pagedinfer.adapters.attention import FLASH_BLOCK_SIZE_MULTIPLE
 from pagedinfer.adapters.attention.base import AttentionMetadata
 from pagedinfer.adapters.attention.torch_ref import store_kv_torch
 from pagedinfer.errors import ConfigurationError
 
-__all__ = ["FLASH_BLOCK_SIZE_MULTIPLE", "FlashAttentionBackend"]
-
-FLASH_BLOCK_SIZE_MULTIPLE = 256
+__all__ = ["FlashAttentionBackend"]
 
 
 def _import_flash_attn() -> ModuleType:
