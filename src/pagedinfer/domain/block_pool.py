@@ -84,6 +84,7 @@ class BlockPool:
         self._free_uncached: deque[Block] = deque(self._blocks)
         self._free_cached: OrderedDict[int, Block] = OrderedDict()
         self._index: dict[int, dict[int, Block]] = {}
+        self._num_indexed = 0  # blocks in the index, all copies counted: stats() stays O(1)
         self._prefix_query_tokens = 0
         self._prefix_hit_tokens = 0
 
@@ -223,6 +224,7 @@ class BlockPool:
         block.parent_hash = parent_hash
         block.token_ids = tuple(token_ids)
         self._index.setdefault(digest, {})[block_id] = block
+        self._num_indexed += 1
 
     def record_prefix_lookup(self, query_tokens: int, hit_tokens: int) -> None:
         self._prefix_query_tokens += query_tokens
@@ -231,6 +233,7 @@ class BlockPool:
     def reset_prefix_cache(self) -> None:
         """Forget every cached block. Blocks in use stay allocated, just no longer findable."""
         self._index.clear()
+        self._num_indexed = 0
         for block in self._blocks:
             block.hash = None
             block.parent_hash = None
@@ -243,7 +246,7 @@ class BlockPool:
             num_blocks=self.num_blocks,
             num_free_blocks=self.num_free_blocks,
             num_used_blocks=self.num_used_blocks,
-            num_cached_blocks=sum(len(copies) for copies in self._index.values()),
+            num_cached_blocks=self._num_indexed,
             prefix_query_tokens=self._prefix_query_tokens,
             prefix_hit_tokens=self._prefix_hit_tokens,
         )
@@ -274,6 +277,10 @@ class BlockPool:
                 indexed += 1
                 if block is not self._blocks[block_id] or block.hash != digest:
                     raise BlockPoolError(f"index entry {digest} -> {block!r} is stale")
+        if indexed != self._num_indexed:
+            raise BlockPoolError(
+                f"{indexed} blocks are indexed but the count says {self._num_indexed}"
+            )
         carrying = sum(1 for block in self._blocks if block.hash is not None)
         if carrying != indexed:
             raise BlockPoolError(f"{carrying} blocks carry a hash but {indexed} are indexed")
@@ -283,6 +290,7 @@ class BlockPool:
         assert block.hash is not None  # only cached blocks are on the cached free list
         copies = self._index[block.hash]
         del copies[block.block_id]
+        self._num_indexed -= 1
         if not copies:
             del self._index[block.hash]
         block.hash = None
