@@ -91,7 +91,7 @@ class _DecodeGroup:
     longest: int
 
 
-def _decode_group(
+def _build_decode_group(
     meta: AttentionMetadata, rows: list[int] | None, lengths: list[int] | None
 ) -> _DecodeGroup:
     device = meta.context_lens.device
@@ -125,9 +125,9 @@ def _decode_groups(meta: AttentionMetadata, row_bytes: int) -> list[_DecodeGroup
     if lengths:
         split = split_by_length(lengths, overhead=max(1, _GROUP_OVERHEAD_BYTES // row_bytes))
     if split is None:
-        groups = [_decode_group(meta, None, lengths)]
+        groups = [_build_decode_group(meta, None, lengths)]
     else:
-        groups = [_decode_group(meta, rows, lengths) for rows in split]
+        groups = [_build_decode_group(meta, rows, lengths) for rows in split]
     meta.derived["torch.decode_groups"] = groups
     return groups
 
