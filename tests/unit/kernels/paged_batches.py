@@ -42,6 +42,15 @@ class PagedBatch:
         pages and masks afterwards, and ``0 * NaN`` would poison it too."""
         return self.k_cache.nan_to_num(0.0), self.v_cache.nan_to_num(0.0)
 
+    def torch_backend_output(self) -> torch.Tensor:
+        """The torch backend's attention for this step, on clean copies of the caches."""
+        from pagedinfer.adapters.attention.torch_ref import TorchAttentionBackend
+
+        k_clean, v_clean = self.clean_caches()
+        return TorchAttentionBackend(self.meta.block_size).forward(
+            self.query, self.key, self.value, k_clean, v_clean, self.meta, self.scale
+        )
+
 
 def make_batch(
     query_lens: list[int],

@@ -8,7 +8,6 @@ import pytest
 import torch
 from paged_batches import PagedBatch, dense_reference, make_batch, tolerance
 
-from pagedinfer.adapters.attention.torch_ref import TorchAttentionBackend
 from pagedinfer.adapters.kernels.decode_attention import (
     MAX_SPLITS,
     choose_num_splits,
@@ -77,10 +76,7 @@ def test_decode_matches_dense_reference_and_torch_backend(
     case = CASES[name]
     batch = build(case, device, table_width=40)  # wider than needed, like a captured graph
     expected = dense_reference(batch)
-    k_clean, v_clean = batch.clean_caches()
-    oracle = TorchAttentionBackend(case.block_size).forward(
-        batch.query, batch.key, batch.value, k_clean, v_clean, batch.meta, batch.scale
-    )
+    oracle = batch.torch_backend_output()
 
     out = run_kernel(batch, num_splits)
 

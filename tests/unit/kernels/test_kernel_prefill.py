@@ -8,7 +8,6 @@ import pytest
 import torch
 from paged_batches import PagedBatch, dense_reference, make_batch, tolerance
 
-from pagedinfer.adapters.attention.torch_ref import TorchAttentionBackend
 from pagedinfer.adapters.kernels.prefill_attention import PrefillTiles, paged_prefill_attention
 from pagedinfer.adapters.kernels.store_kv import store_kv_cache
 
@@ -83,10 +82,7 @@ def test_prefill_matches_dense_reference_and_torch_backend(
     case = CASES[name]
     batch = build(case, device)
     expected = dense_reference(batch)
-    k_clean, v_clean = batch.clean_caches()
-    oracle = TorchAttentionBackend(case.block_size).forward(
-        batch.query, batch.key, batch.value, k_clean, v_clean, batch.meta, batch.scale
-    )
+    oracle = batch.torch_backend_output()
 
     out = run_kernel(batch, tiles)
 
