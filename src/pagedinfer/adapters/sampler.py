@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedinfer.domain.plan import BatchPlan
+from pagedinfer.domain.sampling import GREEDY_TEMPERATURE_EPSILON
 
 __all__ = ["Sampler", "SamplingBatch", "derive_seed"]
 
@@ -40,7 +41,7 @@ def derive_seed(seed: int, step: int) -> int:
 class SamplingBatch:
     """The per-row sampling parameters of one step, as tensors plus host-side summaries."""
 
-    temperatures: torch.Tensor  # [n] float32, 0 = greedy
+    temperatures: torch.Tensor  # [n] float32, below GREEDY_TEMPERATURE_EPSILON = greedy
     top_ks: torch.Tensor  # [n] int64, 0 = off
     top_ps: torch.Tensor  # [n] float32, 1 = off
     seeds: list[int | None]
@@ -52,23 +53,28 @@ class SamplingBatch:
 
     @classmethod
     def from_plan(cls, plan: BatchPlan, device: torch.device) -> SamplingBatch:
-        greedy = [t == 0.0 for t in plan.temperatures]
-        sampled_rows = [i for i, is_greedy in enumerate(greedy) if not is_greedy]
+        # The host decides which rows are greedy and the device mask follows (temperature
+        # 0.0), so the two can never disagree about a temperature near the epsilon.
+        temperatures = [0.0 if t < GREEDY_TEMPERATURE_EPSILON else t for t in plan.temperatures]
+        sampled_rows = [i for i, t in enumerate(temperatures) if t != 0.0]
         return cls(
-            temperatures=torch.tensor(plan.temperatures, dtype=torch.float32, device=device),
+            temperatures=torch.tensor(temperatures, dtype=torch.float32, device=device),
             top_ks=torch.tensor(plan.top_ks, dtype=torch.int64, device=device),
             top_ps=torch.tensor(plan.top_ps, dtype=torch.float32, device=device),
             seeds=plan.seeds,
             sample_steps=plan.sample_steps,
             all_greedy=not sampled_rows,
-            any_greedy=len(sampled_rows) < len(greedy),
+            any_greedy=len(sampled_rows) < len(temperatures),
             any_top_k=any(plan.top_ks[i] > 0 for i in sampled_rows),
             any_top_p=any(plan.top_ps[i] < 1.0 for i in sampled_rows),
         )
 
 
 class Sampler:
-    """Samples one token per row of ``logits``; rows with temperature 0 are exactly argmax."""
+    """Samples one token per row of ``logits``; greedy rows are exactly argmax.
+
+    A row is greedy when its temperature is below ``GREEDY_TEMPERATURE_EPSILON`` (0 included).
+    """
 
     def __init__(self, device: torch.device, seed: int = 0) -> None:
         self.device = device
@@ -82,7 +88,8 @@ class Sampler:
         if batch.all_greedy:
             return logits.argmax(dim=-1)
         temperatures = batch.temperatures
-        is_greedy = temperatures == 0
+        # Below the epsilon a division would overflow to inf and the softmax to NaN.
+        is_greedy = temperatures < GREEDY_TEMPERATURE_EPSILON
         greedy = logits.argmax(dim=-1) if batch.any_greedy else None
         # Greedy rows are divided by 1 and their sample discarded below.
         scaled = logits / torch.where(is_greedy, 1.0, temperatures).unsqueeze(1)

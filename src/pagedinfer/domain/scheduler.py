@@ -264,11 +264,15 @@ class Scheduler:
 
     def _finish_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
         params = seq.params
-        if not params.ignore_eos and token_id in self.config.eos_token_ids:
-            return FinishReason.STOP
-        if token_id in params.stop_token_ids:
-            return FinishReason.STOP
-        if seq.num_completion_tokens >= params.max_tokens:
+        num_completion = seq.num_completion_tokens
+        # min_tokens completion tokens come before EOS or a stop token may end the request
+        # (the sampler holds them back; a sampler that does not cannot end it early).
+        if num_completion > params.min_tokens:
+            if not params.ignore_eos and token_id in self.config.eos_token_ids:
+                return FinishReason.STOP
+            if token_id in params.stop_token_ids:
+                return FinishReason.STOP
+        if params.max_tokens is not None and num_completion >= params.max_tokens:
             return FinishReason.LENGTH
         if seq.num_tokens >= self.config.max_model_len:
             return FinishReason.LENGTH

@@ -9,6 +9,7 @@ character, so nothing is emitted until the next token completes it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 __all__ = ["IncrementalDetokenizer", "StopStringMatcher"]
@@ -49,7 +50,7 @@ class IncrementalDetokenizer:
 class StopStringMatcher:
     """Accumulates streamed text and finds the first stop string in it."""
 
-    def __init__(self, stop: tuple[str, ...]) -> None:
+    def __init__(self, stop: Sequence[str]) -> None:
         self._stop = stop
         self._longest = max((len(s) for s in stop), default=0)
         self.text = ""

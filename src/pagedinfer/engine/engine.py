@@ -432,6 +432,7 @@ class Engine:
             raise InvalidRequestError(
                 f"sampling params must be a SamplingParams, not {type(params).__name__}."
             )
+        _reject_unserved_fields(params)
         return params
 
     def _params_for(
@@ -505,6 +506,32 @@ class Engine:
             finished=output.finished,
             finish_reason=output.finish_reason,
         )
+
+
+# SamplingParams fields the engine does not serve yet (issue #12 wires them through), with the
+# value that means "off": a request that sets one is refused rather than silently ignored.
+_NOT_SERVED_YET = {
+    "n": 1,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "min_p": 0.0,
+    "min_tokens": 0,
+    "logprobs": None,
+    "prompt_logprobs": None,
+    "logit_bias": None,
+    "allowed_token_ids": None,
+    "include_stop_str_in_output": False,
+    "skip_special_tokens": True,
+}
+
+
+def _reject_unserved_fields(params: SamplingParams) -> None:
+    for name, off in _NOT_SERVED_YET.items():
+        if getattr(params, name) != off:
+            raise InvalidRequestError(
+                f"SamplingParams.{name} is not served by this engine yet: leave it at {off!r}."
+            )
 
 
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:

@@ -8,6 +8,7 @@ import math
 import pytest
 
 from pagedinfer.domain import SamplingParams
+from pagedinfer.domain.sampling import GREEDY_TEMPERATURE_EPSILON, MAX_SEED
 from pagedinfer.errors import InvalidSamplingParamsError, PagedInferError
 
 
@@ -22,12 +23,71 @@ def test_defaults_match_the_spec() -> None:
     assert params.stop == ()
     assert params.seed is None
     assert not params.is_greedy
+    # vLLM's fields and defaults
+    assert params.n == 1
+    assert params.presence_penalty == 0.0
+    assert params.frequency_penalty == 0.0
+    assert params.repetition_penalty == 1.0
+    assert params.min_p == 0.0
+    assert params.min_tokens == 0
+    assert params.logprobs is None
+    assert params.prompt_logprobs is None
+    assert params.logit_bias is None
+    assert params.allowed_token_ids is None
+    assert params.include_stop_str_in_output is False
+    assert params.skip_special_tokens is True
+    assert not params.uses_penalties
+    assert not params.uses_logits_processing
 
 
-def test_temperature_zero_is_greedy() -> None:
-    assert SamplingParams(temperature=0).is_greedy
-    assert SamplingParams(temperature=0.0).is_greedy
-    assert not SamplingParams(temperature=1e-6).is_greedy
+def test_temperature_below_the_epsilon_is_greedy() -> None:
+    assert GREEDY_TEMPERATURE_EPSILON == 1e-5
+    for temperature in (0, 0.0, 1e-40, 1e-50, 5e-324, 9.99e-6):
+        assert SamplingParams(temperature=temperature).is_greedy, temperature
+    for temperature in (1e-5, 1e-4, 0.5, 1e30):
+        assert not SamplingParams(temperature=temperature).is_greedy, temperature
+
+
+def test_top_k_minus_one_is_off_and_stored_as_zero() -> None:
+    assert SamplingParams(top_k=-1).top_k == 0
+    assert SamplingParams(top_k=-1) == SamplingParams(top_k=0)
+
+
+def test_max_tokens_none_means_until_max_model_len() -> None:
+    params = SamplingParams(max_tokens=None, min_tokens=10_000)
+    assert params.max_tokens is None
+    assert params.min_tokens == 10_000
+
+
+def test_seed_range_is_0_to_2_pow_63_minus_1() -> None:
+    assert MAX_SEED == 2**63 - 1
+    SamplingParams(seed=0)
+    SamplingParams(seed=MAX_SEED)
+    for seed in (-1, MAX_SEED + 1, 2**64):
+        with pytest.raises(InvalidSamplingParamsError, match=r"seed=.*\[0, 9223372036854775807\]"):
+            SamplingParams(seed=seed)
+
+
+def test_feature_flags() -> None:
+    assert SamplingParams(presence_penalty=0.5).uses_penalties
+    assert SamplingParams(frequency_penalty=-0.5).uses_penalties
+    assert SamplingParams(repetition_penalty=1.2).uses_penalties
+    for kwargs in (
+        {"min_p": 0.1},
+        {"min_tokens": 3},
+        {"logit_bias": {5: 1.0}},
+        {"allowed_token_ids": [1, 2]},
+        {"repetition_penalty": 0.9},
+    ):
+        assert SamplingParams(**kwargs).uses_logits_processing, kwargs  # type: ignore[arg-type]
+    for kwargs in ({"logprobs": 5}, {"n": 3}, {"top_k": 5, "top_p": 0.5}, {"logit_bias": {}}):
+        assert not SamplingParams(**kwargs).uses_logits_processing, kwargs  # type: ignore[arg-type]
+
+
+def test_max_token_id_covers_every_field_that_names_tokens() -> None:
+    assert SamplingParams().max_token_id() is None
+    params = SamplingParams(stop_token_ids=[3], allowed_token_ids=[9, 2], logit_bias={40: 1.0})
+    assert params.max_token_id() == 40
 
 
 @pytest.mark.parametrize(
@@ -39,7 +99,7 @@ def test_temperature_zero_is_greedy() -> None:
         ("temperature", "1.0"),
         ("temperature", True),
         ("temperature", None),
-        ("top_k", -1),
+        ("top_k", -2),
         ("top_k", 1.5),
         ("top_k", True),
         ("top_p", 0.0),
@@ -65,6 +125,53 @@ def test_temperature_zero_is_greedy() -> None:
         ("seed", 1.5),
         ("seed", "42"),
         ("seed", True),
+        ("seed", -7),
+        ("seed", 2**63),
+        ("n", 0),
+        ("n", -1),
+        ("n", 1.0),
+        ("n", None),
+        ("presence_penalty", 2.5),
+        ("presence_penalty", -2.01),
+        ("presence_penalty", math.nan),
+        ("presence_penalty", "0"),
+        ("frequency_penalty", 3),
+        ("frequency_penalty", -math.inf),
+        ("frequency_penalty", None),
+        ("repetition_penalty", 0),
+        ("repetition_penalty", -1.0),
+        ("repetition_penalty", math.inf),
+        ("repetition_penalty", math.nan),
+        ("min_p", -0.1),
+        ("min_p", 1.5),
+        ("min_p", math.nan),
+        ("min_p", None),
+        ("min_tokens", -1),
+        ("min_tokens", 65),  # above the default max_tokens=64
+        ("min_tokens", 1.0),
+        ("min_tokens", None),
+        ("logprobs", -1),
+        ("logprobs", 2.0),
+        ("logprobs", True),
+        ("prompt_logprobs", -3),
+        ("prompt_logprobs", "5"),
+        ("logit_bias", {-1: 1.0}),
+        ("logit_bias", {"5": 1.0}),
+        ("logit_bias", {5: math.inf}),
+        ("logit_bias", {5: math.nan}),
+        ("logit_bias", {5: "big"}),
+        ("logit_bias", [(5, 1.0)]),
+        ("logit_bias", 3),
+        ("allowed_token_ids", []),
+        ("allowed_token_ids", [1, -1]),
+        ("allowed_token_ids", [1.0]),
+        ("allowed_token_ids", 5),
+        ("allowed_token_ids", "12"),
+        ("include_stop_str_in_output", 1),
+        ("include_stop_str_in_output", None),
+        ("skip_special_tokens", 0),
+        ("skip_special_tokens", "no"),
+        ("max_tokens", math.inf),
     ],
 )
 def test_bad_value_raises_naming_the_field(field: str, value: object) -> None:
@@ -95,11 +202,48 @@ def test_validation_error_is_a_value_error_and_a_pagedinfer_error() -> None:
         {"stop_token_ids": [0, 151643]},
         {"stop": ["\n\n", "END"]},
         {"seed": 0},
-        {"seed": -7},
+        {"seed": 2**63 - 1},
+        {"n": 8},
+        {"presence_penalty": -2.0},
+        {"presence_penalty": 2},
+        {"frequency_penalty": 2.0},
+        {"repetition_penalty": 1e-3},
+        {"repetition_penalty": 5},
+        {"min_p": 0},
+        {"min_p": 1},
+        {"min_tokens": 64},
+        {"max_tokens": 5, "min_tokens": 5},
+        {"logprobs": 0},
+        {"logprobs": 20},
+        {"prompt_logprobs": 0},
+        {"logit_bias": {0: -100.0, 7: 3}},
+        {"allowed_token_ids": [0]},
+        {"allowed_token_ids": range(3)},
+        {"include_stop_str_in_output": True},
+        {"skip_special_tokens": False},
+        {"max_tokens": None},
     ],
 )
 def test_boundary_values_are_accepted(kwargs: dict[str, object]) -> None:
     SamplingParams(**kwargs)  # type: ignore[arg-type]
+
+
+def test_logit_bias_is_a_read_only_hashable_mapping() -> None:
+    a = SamplingParams(logit_bias={3: 1.5, 9: -2.0})
+    b = SamplingParams(logit_bias={9: -2.0, 3: 1.5})
+    assert a == b and hash(a) == hash(b)
+    assert a.logit_bias is not None
+    assert a.logit_bias[3] == 1.5 and dict(a.logit_bias) == {3: 1.5, 9: -2.0}
+    with pytest.raises(TypeError):
+        a.logit_bias[3] = 0.0  # type: ignore[index]
+    assert SamplingParams(logit_bias={3: 1.0}) != SamplingParams(logit_bias={3: 2.0})
+    assert dataclasses.replace(a, n=2).logit_bias == a.logit_bias
+
+
+def test_allowed_token_ids_are_stored_as_a_tuple() -> None:
+    params = SamplingParams(allowed_token_ids=[4, 2])
+    assert params.allowed_token_ids == (4, 2)
+    assert hash(params) == hash(SamplingParams(allowed_token_ids=(4, 2)))
 
 
 def test_lists_are_normalised_to_tuples() -> None:

@@ -83,7 +83,7 @@ def test_prompt_too_long(engine: Engine, expected: list[list[int]]) -> None:
         ("temperature", -0.5),
         ("top_p", 0.0),
         ("top_p", 1.5),
-        ("top_k", -1),
+        ("top_k", -2),
         ("max_tokens", 0),
         ("stop_token_ids", [-3]),
         ("stop", [""]),

@@ -1,0 +1,102 @@
+"""Sampling numerics (#11.6): tiny temperatures are greedy, never NaN, host and device agree.
+
+Regression: ``temperature=1e-40`` sampled token 0 every time (logits / 1e-40 overflowed to
+inf, the softmax to NaN), ``1e-50`` silently sampled at temperature 1 (float32(1e-50) == 0 on
+the device while the host flags said "not greedy").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
+
+import pytest
+import torch
+
+from pagedinfer.adapters.sampler import Sampler, SamplingBatch
+from pagedinfer.domain import BatchPlan, SamplingParams
+from pagedinfer.domain.sampling import GREEDY_TEMPERATURE_EPSILON
+
+from .runner_helpers import generate, make_runner, random_prompts
+
+CPU = torch.device("cpu")
+TINY = [1e-40, 1e-50, 5e-324, 1e-300, 9.99e-6, 0.0]
+
+
+def plan_with(temperatures: list[float]) -> BatchPlan:
+    n = len(temperatures)
+    fields = {
+        "temperatures": temperatures,
+        "top_ks": [0] * n,
+        "top_ps": [1.0] * n,
+        "seeds": [None] * n,
+        "sample_steps": [0] * n,
+    }
+    return cast(BatchPlan, SimpleNamespace(**fields))
+
+
+@pytest.mark.parametrize("temperature", TINY)
+def test_a_tiny_temperature_is_argmax_alone(temperature: float) -> None:
+    logits = torch.randn(8, 500, generator=torch.Generator().manual_seed(0)) * 30
+    sampling = SamplingBatch.from_plan(plan_with([temperature] * 8), CPU)
+    assert sampling.all_greedy
+    assert torch.equal(Sampler(CPU)(logits, sampling), logits.argmax(dim=-1))
+
+
+def test_tiny_temperatures_are_argmax_in_a_batch_that_samples() -> None:
+    temperatures = [*TINY, 1.0, GREEDY_TEMPERATURE_EPSILON, 2.0]
+    logits = torch.randn(len(temperatures), 500, generator=torch.Generator().manual_seed(1)) * 30
+    sampling = SamplingBatch.from_plan(plan_with(temperatures), CPU)
+    assert sampling.any_greedy and not sampling.all_greedy
+    # Host and device agree: the rows the host calls greedy are temperature 0 on the device.
+    device_greedy = (sampling.temperatures < GREEDY_TEMPERATURE_EPSILON).tolist()
+    assert device_greedy == [SamplingParams(temperature=t).is_greedy for t in temperatures]
+    for _ in range(20):
+        tokens = Sampler(CPU)(logits, sampling)
+        assert torch.equal(tokens[: len(TINY)], logits[: len(TINY)].argmax(dim=-1))
+
+
+def test_the_device_mask_alone_never_divides_by_a_tiny_temperature() -> None:
+    # Flags that say "some rows sample, some are greedy" but temperatures that the host did not
+    # normalise: the device-side mask must still treat 1e-40 as greedy (no inf, no NaN).
+    logits = torch.randn(3, 200, generator=torch.Generator().manual_seed(2)) * 30
+    sampling = SamplingBatch(
+        temperatures=torch.tensor([1e-40, 1.0, 1e-6], dtype=torch.float32),
+        top_ks=torch.zeros(3, dtype=torch.int64),
+        top_ps=torch.ones(3),
+        seeds=[None] * 3,
+        sample_steps=[0] * 3,
+        all_greedy=False,
+        any_greedy=True,
+        any_top_k=False,
+        any_top_p=False,
+    )
+    tokens = Sampler(CPU)(logits, sampling)
+    assert tokens[0] == logits[0].argmax() and tokens[2] == logits[2].argmax()
+
+
+def test_small_temperatures_above_the_epsilon_stay_finite() -> None:
+    # 1e-5 is the smallest sampled temperature: logits / 1e-5 must not overflow float32.
+    logits = torch.randn(64, 1000, generator=torch.Generator().manual_seed(3)) * 50
+    for temperature in (GREEDY_TEMPERATURE_EPSILON, 2e-5, 1e-3):
+        sampling = SamplingBatch.from_plan(plan_with([temperature] * 64), CPU)
+        assert not sampling.any_greedy
+        tokens = Sampler(CPU)(logits, sampling)
+        # Such a cold distribution is argmax unless two logits are within ~1e-4 of each other.
+        assert torch.equal(tokens, logits.argmax(dim=-1))
+
+
+def test_tiny_temperatures_generate_the_greedy_tokens(make_checkpoint: Callable[..., Path]) -> None:
+    runner = make_runner(make_checkpoint("tiny"))
+    try:
+        prompts = random_prompts(11, 4, (3, 20))
+        greedy, _ = generate(runner, prompts, SamplingParams(temperature=0.0, max_tokens=6))
+        for temperature in (1e-40, 1e-50):
+            mixed = [SamplingParams(temperature=temperature, max_tokens=6)] * 4
+            mixed[1] = SamplingParams(temperature=1.0, max_tokens=6)  # the batch samples too
+            tokens, _ = generate(runner, prompts, mixed)
+            assert [tokens[i] for i in (0, 2, 3)] == [greedy[i] for i in (0, 2, 3)]
+    finally:
+        runner.close()
