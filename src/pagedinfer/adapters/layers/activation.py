@@ -1,17 +1,37 @@
-"""SwiGLU's gate: ``silu(gate) * up`` on a packed ``[gate | up]`` tensor."""
+"""SwiGLU's gate: ``silu(gate) * up`` on a packed ``[gate | up]`` tensor.
+
+:func:`silu_and_mul_torch` is the torch twin of the Triton kernel in
+:mod:`pagedinfer.adapters.kernels.silu_and_mul` (the CPU path and the kernel tests' oracle).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["SiluAndMul"]
+__all__ = ["SiluAndMul", "silu_and_mul_torch"]
+
+
+def silu_and_mul_torch(x: torch.Tensor) -> torch.Tensor:
+    """``[..., 2 * d] -> [..., d]``: the first half gated by SiLU times the second half."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 class SiluAndMul(nn.Module):
-    """``[..., 2 * d] -> [..., d]``: the first half gated by SiLU times the second half."""
+    """``[..., 2 * d] -> [..., d]``; ``fused=True`` runs the Triton kernel (one launch)."""
+
+    def __init__(self, *, fused: bool = False) -> None:
+        super().__init__()
+        self.fused = fused
+        self._op: Callable[[torch.Tensor], torch.Tensor] = silu_and_mul_torch
+        if fused:
+            from pagedinfer.adapters.kernels.silu_and_mul import silu_and_mul
+
+            self._op = silu_and_mul
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = x.chunk(2, dim=-1)
-        return F.silu(gate) * up
+        return self._op(x)

@@ -1,11 +1,19 @@
-"""Rotary position embedding (neox / ``rotate_half`` layout) with a float32 cos/sin cache."""
+"""Rotary position embedding (neox / ``rotate_half`` layout) with a float32 cos/sin cache.
+
+:func:`apply_rotary` and :func:`qk_norm_rope_torch` are the torch twins of the Triton kernel in
+:mod:`pagedinfer.adapters.kernels.qk_norm_rope`, which does the per-head q/k RMSNorm, the
+rotation and the KV store in one launch (the CPU path runs the twins; the kernel tests use them
+as the oracle).
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-__all__ = ["RotaryEmbedding", "apply_rotary"]
+from pagedinfer.adapters.layers.norm import rms_norm_torch
+
+__all__ = ["RotaryEmbedding", "apply_rotary", "qk_norm_rope_torch"]
 
 
 class RotaryEmbedding(nn.Module):
@@ -44,3 +52,33 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     """
     x1, x2 = x.float().chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+def qk_norm_rope_torch(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    q_weight: torch.Tensor | None = None,
+    k_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(q, k, v)`` from the packed projection ``qkv [T, (H + 2 KV) * D]``: per-head RMSNorm
+    of q and k when weights are given (Qwen3), then the rotation with this step's ``cos`` /
+    ``sin`` (``[T, 1, D / 2]``, from :meth:`RotaryEmbedding.forward`)."""
+    num_tokens = qkv.shape[0]
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    q, k, v = torch.split(qkv, [q_size, kv_size, kv_size], dim=-1)
+    q = q.view(num_tokens, num_heads, head_dim)
+    k = k.view(num_tokens, num_kv_heads, head_dim)
+    if q_weight is not None and k_weight is not None:
+        q = rms_norm_torch(q, q_weight, eps)
+        k = rms_norm_torch(k, k_weight, eps)
+    return (
+        apply_rotary(q, cos, sin),
+        apply_rotary(k, cos, sin),
+        v.view(num_tokens, num_kv_heads, head_dim),
+    )
