@@ -1,0 +1,145 @@
+"""LogitsProcessors: logit_bias, allowed_token_ids, min_tokens, min_p (vs transformers'
+MinPLogitsWarper), row bookkeeping, and nothing at all for requests that use none of them."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import MinPLogitsWarper
+
+from pagedinfer.adapters.logits_processors import LogitsProcessors, ProcessingStep
+from pagedinfer.adapters.sampler import Sampler, SamplingBatch
+from pagedinfer.domain import SamplingParams
+
+CPU = torch.device("cpu")
+EOS = 2
+
+
+def processed(
+    processors: LogitsProcessors, logits: torch.Tensor, keys: list[int], steps: list[int]
+) -> torch.Tensor:
+    out = logits.clone()
+    step = processors.plan(keys, steps)
+    if step is not None:
+        processors.apply(out, step)
+    return out
+
+
+def plan(processors: LogitsProcessors, keys: list[int], steps: list[int]) -> ProcessingStep:
+    step = processors.plan(keys, steps)
+    assert step is not None
+    return step
+
+
+def test_requests_without_features_cost_nothing() -> None:
+    processors = LogitsProcessors(100, CPU, [EOS])
+    plain = [SamplingParams(), SamplingParams(temperature=0.0, top_k=5, logprobs=3, n=2)]
+    assert not any(processors.add(key, params) for key, params in enumerate(plain))
+    assert len(processors) == 0
+    assert processors.plan([0, 1], [0, 0]) is None
+    # No vocabulary-sized table exists until a request needs one.
+    assert processors._bias is None and processors._output_counts is None
+    processors.add(2, SamplingParams(min_p=0.1))
+    assert processors._bias is None and processors._output_counts is None
+    assert processors.plan([0, 1], [0, 0]) is None  # request 2 is not in this step
+
+
+def test_logit_bias_and_allowed_token_ids() -> None:
+    vocab = 10
+    logits = torch.randn(3, vocab, generator=torch.Generator().manual_seed(0))
+    processors = LogitsProcessors(vocab, CPU, [EOS])
+    processors.add(7, SamplingParams(logit_bias={1: 5.0, 4: -3.5}))
+    processors.add(8, SamplingParams(allowed_token_ids=[3, 6], logit_bias={6: 1.0, 9: 2.0}))
+    # Row 1 is a request without processing, between two that have some.
+    out = processed(processors, logits, [7, 99, 8], [0, 0, 0])
+    expected = logits.clone()
+    expected[0, 1] += 5.0
+    expected[0, 4] -= 3.5
+    expected[2] = -math.inf
+    expected[2, 3] = logits[2, 3]
+    expected[2, 6] = logits[2, 6] + 1.0
+    torch.testing.assert_close(out, expected)
+
+
+def test_only_allowed_tokens_are_sampled() -> None:
+    vocab, n = 50, 400
+    logits = torch.randn(n, vocab, generator=torch.Generator().manual_seed(1))
+    processors = LogitsProcessors(vocab, CPU)
+    params = SamplingParams(allowed_token_ids=[5, 17, 33])
+    for key in range(n):
+        processors.add(key, params)
+    step = plan(processors, list(range(n)), [0] * n)
+    processors.apply(logits, step)
+    sampling = SamplingBatch(
+        temperatures=torch.ones(n),
+        top_ks=torch.zeros(n, dtype=torch.int64),
+        top_ps=torch.ones(n),
+        seeds=[None] * n,
+        sample_steps=[0] * n,
+        all_greedy=False,
+        any_greedy=False,
+        any_top_k=False,
+        any_top_p=False,
+    )
+    assert set(Sampler(CPU)(logits, sampling).tolist()) == {5, 17, 33}
+
+
+def test_min_tokens_holds_back_eos_and_stop_tokens_until_reached() -> None:
+    vocab = 8
+    logits = torch.zeros(4, vocab)
+    processors = LogitsProcessors(vocab, CPU, [EOS])
+    processors.add(0, SamplingParams(min_tokens=3, stop_token_ids=[5, 6]))
+    processors.add(1, SamplingParams(min_tokens=3, ignore_eos=True, stop_token_ids=[5]))
+    processors.add(2, SamplingParams(min_tokens=1))
+    masked = [
+        (processed(processors, logits, [0, 1, 2], [step] * 3) == -math.inf).nonzero().tolist()
+        for step in range(4)
+    ]
+    assert masked[0] == [[0, EOS], [0, 5], [0, 6], [1, 5], [2, EOS]]
+    assert masked[1] == masked[2] == [[0, EOS], [0, 5], [0, 6], [1, 5]]
+    assert masked[3] == []
+    # min_tokens with nothing to hold back needs no processing at all.
+    assert not LogitsProcessors(vocab, CPU, []).add(0, SamplingParams(min_tokens=3))
+
+
+@pytest.mark.parametrize(("rows", "vocab"), [(1, 32), (6, 500)])
+def test_min_p_matches_transformers(rows: int, vocab: int) -> None:
+    generator = torch.Generator().manual_seed(rows)
+    logits = torch.randn(rows, vocab, generator=generator) * 3
+    processors = LogitsProcessors(vocab, CPU)
+    values = [0.05, 0.0, 0.3, 0.9, 1.0, 0.5][:rows]
+    for key, min_p in enumerate(values):
+        processors.add(key, SamplingParams(min_p=min_p, presence_penalty=0.1 if key % 2 else 0.0))
+    step = plan(processors, list(range(rows)), [0] * rows)
+    out = logits.clone()
+    processors.apply_min_p(out, step)
+    for row, min_p in enumerate(values):
+        expected = logits[row : row + 1].clone()
+        if min_p > 0:
+            expected = MinPLogitsWarper(min_p)(torch.zeros(1, 1, dtype=torch.int64), expected)
+        assert torch.equal(out[row : row + 1].isinf(), expected.isinf()), (row, min_p)
+        assert out[row].isfinite().any()  # the top token always survives
+
+
+def test_rows_are_reused_and_tables_grow_without_losing_state() -> None:
+    vocab = 6
+    processors = LogitsProcessors(vocab, CPU, initial_rows=1)
+    processors.add(0, SamplingParams(logit_bias={1: 1.0}))
+    processors.add(1, SamplingParams(repetition_penalty=2.0), prompt_token_ids=[3])
+    processors.add(2, SamplingParams(logit_bias={4: -1.0}))
+    assert processors.capacity == 4 and len(processors) == 3
+    logits = torch.ones(3, vocab)
+    out = processed(processors, logits, [2, 1, 0], [0, 0, 0])
+    assert out.tolist() == [
+        [1, 1, 1, 1, 0, 1],
+        [1, 1, 1, 0.5, 1, 1],
+        [1, 2, 1, 1, 1, 1],
+    ]
+    # A removed request's row is reused by the next one, with none of the old state.
+    processors.remove(1)
+    processors.remove(12345)  # unknown keys are ignored
+    processors.add(3, SamplingParams(repetition_penalty=2.0), prompt_token_ids=[5])
+    assert processors.capacity == 4 and len(processors) == 3
+    assert processed(processors, logits[:1], [3], [0]).tolist() == [[1, 1, 1, 1, 1, 0.5]]
