@@ -161,3 +161,22 @@ def test_triton_backend_follows_the_torch_oracle_through_scheduler_plans(
                 scheduler.add(seq)
     assert {"fresh", "prefix", "decode"} <= set(kinds), kinds
     assert later[0].num_cached_tokens > 0  # the second prompt really hit the prefix cache
+
+
+def test_a_grown_workspace_keeps_every_earlier_one_alive(device: torch.device) -> None:
+    """A captured graph writes to the workspace address it was captured with, on every replay:
+    growing the workspace later (an eager batch that needs more partitions) must not free the
+    old one, or the allocator could hand its memory to something else the graph then
+    overwrites."""
+    import weakref
+
+    backend = TritonAttentionBackend(16, num_splits=4)
+    backend.reserve(2, num_heads=4, head_dim=32, device=device)
+    first = backend._workspace
+    assert first is not None
+    alive = weakref.ref(first)
+    del first
+    grown = backend._workspace_of(10 * alive().numel(), device)  # type: ignore[union-attr]
+    assert grown is backend._workspace and grown.numel() >= 10 * 4 * 2 * 4
+    assert alive() is not None, "the reserved workspace was dropped"
+    assert backend._workspace_of(1, device) is grown  # never shrinks

@@ -169,3 +169,37 @@ class TestChooseNumSplits:
             for capacity in (16, 4096, 131072):
                 splits = choose_num_splits(num_seqs, kv_heads, capacity, num_sms=132)
                 assert 1 <= splits <= MAX_SPLITS
+
+
+def _jit_option(kernel: object, name: str) -> list[str]:
+    """A ``triton.jit`` option of a kernel, interpreted or compiled."""
+    kwargs = getattr(kernel, "kwargs", None)  # InterpretedFunction keeps the jit kwargs
+    value = kwargs.get(name) if isinstance(kwargs, dict) else getattr(kernel, name, None)
+    names = getattr(kernel, "arg_names", [])
+    return [names[v] if isinstance(v, int) else v for v in (value or [])]
+
+
+def test_per_step_values_are_not_specialization_keys() -> None:
+    """Triton compiles a variant per value class of int arguments (1, multiples of 16) and
+    per pointer alignment: the split count and the table width change from step to step and
+    must not be among them, or decode would compile mid-run."""
+    from pagedinfer.adapters.kernels import decode_attention, prefill_attention
+
+    assert {"num_splits", "stride_table_seq"} <= set(
+        _jit_option(decode_attention._decode_kernel, "do_not_specialize")
+    )
+    assert "num_splits" in _jit_option(decode_attention._reduce_splits_kernel, "do_not_specialize")
+    assert "stride_table_seq" in _jit_option(prefill_attention._prefill_kernel, "do_not_specialize")
+
+
+@pytest.mark.parametrize("num_seqs", [1, 3, 7, 64])
+@pytest.mark.parametrize("num_splits", [2, 3, 16])
+def test_partials_start_aligned_whatever_the_batch(num_seqs: int, num_splits: int) -> None:
+    from pagedinfer.adapters.kernels.decode_attention import SplitPartials, split_workspace_numel
+
+    buffer = torch.empty(split_workspace_numel(num_seqs, 5, num_splits, 40))
+    partials = SplitPartials.from_buffer(buffer, num_seqs, 5, num_splits, 40)
+    base = buffer.data_ptr()
+    for array in (partials.acc, partials.max, partials.sum):
+        assert (array.data_ptr() - base) % 64 == 0
+    assert partials.sum.data_ptr() + partials.sum.numel() * 4 <= base + buffer.numel() * 4

@@ -65,8 +65,10 @@ class TritonAttentionBackend:
         self.block_size = block_size
         self.num_splits = num_splits
         self._workspace: torch.Tensor | None = None
-        # Workspaces replaced while a graph was being captured: the captured graph still
-        # writes to them, so they must live as long as the backend.
+        # Every workspace ever handed out, replaced ones included: a CUDA graph captured over
+        # one keeps writing to its address on every replay, so none may be freed (and its
+        # memory reused) while the backend lives. Growth is rare: reserve() sizes the
+        # workspace for every graph batch before the first capture.
         self._retired: list[torch.Tensor] = []
 
     def reserve(
@@ -172,7 +174,7 @@ class TritonAttentionBackend:
         current = self._workspace
         if current is not None and current.numel() >= numel and current.device == device:
             return current
-        if current is not None and _capturing(device):
+        if current is not None:
             self._retired.append(current)
         size = max(numel, current.numel() if current is not None else 0)
         self._workspace = torch.empty(size, dtype=torch.float32, device=device)
@@ -184,10 +186,6 @@ def _concrete(device: torch.device) -> torch.device:
     if device.type == "cuda" and device.index is None:
         return torch.device("cuda", torch.cuda.current_device())
     return device
-
-
-def _capturing(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 @functools.cache

@@ -83,7 +83,10 @@ class ProcessGroupCollectives:
         self.backend_name = "nccl" if device.type == "cuda" else "gloo"
         backend: Backend
         if device.type == "cuda":
-            # Not exercised by the CPU test suite (no GPU there); see docs/tensor-parallelism.md.
+            # NCCL binds its communicators to the current device: make that this rank's GPU
+            # before the group exists, or every rank could end up on cuda:0. (The GPU path is
+            # not exercised by the CPU test suite; see docs/tensor-parallelism.md.)
+            torch.cuda.set_device(device)
             from torch.distributed import ProcessGroupNCCL
 
             options = ProcessGroupNCCL.Options()

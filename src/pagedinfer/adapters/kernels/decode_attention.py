@@ -21,6 +21,11 @@ writes the neutral state ``(-inf, 0, 0)``. A second, small kernel, grid
 With ``num_splits == 1`` the first kernel normalises and writes the output itself. A sequence
 with ``ctx_len == 0`` (a padding row of a captured batch) gets a zero output, not NaN.
 
+Compiled once: ``num_splits`` and the block-table width are ordinary (not specialized)
+arguments, splitting is a run-time branch, the reduction always reads ``MAX_SPLITS`` lanes
+and the partial arrays keep a fixed alignment, so no batch size, split count or table width
+compiles a new variant mid-run (a compile takes about a second).
+
 Graph safety: the grid ``(num_seqs, num_kv_heads, num_splits)`` and the workspace shape depend
 only on tensor shapes and on ``num_splits``, which :func:`choose_num_splits` derives on the
 host from static facts (batch size, kv heads, SM count, block-table width); context lengths
@@ -59,6 +64,7 @@ MAX_SPLITS = 16
 MIN_TOKENS_PER_SPLIT = 256
 # Aim for about this many resident programs per SM before adding partitions.
 PROGRAMS_PER_SM = 2
+_SPLITS_P2 = 1 << (MAX_SPLITS - 1).bit_length()
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, num_sms: int) -> int:
@@ -78,11 +84,22 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, nu
     return max(1, min(wanted, by_length, MAX_SPLITS))
 
 
+# Every partial array starts on a multiple of this many float32 elements (64 bytes): Triton
+# specializes kernels on pointer alignment, so the arrays' alignment must not depend on the
+# batch size, or each new batch size would compile a new kernel.
+_PARTIALS_ALIGNMENT = 16
+
+
+def _aligned(numel: int) -> int:
+    return -(-numel // _PARTIALS_ALIGNMENT) * _PARTIALS_ALIGNMENT
+
+
 def split_workspace_numel(num_seqs: int, num_heads: int, num_splits: int, head_dim: int) -> int:
     """float32 elements of the split-KV partials for this launch (0 without splitting)."""
     if num_splits <= 1:
         return 0
-    return num_seqs * num_heads * num_splits * (padded_head_dim(head_dim) + 2)
+    rows = num_seqs * num_heads * num_splits
+    return rows * padded_head_dim(head_dim) + 2 * _aligned(rows)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,16 +124,22 @@ class SplitPartials:
         padded = padded_head_dim(head_dim)
         rows = num_seqs * num_heads * num_splits
         assert buffer.dtype == torch.float32 and buffer.dim() == 1
-        assert buffer.numel() >= rows * (padded + 2), (buffer.numel(), rows, padded)
-        acc = buffer[: rows * padded].view(num_seqs, num_heads, num_splits, padded)
-        maxes = buffer[rows * padded : rows * (padded + 1)].view(num_seqs, num_heads, num_splits)
-        sums = buffer[rows * (padded + 1) : rows * (padded + 2)].view(
-            num_seqs, num_heads, num_splits
-        )
+        needed = split_workspace_numel(num_seqs, num_heads, num_splits, head_dim)
+        assert buffer.numel() >= needed, (buffer.numel(), needed)
+        # acc first (rows * padded is a multiple of 16: padded >= 16), then max and sum, each
+        # starting on an aligned element.
+        max_start = rows * padded
+        sum_start = max_start + _aligned(rows)
+        shape = (num_seqs, num_heads, num_splits)
+        acc = buffer[:max_start].view(*shape, padded)
+        maxes = buffer[max_start : max_start + rows].view(shape)
+        sums = buffer[sum_start : sum_start + rows].view(shape)
         return cls(acc=acc, max=maxes, sum=sums)
 
 
-@triton.jit  # type: ignore[untyped-decorator]
+# num_splits and the block-table row stride (its width) change from step to step; Triton would
+# otherwise specialize on them (value 1, divisibility by 16) and compile mid-run.
+@triton.jit(do_not_specialize=["num_splits", "stride_table_seq"])  # type: ignore[untyped-decorator]
 def _decode_kernel(  # type: ignore[no-untyped-def]
     out_ptr,
     part_acc_ptr,
@@ -144,7 +167,6 @@ def _decode_kernel(  # type: ignore[no-untyped-def]
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_P2: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
@@ -190,7 +212,7 @@ def _decode_kernel(  # type: ignore[no-untyped-def]
             offs_d, d_mask, BLOCK_SIZE, BLOCK_N, True, False, DOT_PRECISION,
         )  # fmt: skip
 
-    if SPLIT:
+    if num_splits > 1:  # a run-time branch, the same for every program of a launch
         # Row (seq, head, split) of the [B, H, S] partial arrays; acc rows are HEAD_DIM_P2 wide.
         rows = (seq * NUM_HEADS + heads) * num_splits + split
         tl.store(part_max_ptr + rows, row_max, mask=g_mask)
@@ -209,7 +231,7 @@ def _decode_kernel(  # type: ignore[no-untyped-def]
         )
 
 
-@triton.jit  # type: ignore[untyped-decorator]
+@triton.jit(do_not_specialize=["num_splits"])  # type: ignore[untyped-decorator]
 def _reduce_splits_kernel(  # type: ignore[no-untyped-def]
     out_ptr,
     part_acc_ptr,
@@ -294,10 +316,12 @@ def paged_decode_attention(
             device=query.device,
         )
         partials = SplitPartials.from_buffer(buffer, num_seqs, num_heads, num_splits, head_dim)
-    # Without splitting the kernel never touches the partials; `out` stands in for them.
-    part_acc = partials.acc if partials is not None else out
-    part_max = partials.max if partials is not None else out
-    part_sum = partials.sum if partials is not None else out
+    if partials is None:
+        # Never touched without splitting; float32 (and no allocation) so that the kernel's
+        # signature, hence its compiled variant, is the same with and without splitting.
+        none = torch.empty(0, dtype=torch.float32, device=query.device)
+        partials = SplitPartials(acc=none, max=none, sum=none)
+    part_acc, part_max, part_sum = partials.acc, partials.max, partials.sum
 
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         out,
@@ -326,7 +350,6 @@ def paged_decode_attention(
         HEAD_DIM=head_dim,
         HEAD_DIM_P2=padded,
         BLOCK_N=block_n,
-        SPLIT=split,
         DOT_PRECISION=dot_precision(query.dtype),
         num_warps=4,
         num_stages=2,
@@ -343,7 +366,7 @@ def paged_decode_attention(
             NUM_HEADS=num_heads,
             HEAD_DIM=head_dim,
             HEAD_DIM_P2=padded,
-            SPLITS_P2=max(2, triton.next_power_of_2(num_splits)),
+            SPLITS_P2=_SPLITS_P2,  # not per launch: one compiled variant for every num_splits
             num_warps=4,
         )
     return out

@@ -80,7 +80,9 @@ def choose_prefill_tiles(head_dim: int, dtype: torch.dtype, max_seqlen_q: int) -
     )
 
 
-@triton.jit  # type: ignore[untyped-decorator]
+# The block-table row stride (the step's table width) changes from step to step: not a
+# specialization key, or every new width class would compile a new kernel mid-run.
+@triton.jit(do_not_specialize=["stride_table_seq"])  # type: ignore[untyped-decorator]
 def _prefill_kernel(  # type: ignore[no-untyped-def]
     out_ptr,
     q_ptr,
