@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from pagedinfer import Engine, SamplingParams
-from pagedinfer.adapters.models.random_checkpoint import build_random_qwen3
+from pagedinfer.adapters.models.random_checkpoint import build_random_checkpoint
 
 SCALES: dict[str, dict[str, Any]] = {
     # nano-vLLM's workload and engine settings.
@@ -309,7 +309,7 @@ def resolve_model(args: argparse.Namespace) -> str:
     directory = Path(args.cache_dir) / args.random_weights
     if not (directory / "config.json").exists():
         print(f"building a random-weight {args.random_weights} checkpoint in {directory} ...")
-        build_random_qwen3(directory, args.random_weights, seed=0)
+        build_random_checkpoint(directory, args.random_weights, seed=0)
     return str(directory)
 
 

@@ -1,10 +1,11 @@
 """Shared test fixtures.
 
 ``make_checkpoint(name="tiny", *, with_tokenizer=False, seed=0, **overrides) -> Path`` builds a
-random-weight Qwen3 checkpoint directory (config.json + safetensors, optionally a small BPE
-tokenizer) with :func:`pagedinfer.adapters.models.random_checkpoint.build_random_qwen3`.
-``name`` is a preset of ``random_checkpoint.PRESETS`` and ``overrides`` replace fields of its
-``RandomQwen3Spec`` (``num_key_value_heads=4``, ``tie_word_embeddings=False``, ...). Each
+random-weight checkpoint directory (config.json + safetensors, optionally a small BPE
+tokenizer) with :func:`pagedinfer.adapters.models.random_checkpoint.build_random_checkpoint`.
+``name`` is a preset of ``random_checkpoint.PRESETS`` (Qwen3 shapes) and ``overrides`` replace
+fields of its ``RandomModelSpec`` (``architecture="LlamaForCausalLM"``,
+``num_key_value_heads=4``, ``rope_scaling={"rope_type": "linear", "factor": 2.0}``, ...). Each
 distinct set of arguments is built once per test session and shared; treat the directory as
 read-only (copy it if a test needs to damage it).
 """
@@ -27,18 +28,19 @@ if not torch.cuda.is_available():
 
 @pytest.fixture(scope="session")
 def make_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
-    """Factory of cached tiny random Qwen3 checkpoints (see the module docstring)."""
-    from pagedinfer.adapters.models.random_checkpoint import build_random_qwen3
+    """Factory of cached tiny random checkpoints (see the module docstring)."""
+    from pagedinfer.adapters.models.random_checkpoint import build_random_checkpoint
 
     built: dict[tuple[Any, ...], Path] = {}
 
     def make(
         name: str = "tiny", *, with_tokenizer: bool = False, seed: int = 0, **overrides: Any
     ) -> Path:
-        key = (name, with_tokenizer, seed, tuple(sorted(overrides.items())))
+        # repr: override values may be dicts (rope_scaling), which do not hash.
+        key = (name, with_tokenizer, seed, repr(sorted(overrides.items())))
         if key not in built:
             target = tmp_path_factory.mktemp(f"ckpt-{name}")
-            built[key] = build_random_qwen3(
+            built[key] = build_random_checkpoint(
                 target, name, seed=seed, with_tokenizer=with_tokenizer, **overrides
             )
         return built[key]

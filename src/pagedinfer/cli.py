@@ -164,10 +164,10 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 def _demo_checkpoint(directory: Path) -> str:
     if not (directory / "config.json").exists() or not (directory / "tokenizer.json").exists():
-        from pagedinfer.adapters.models.random_checkpoint import build_random_qwen3
+        from pagedinfer.adapters.models.random_checkpoint import build_random_checkpoint
 
         print(f"Building a random-weight Qwen3 checkpoint with a tokenizer in {directory} ...")
-        build_random_qwen3(directory, "small", with_tokenizer=True, seed=0)
+        build_random_checkpoint(directory, "small", with_tokenizer=True, seed=0)
     return str(directory)
 
 
@@ -176,11 +176,11 @@ def _run_bench(args: argparse.Namespace) -> int:
 
     model = args.model
     if model is None:
-        from pagedinfer.adapters.models.random_checkpoint import build_random_qwen3
+        from pagedinfer.adapters.models.random_checkpoint import build_random_checkpoint
 
         directory = Path(args.checkpoint_dir) / args.random_weights
         if not (directory / "config.json").exists():
-            build_random_qwen3(directory, args.random_weights, seed=0)
+            build_random_checkpoint(directory, args.random_weights, seed=0)
         model = str(directory)
     rng = random.Random(0)
     with Engine(model, **_engine_kwargs(args)) as engine:  # type: ignore[arg-type]

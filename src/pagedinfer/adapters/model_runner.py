@@ -28,9 +28,8 @@ from pagedinfer.adapters.kv_cache import (
     max_useful_blocks,
 )
 from pagedinfer.adapters.layers.linear import divide
-from pagedinfer.adapters.models.config import ModelConfig
 from pagedinfer.adapters.models.loader import load_weights
-from pagedinfer.adapters.models.registry import build_model
+from pagedinfer.adapters.models.registry import build_model, read_model_config
 from pagedinfer.adapters.runner_config import RunnerConfig
 from pagedinfer.adapters.sampler import Sampler, SamplingBatch
 from pagedinfer.domain.plan import PADDING_SLOT, BatchPlan
@@ -78,13 +77,8 @@ class ModelRunner:
         self.parallel = parallel
         self.device = config.device
         self.dtype = config.dtype
-        self.model_config = model_config = ModelConfig.from_pretrained(config.model_path)
-        if config.max_model_len > model_config.max_position_embeddings:
-            raise ConfigurationError(
-                f"max_model_len={config.max_model_len} exceeds the model's "
-                f"max_position_embeddings={model_config.max_position_embeddings}: lower "
-                "max_model_len."
-            )
+        self.model_config = model_config = read_model_config(config.model_path)
+        model_config.check_max_model_len(config.max_model_len)
         if self.device.type == "cuda" and self.device.index is not None:
             torch.cuda.set_device(self.device)
         self.backend = create_backend(config.attention_backend, config.block_size)

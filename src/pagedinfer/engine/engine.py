@@ -18,7 +18,7 @@ from typing import Any
 
 from pagedinfer.adapters.attention import resolve_backend_name
 from pagedinfer.adapters.executor import Executor, create_executor
-from pagedinfer.adapters.models.config import ModelConfig
+from pagedinfer.adapters.models.registry import read_model_config
 from pagedinfer.adapters.runner_config import RunnerConfig
 from pagedinfer.domain.sampling import SamplingParams
 from pagedinfer.domain.scheduler import Scheduler, SchedulerConfig
@@ -146,12 +146,12 @@ class Engine:
             seed=seed,
         )
         self.config = config
-        self.model_config = ModelConfig.from_pretrained(config.model_path)
+        self.model_config = read_model_config(config.model_path)
         resolved_device = resolve_device(config.device)
         self.device = resolved_device
         self.dtype = resolve_dtype(config.dtype, resolved_device, self.model_config.dtype)
         # A model cannot attend past the positions it was trained for.
-        self.max_model_len = min(config.max_model_len, self.model_config.max_position_embeddings)
+        self.max_model_len = min(config.max_model_len, self.model_config.max_context_len)
         self.attention_backend = resolve_backend_name(
             config.attention_backend, resolved_device, block_size=config.kv_block_size
         )

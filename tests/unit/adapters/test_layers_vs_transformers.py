@@ -15,13 +15,15 @@ from pagedinfer.adapters.layers.activation import SiluAndMul
 from pagedinfer.adapters.layers.norm import RMSNorm
 from pagedinfer.adapters.layers.rotary import RotaryEmbedding, apply_rotary
 
+CPU = torch.device("cpu")
+
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_rms_norm_is_bit_identical(dtype: torch.dtype) -> None:
     generator = torch.Generator().manual_seed(0)
     x = (torch.randn(7, 64, generator=generator) * 3).to(dtype)
     weight = torch.randn(64, generator=generator).to(dtype)
-    ours = RMSNorm(64, eps=1e-5).to(dtype)
+    ours = RMSNorm(64, eps=1e-5, dtype=dtype, device=torch.device("cpu"))
     theirs = Qwen3RMSNorm(64, eps=1e-5).to(dtype)
     with torch.no_grad():
         ours.weight.copy_(weight)
@@ -51,7 +53,7 @@ def test_rope_matches_transformers(head_dim: int, theta: float) -> None:
     q_hf, k_hf = apply_rotary_pos_emb(
         q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos_hf, sin_hf
     )
-    rope = RotaryEmbedding(head_dim, 4096, theta)
+    rope = RotaryEmbedding(head_dim, 4096, theta, device=CPU)
     cos, sin = rope(positions)
     torch.testing.assert_close(
         apply_rotary(q, cos, sin), q_hf[0].transpose(0, 1), rtol=0, atol=1e-6
@@ -62,7 +64,7 @@ def test_rope_matches_transformers(head_dim: int, theta: float) -> None:
 
 
 def test_rope_keeps_the_input_dtype() -> None:
-    rope = RotaryEmbedding(8, 16, 10_000.0)
+    rope = RotaryEmbedding(8, 16, 10_000.0, device=CPU)
     cos, sin = rope(torch.tensor([3, 4]))
     x = torch.randn(2, 1, 8).to(torch.bfloat16)
     assert apply_rotary(x, cos, sin).dtype is torch.bfloat16
@@ -70,7 +72,7 @@ def test_rope_keeps_the_input_dtype() -> None:
 
 
 def test_rope_position_zero_is_identity() -> None:
-    rope = RotaryEmbedding(8, 16, 10_000.0)
+    rope = RotaryEmbedding(8, 16, 10_000.0, device=CPU)
     cos, sin = rope(torch.tensor([0]))
     x = torch.randn(1, 3, 8)
     assert torch.equal(apply_rotary(x, cos, sin), x)

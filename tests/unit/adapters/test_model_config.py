@@ -1,4 +1,5 @@
-"""ModelConfig.from_pretrained: both config.json layouts, EOS ids, and every refusal."""
+"""ModelConfig.from_pretrained and read_model_config: both config.json layouts, RoPE variants,
+MoE and sliding-window fields, EOS ids, and every refusal."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from typing import Any
 import pytest
 import torch
 
+from pagedinfer.adapters.layers.rotary import RopeScaling
 from pagedinfer.adapters.models.config import ModelConfig
-from pagedinfer.errors import CheckpointNotFoundError, UnsupportedModelError
+from pagedinfer.adapters.models.registry import SUPPORTED_ARCHITECTURES, read_model_config
+from pagedinfer.errors import CheckpointNotFoundError, ConfigurationError, UnsupportedModelError
 
 # A Qwen3-0.6B style config.json as transformers 4.5x writes it.
 LEGACY_CONFIG: dict[str, Any] = {
@@ -137,21 +140,47 @@ def test_no_config_json(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("config", "fragment"),
     [
-        (legacy(architectures=["LlamaForCausalLM"]), "LlamaForCausalLM"),
         (legacy(drop=("architectures",)), "architectures"),
-        (legacy(rope_scaling={"type": "linear", "factor": 2.0}), "'linear'"),
-        (legacy(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "'yarn'"),
+        (legacy(architectures="Qwen3ForCausalLM"), "architectures"),
+        (legacy(rope_scaling={"rope_type": "longrope", "factor": 4.0}), "'longrope'"),
+        (legacy(rope_scaling={"type": "su"}), "'su'"),
+        (legacy(rope_scaling={"rope_type": "linear"}), "'factor'"),
+        (legacy(rope_scaling={"rope_type": "dynamic", "factor": -2}), "'factor'"),
         (
-            legacy(drop=("rope_theta",), rope_parameters={"rope_type": "llama3", "rope_theta": 1}),
-            "'llama3'",
+            legacy(
+                drop=("rope_theta",),
+                rope_parameters={"rope_type": "llama3", "rope_theta": 1, "factor": 8.0},
+            ),
+            "'low_freq_factor'",
         ),
-        (legacy(use_sliding_window=True, sliding_window=4096, max_window_layers=20), "sliding"),
-        (legacy(layer_types=["sliding_attention"] + ["full_attention"] * 27), "sliding"),
+        (
+            legacy(
+                rope_scaling={
+                    "rope_type": "llama3",
+                    "factor": 8.0,
+                    "low_freq_factor": 4.0,
+                    "high_freq_factor": 1.0,
+                }
+            ),
+            "high_freq_factor",
+        ),
+        (legacy(rope_scaling=[1, 2]), "rope_scaling"),
+        (legacy(partial_rotary_factor=0.5), "partial_rotary_factor"),
+        (legacy(layer_types=["chunked_attention"] * 28), "chunked_attention"),
+        (legacy(use_sliding_window=True, sliding_window=0, max_window_layers=0), "sliding_window"),
         (legacy(torch_dtype="float8_e4m3fn"), "float8_e4m3fn"),
         (legacy(hidden_act="gelu"), "gelu"),
         (legacy(drop=("vocab_size",)), "vocab_size"),
         (legacy(num_attention_heads=0), "num_attention_heads"),
         (legacy(num_key_value_heads=3), "num_key_value_heads"),
+        (legacy(tie_word_embeddings="yes"), "tie_word_embeddings"),
+        (legacy(num_experts=4, num_experts_per_tok=8, moe_intermediate_size=8), "exceeds"),
+        (
+            legacy(
+                num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8, mlp_only_layers=[99]
+            ),
+            "mlp_only_layers",
+        ),
     ],
 )
 def test_unsupported_models(tmp_path: Path, config: dict[str, Any], fragment: str) -> None:
@@ -163,10 +192,142 @@ def test_unsupported_models(tmp_path: Path, config: dict[str, Any], fragment: st
     assert "model-dir" in message  # names the checkpoint
 
 
-def test_unsupported_architecture_names_what_is_expected(tmp_path: Path) -> None:
-    path = write_checkpoint(tmp_path / "m", legacy(architectures=["GPT2LMHeadModel"]))
-    with pytest.raises(ValueError, match="Qwen3ForCausalLM"):
-        ModelConfig.from_pretrained(path)
+@pytest.mark.parametrize("architectures", [["GPT2LMHeadModel"], ["MixtralForCausalLM"]])
+def test_unsupported_architecture_names_what_is_expected(
+    tmp_path: Path, architectures: list[str]
+) -> None:
+    path = write_checkpoint(tmp_path / "m", legacy(architectures=architectures))
+    ModelConfig.from_pretrained(path)  # the fields are fine; the registry refuses the class
+    with pytest.raises(UnsupportedModelError, match=architectures[0]) as info:
+        read_model_config(path)
+    for name in SUPPORTED_ARCHITECTURES:
+        assert name in str(info.value)
+
+
+def test_every_family_is_registered() -> None:
+    assert set(SUPPORTED_ARCHITECTURES) == {
+        "LlamaForCausalLM",
+        "MistralForCausalLM",
+        "Qwen2ForCausalLM",
+        "Qwen3ForCausalLM",
+        "Qwen3MoeForCausalLM",
+    }
+
+
+def test_moe_architecture_needs_the_moe_fields(tmp_path: Path) -> None:
+    path = write_checkpoint(tmp_path / "m", legacy(architectures=["Qwen3MoeForCausalLM"]))
+    with pytest.raises(UnsupportedModelError, match="num_experts"):
+        read_model_config(path)
+
+
+def test_moe_fields(tmp_path: Path) -> None:
+    raw = legacy(
+        architectures=["Qwen3MoeForCausalLM"],
+        num_local_experts=8,  # transformers >= 5 writes this name; checkpoints "num_experts"
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+        norm_topk_prob=True,
+        decoder_sparse_step=2,
+        mlp_only_layers=[3],
+    )
+    moe = read_model_config(write_checkpoint(tmp_path / "m", raw)).moe
+    assert moe is not None
+    assert (moe.num_experts, moe.num_experts_per_tok, moe.moe_intermediate_size) == (8, 2, 16)
+    assert moe.norm_topk_prob is True
+    assert [layer for layer in range(8) if moe.is_sparse(layer)] == [1, 5, 7]
+    assert ModelConfig.from_pretrained(write_checkpoint(tmp_path / "d", legacy())).moe is None
+
+
+@pytest.mark.parametrize(
+    ("changes", "window"),
+    [
+        ({}, None),
+        ({"use_sliding_window": False, "sliding_window": 4096}, None),
+        ({"use_sliding_window": True, "sliding_window": 4096, "max_window_layers": 28}, None),
+        ({"use_sliding_window": True, "sliding_window": 4096, "max_window_layers": 20}, 4096),
+        ({"layer_types": ["sliding_attention"] * 28, "sliding_window": 512}, 512),
+        ({"layer_types": ["full_attention"] * 28, "sliding_window": 512}, None),
+    ],
+)
+def test_qwen_sliding_window_fields(
+    tmp_path: Path, changes: dict[str, Any], window: int | None
+) -> None:
+    path = write_checkpoint(tmp_path / "m", legacy(**changes))
+    assert ModelConfig.from_pretrained(path).sliding_window == window
+
+
+def test_mistral_window_applies_to_every_layer(tmp_path: Path) -> None:
+    mistral = legacy(architectures=["MistralForCausalLM"], drop=("use_sliding_window",))
+    with_window = write_checkpoint(tmp_path / "a", {**mistral, "sliding_window": 4096})
+    assert ModelConfig.from_pretrained(with_window).sliding_window == 4096
+    without = write_checkpoint(tmp_path / "b", {**mistral, "sliding_window": None})
+    assert ModelConfig.from_pretrained(without).sliding_window is None
+
+
+def test_a_window_shorter_than_max_model_len_is_refused(tmp_path: Path) -> None:
+    mistral = legacy(architectures=["MistralForCausalLM"], drop=("use_sliding_window",))
+    config = ModelConfig.from_pretrained(
+        write_checkpoint(tmp_path / "win", {**mistral, "sliding_window": 4096})
+    )
+    config.check_max_model_len(4096)  # within the window attention is exactly causal
+    with pytest.raises(ConfigurationError, match="max_model_len <= 4096") as info:
+        config.check_max_model_len(4097)
+    assert "sliding-window" in str(info.value)
+    assert "win" in str(info.value)
+
+
+def test_max_model_len_beyond_the_positions_is_refused(tmp_path: Path) -> None:
+    config = ModelConfig.from_pretrained(write_checkpoint(tmp_path / "m", legacy()))
+    config.check_max_model_len(40960)
+    with pytest.raises(ConfigurationError, match="max_position_embeddings=40960"):
+        config.check_max_model_len(40961)
+
+
+@pytest.mark.parametrize(
+    ("rope_scaling", "expected"),
+    [
+        (None, RopeScaling()),
+        ({"type": "linear", "factor": 2.0}, RopeScaling("linear", 2.0, 40960)),
+        ({"rope_type": "dynamic", "factor": 4}, RopeScaling("dynamic", 4.0, 40960)),
+        (
+            {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+            },
+            RopeScaling("llama3", 8.0, 8192, low_freq_factor=1.0, high_freq_factor=4.0),
+        ),
+        (
+            {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+            RopeScaling("yarn", 4.0, 32768),
+        ),
+        (
+            {"rope_type": "yarn", "original_max_position_embeddings": 10240, "beta_fast": 16},
+            RopeScaling("yarn", 4.0, 10240, beta_fast=16.0),
+        ),
+    ],
+)
+def test_rope_scaling_in_both_layouts(
+    tmp_path: Path, rope_scaling: dict[str, Any] | None, expected: RopeScaling
+) -> None:
+    old = legacy(rope_scaling=rope_scaling)
+    assert ModelConfig.from_pretrained(write_checkpoint(tmp_path / "a", old)).rope_scaling == (
+        expected
+    )
+    new_params = {"rope_theta": 1e6, **(rope_scaling or {})}
+    new = legacy(drop=("rope_theta", "rope_scaling"), rope_parameters=new_params)
+    parsed = ModelConfig.from_pretrained(write_checkpoint(tmp_path / "b", new))
+    assert parsed.rope_scaling == expected
+    assert parsed.rope_theta == 1e6
+
+
+def test_dynamic_rope_stretches_the_context(tmp_path: Path) -> None:
+    raw = legacy(rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    config = ModelConfig.from_pretrained(write_checkpoint(tmp_path / "m", raw))
+    assert config.max_context_len == 2 * 40960
+    config.check_max_model_len(2 * 40960)
 
 
 def test_default_rope_type_is_accepted_in_both_layouts(tmp_path: Path) -> None:

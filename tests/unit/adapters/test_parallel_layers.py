@@ -7,6 +7,7 @@ collectives are replaced by local stand-ins, and the test performs the reduction
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -24,6 +25,7 @@ from pagedinfer.adapters.layers.linear import (
 from pagedinfer.errors import ConfigurationError
 
 HIDDEN = 12
+CPU32: dict[str, Any] = {"dtype": torch.float32, "device": torch.device("cpu")}
 
 
 class OneRank(ParallelContext):
@@ -65,7 +67,9 @@ def test_qkv_shards_are_this_ranks_heads(world_size: int, rng: torch.Generator) 
     full["v"] = F.linear(x, v, biases["v"])
     parts: dict[str, list[torch.Tensor]] = {"q": [], "k": [], "v": []}
     for parallel in ranks(world_size):
-        layer = QKVParallelLinear(HIDDEN, head_dim, heads, kv_heads, parallel=parallel, bias=True)
+        layer = QKVParallelLinear(
+            HIDDEN, head_dim, heads, kv_heads, parallel=parallel, **CPU32, bias=True
+        )
         for shard_id, weight in weights.items():
             load(layer, "weight", weight, shard_id)
             load(layer, "bias", biases[shard_id], shard_id)
@@ -89,7 +93,9 @@ def test_merged_gate_up_shards(world_size: int, rng: torch.Generator) -> None:
     x = torch.randn(3, HIDDEN, generator=rng)
     gates, ups = [], []
     for parallel in ranks(world_size):
-        layer = MergedColumnParallelLinear(HIDDEN, [intermediate, intermediate], parallel=parallel)
+        layer = MergedColumnParallelLinear(
+            HIDDEN, [intermediate, intermediate], parallel=parallel, **CPU32
+        )
         load(layer, "weight", gate, 0)
         load(layer, "weight", up, 1)
         local_gate, local_up = layer(x).chunk(2, dim=-1)
@@ -106,7 +112,7 @@ def test_column_parallel_shards(world_size: int, rng: torch.Generator) -> None:
     x = torch.randn(4, HIDDEN, generator=rng)
     outputs = []
     for parallel in ranks(world_size):
-        layer = ColumnParallelLinear(HIDDEN, 6, parallel=parallel, bias=True)
+        layer = ColumnParallelLinear(HIDDEN, 6, parallel=parallel, **CPU32, bias=True)
         load(layer, "weight", weight)
         load(layer, "bias", bias)
         outputs.append(layer(x))
@@ -120,7 +126,7 @@ def test_row_parallel_partial_sums_add_up(world_size: int, rng: torch.Generator)
     x = torch.randn(4, 8, generator=rng)
     total = torch.zeros(4, HIDDEN)
     for parallel in ranks(world_size):
-        layer = RowParallelLinear(8, HIDDEN, parallel=parallel, bias=True)
+        layer = RowParallelLinear(8, HIDDEN, parallel=parallel, **CPU32, bias=True)
         load(layer, "weight", weight)
         load(layer, "bias", bias)
         assert layer.weight.shape == (HIDDEN, 8 // world_size)
@@ -139,11 +145,11 @@ def test_vocab_parallel_embedding_and_head(world_size: int, rng: torch.Generator
     embedded = torch.zeros(len(ids), HIDDEN)
     logits = []
     for parallel in ranks(world_size):
-        embedding = VocabParallelEmbedding(vocab, HIDDEN, parallel=parallel)
+        embedding = VocabParallelEmbedding(vocab, HIDDEN, parallel=parallel, **CPU32)
         load(embedding, "weight", weight)
         assert embedding.weight.shape == (vocab // world_size, HIDDEN)
         embedded += embedding(ids)  # ids outside this rank's range contribute zeros
-        head = ParallelLMHead(vocab, HIDDEN, parallel=parallel)
+        head = ParallelLMHead(vocab, HIDDEN, parallel=parallel, **CPU32)
         load(head, "weight", weight)
         local = head(hidden)
         assert local is not None
@@ -154,7 +160,7 @@ def test_vocab_parallel_embedding_and_head(world_size: int, rng: torch.Generator
 
 def test_single_process_head_returns_full_logits(rng: torch.Generator) -> None:
     weight = torch.randn(10, HIDDEN, generator=rng)
-    head = ParallelLMHead(10, HIDDEN, parallel=SINGLE_PROCESS)
+    head = ParallelLMHead(10, HIDDEN, parallel=SINGLE_PROCESS, **CPU32)
     load(head, "weight", weight)
     hidden = torch.randn(3, HIDDEN, generator=rng)
     logits = head(hidden)
@@ -165,12 +171,21 @@ def test_single_process_head_returns_full_logits(rng: torch.Generator) -> None:
 @pytest.mark.parametrize(
     ("build", "fragment"),
     [
-        (lambda p: QKVParallelLinear(HIDDEN, 2, 4, 2, parallel=p), "num_attention_heads=4"),
-        (lambda p: QKVParallelLinear(HIDDEN, 2, 6, 2, parallel=p), "num_key_value_heads=2"),
-        (lambda p: MergedColumnParallelLinear(HIDDEN, [10, 10], parallel=p), "intermediate_size"),
-        (lambda p: RowParallelLinear(10, HIDDEN, parallel=p), "10"),
-        (lambda p: VocabParallelEmbedding(10, HIDDEN, parallel=p), "vocab_size=10"),
-        (lambda p: ParallelLMHead(10, HIDDEN, parallel=p), "vocab_size=10"),
+        (
+            lambda p: QKVParallelLinear(HIDDEN, 2, 4, 2, parallel=p, **CPU32),
+            "num_attention_heads=4",
+        ),
+        (
+            lambda p: QKVParallelLinear(HIDDEN, 2, 6, 2, parallel=p, **CPU32),
+            "num_key_value_heads=2",
+        ),
+        (
+            lambda p: MergedColumnParallelLinear(HIDDEN, [10, 10], parallel=p, **CPU32),
+            "intermediate_size",
+        ),
+        (lambda p: RowParallelLinear(10, HIDDEN, parallel=p, **CPU32), "10"),
+        (lambda p: VocabParallelEmbedding(10, HIDDEN, parallel=p, **CPU32), "vocab_size=10"),
+        (lambda p: ParallelLMHead(10, HIDDEN, parallel=p, **CPU32), "vocab_size=10"),
     ],
 )
 def test_uneven_splits_are_configuration_errors(
@@ -184,10 +199,10 @@ def test_uneven_splits_are_configuration_errors(
 
 def test_kv_heads_fewer_than_ranks_are_refused() -> None:
     with pytest.raises(ConfigurationError, match="num_key_value_heads=2"):
-        QKVParallelLinear(HIDDEN, 2, 8, 2, parallel=ParallelContext(rank=0, world_size=4))
+        QKVParallelLinear(HIDDEN, 2, 8, 2, parallel=ParallelContext(rank=0, world_size=4), **CPU32)
 
 
 def test_shape_mismatch_is_reported(rng: torch.Generator) -> None:
-    layer = ColumnParallelLinear(HIDDEN, 6, parallel=SINGLE_PROCESS)
+    layer = ColumnParallelLinear(HIDDEN, 6, parallel=SINGLE_PROCESS, **CPU32)
     with pytest.raises(ValueError, match="shape"):
         load(layer, "weight", torch.randn(6, HIDDEN + 1, generator=rng))

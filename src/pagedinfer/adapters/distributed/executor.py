@@ -40,9 +40,9 @@ from pagedinfer.adapters.distributed.messages import (
 from pagedinfer.adapters.distributed.parallel import ParallelContext
 from pagedinfer.adapters.distributed.worker import WorkerSpec
 from pagedinfer.adapters.distributed.worker_handle import WorkerHandle, first_dead
-from pagedinfer.adapters.layers.linear import divide
 from pagedinfer.adapters.model_runner import ModelRunner
 from pagedinfer.adapters.models.config import ModelConfig
+from pagedinfer.adapters.models.registry import read_model_config
 from pagedinfer.adapters.runner_config import RunnerConfig
 from pagedinfer.domain.plan import BatchPlan
 from pagedinfer.errors import (
@@ -74,10 +74,7 @@ SHUTDOWN_GRACE_S = 10.0
 
 def check_tensor_parallel_split(config: ModelConfig, world_size: int) -> None:
     """Raise :class:`ConfigurationError` unless every split dimension divides evenly."""
-    divide(config.num_attention_heads, world_size, "num_attention_heads")
-    divide(config.num_key_value_heads, world_size, "num_key_value_heads")
-    divide(config.intermediate_size, world_size, "intermediate_size")
-    divide(config.vocab_size, world_size, "vocab_size")
+    config.check_tensor_parallel(world_size)
 
 
 def rank_devices(device: torch.device, world_size: int) -> list[torch.device]:
@@ -168,7 +165,9 @@ class TensorParallelExecutor:
                 "use ModelRunner for a single rank."
             )
         # Refuse before any process starts: these checks are what the workers would hit.
-        check_tensor_parallel_split(ModelConfig.from_pretrained(config.model_path), world_size)
+        model_config = read_model_config(config.model_path)
+        check_tensor_parallel_split(model_config, world_size)
+        model_config.check_max_model_len(config.max_model_len)
         devices = rank_devices(config.device, world_size)
         self._group = _Group()
         self._failure: str | None = None

@@ -13,7 +13,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedinfer.adapters.distributed.parallel import ParallelContext
-from pagedinfer.adapters.layers.linear import ShardId, divide, set_weight_loader
+from pagedinfer.adapters.layers.linear import (
+    ShardId,
+    divide,
+    empty_parameter,
+    set_weight_loader,
+)
 
 __all__ = ["ParallelLMHead", "VocabParallelEmbedding"]
 
@@ -21,15 +26,27 @@ __all__ = ["ParallelLMHead", "VocabParallelEmbedding"]
 class _VocabShard(nn.Module):
     """``weight [vocab_size / world_size, hidden_size]``: rows ``vocab_start:vocab_end``."""
 
-    def __init__(self, vocab_size: int, hidden_size: int, *, parallel: ParallelContext) -> None:
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int,
+        *,
+        parallel: ParallelContext,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         super().__init__()
         self.parallel = parallel
         self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
         self.num_rows = divide(vocab_size, parallel.world_size, "vocab_size")
         self.vocab_start = parallel.rank * self.num_rows
         self.vocab_end = self.vocab_start + self.num_rows
-        self.weight = nn.Parameter(torch.empty(self.num_rows, hidden_size), requires_grad=False)
-        set_weight_loader(self.weight, self.weight_loader)
+        self.weight = empty_parameter(self.num_rows, hidden_size, dtype=dtype, device=device)
+        set_weight_loader(self.weight, self.weight_loader, self.checkpoint_shape)
+
+    def checkpoint_shape(self, shard_id: ShardId) -> tuple[int, ...]:
+        return (self.vocab_size, self.hidden_size)
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: ShardId = None

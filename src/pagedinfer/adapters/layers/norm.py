@@ -1,4 +1,4 @@
-"""RMSNorm, numerically identical to Hugging Face's ``Qwen3RMSNorm``, and its fused variants.
+"""RMSNorm, identical to Hugging Face's ``LlamaRMSNorm`` / ``Qwen3RMSNorm``, and its fused variants.
 
 The functions here are the torch twins of the Triton kernels in
 :mod:`pagedinfer.adapters.kernels.add_rms_norm`: the CPU path runs them, and the kernel tests
@@ -50,11 +50,21 @@ class RMSNorm(nn.Module):
     :meth:`add_and_norm`); the default runs the torch twins.
     """
 
-    def __init__(self, hidden_size: int, eps: float = 1e-6, *, fused: bool = False) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        eps: float = 1e-6,
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+        fused: bool = False,
+    ) -> None:
         super().__init__()
         self.eps = eps
         self.fused = fused
-        self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
+        self.weight = nn.Parameter(
+            torch.ones(hidden_size, dtype=dtype, device=device), requires_grad=False
+        )
         self._norm: _Norm = rms_norm_torch
         self._add_norm: _AddNorm = add_rms_norm_torch
         if fused:

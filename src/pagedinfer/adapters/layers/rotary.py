@@ -1,4 +1,22 @@
-"""Rotary position embedding (neox / ``rotate_half`` layout) with a float32 cos/sin cache.
+"""Rotary position embedding (neox / ``rotate_half`` layout) with a float32 cos/sin table.
+
+The RoPE variants of ``config.json`` (``rope_parameters`` / ``rope_scaling``) change only the
+table, never how it is applied:
+
+* ``default``: ``theta^(-2i/d)``;
+* ``linear``: the frequencies divided by ``factor`` (positions interpolated);
+* ``llama3``: Llama 3.1's band-wise rescaling (low frequencies / ``factor``, high ones kept,
+  a smooth blend between ``low_freq_factor`` and ``high_freq_factor``);
+* ``yarn``: YaRN's ramp between interpolated and extrapolated frequencies, with cos and sin
+  scaled by an attention factor;
+* ``dynamic``: dynamic NTK. Position ``p`` uses the base that transformers uses for a
+  sequence of ``max(p + 1, original_max_position_embeddings)`` tokens, so a position's
+  angles never depend on the batch it is computed in (prefix caching and chunked prefill
+  stay exact). This equals transformers' generation whenever the prompt fits in the
+  original context; transformers' own rotation of a longer prompt depends on its length.
+
+Every table is computed with the same float32 operations as transformers'
+``ROPE_INIT_FUNCTIONS``, so the angles agree to the last bit or nearly.
 
 :func:`apply_rotary` and :func:`qk_norm_rope_torch` are the torch twins of the Triton kernel in
 :mod:`pagedinfer.adapters.kernels.qk_norm_rope`, which does the per-head q/k RMSNorm, the
@@ -8,37 +26,89 @@ as the oracle).
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
 from pagedinfer.adapters.layers.norm import rms_norm_torch
 
-__all__ = ["RotaryEmbedding", "apply_rotary", "qk_norm_rope_torch"]
+__all__ = ["ROPE_TYPES", "RopeScaling", "RotaryEmbedding", "apply_rotary", "qk_norm_rope_torch"]
+
+ROPE_TYPES: tuple[str, ...] = ("default", "linear", "dynamic", "llama3", "yarn")
+
+
+@dataclass(frozen=True, slots=True)
+class RopeScaling:
+    """A checkpoint's RoPE variant and its parameters (see the module docstring).
+
+    ``original_max_position_embeddings`` is the pre-training context (``llama3``, ``yarn``;
+    for ``dynamic`` the length beyond which the base grows). ``attention_factor`` is YaRN's
+    cos/sin scale (``None``: derived from ``factor``, ``mscale`` and ``mscale_all_dim``).
+    """
+
+    rope_type: str = "default"
+    factor: float = 1.0
+    original_max_position_embeddings: int | None = None
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool = True
+
+    def __post_init__(self) -> None:
+        assert self.rope_type in ROPE_TYPES, self.rope_type
+
+    def original_context(self) -> int:
+        assert self.original_max_position_embeddings is not None, self
+        return self.original_max_position_embeddings
+
+
+DEFAULT_ROPE = RopeScaling()
 
 
 class RotaryEmbedding(nn.Module):
-    """Precomputed ``cos`` / ``sin`` of ``position * theta^(-2i/d)`` for every position.
+    """Precomputed ``cos`` / ``sin`` of every position's angles, ``[max_position, d / 2]``.
 
-    The tables are float32 whatever the model dtype: angles of large positions lose their
-    low bits in bf16. The model looks them up once per step (:meth:`forward`) and every layer
-    applies them with :func:`apply_rotary`.
+    The tables are float32 whatever the model dtype (angles of large positions lose their
+    low bits in bf16) and live on ``device``. The model looks them up once per step
+    (:meth:`forward`) and every layer applies them with :func:`apply_rotary`.
     """
 
-    def __init__(self, head_dim: int, max_position: int, base: float) -> None:
+    def __init__(
+        self,
+        head_dim: int,
+        max_position: int,
+        base: float,
+        scaling: RopeScaling = DEFAULT_ROPE,
+        *,
+        device: torch.device,
+    ) -> None:
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"rotary head_dim must be even, got {head_dim}")
         self.head_dim = head_dim
         self.max_position = max_position
-        # Same float32 arithmetic as transformers' default RoPE, so the angles are identical.
-        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim
-        inv_freq = 1.0 / (base**exponents)
-        positions = torch.arange(max_position, dtype=torch.int64).to(torch.float32)
-        freqs = positions[:, None] * inv_freq[None, :]  # [max_position, head_dim / 2]
+        self.scaling = scaling
+        positions = torch.arange(max_position, dtype=torch.int64, device=device)
+        if scaling.rope_type == "dynamic":
+            inv_freq = _dynamic_ntk_inverse_frequencies(head_dim, base, scaling, positions)
+            freqs = positions.to(torch.float32)[:, None] * inv_freq  # per-position frequencies
+            attention_factor = 1.0
+        else:
+            inv_freq, attention_factor = inverse_frequencies(head_dim, base, scaling, device)
+            freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]
+        cos, sin = freqs.cos(), freqs.sin()
+        if attention_factor != 1.0:
+            cos, sin = cos * attention_factor, sin * attention_factor
         self.cos: torch.Tensor
         self.sin: torch.Tensor
-        self.register_buffer("cos", freqs.cos(), persistent=False)
-        self.register_buffer("sin", freqs.sin(), persistent=False)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``cos, sin`` of shape ``[T, 1, head_dim / 2]`` for ``positions [T]``."""
@@ -82,3 +152,97 @@ def qk_norm_rope_torch(
         apply_rotary(k, cos, sin),
         v.view(num_tokens, num_kv_heads, head_dim),
     )
+
+
+def _exponents(head_dim: int, device: torch.device) -> torch.Tensor:
+    """``2i / d`` for ``i < d / 2`` in float32, computed as transformers does."""
+    return torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).to(torch.float32) / (
+        head_dim
+    )
+
+
+def inverse_frequencies(
+    head_dim: int, base: float, scaling: RopeScaling, device: torch.device
+) -> tuple[torch.Tensor, float]:
+    """``(inv_freq [d / 2], attention_factor)`` for every position-independent RoPE type."""
+    inv_freq = 1.0 / (base ** _exponents(head_dim, device))
+    kind = scaling.rope_type
+    if kind == "default":
+        return inv_freq, 1.0
+    if kind == "linear":
+        return inv_freq / scaling.factor, 1.0
+    if kind == "llama3":
+        return _llama3(inv_freq, scaling), 1.0
+    if kind == "yarn":
+        return _yarn(head_dim, base, scaling, device)
+    raise AssertionError(f"rope type {kind!r} has no position-independent frequencies")
+
+
+def _llama3(inv_freq: torch.Tensor, scaling: RopeScaling) -> torch.Tensor:
+    factor = scaling.factor
+    low, high = scaling.low_freq_factor, scaling.high_freq_factor
+    old_context = scaling.original_context()
+    low_freq_wavelen = old_context / low
+    high_freq_wavelen = old_context / high
+    wavelen = 2 * math.pi / inv_freq
+    # Long wavelengths (low frequencies) are interpolated, short ones kept, the band between
+    # them blended smoothly.
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _yarn(
+    head_dim: int, base: float, scaling: RopeScaling, device: torch.device
+) -> tuple[torch.Tensor, float]:
+    factor = scaling.factor
+    original = scaling.original_context()
+    attention_factor = scaling.attention_factor
+    if attention_factor is None:
+        if scaling.mscale and scaling.mscale_all_dim:
+            attention_factor = _yarn_mscale(factor, scaling.mscale) / _yarn_mscale(
+                factor, scaling.mscale_all_dim
+            )
+        else:
+            attention_factor = _yarn_mscale(factor)
+
+    def correction_dim(num_rotations: float) -> float:
+        # The dimension whose wavelength makes num_rotations turns over the original context.
+        return (head_dim * math.log(original / (num_rotations * 2 * math.pi))) / (
+            2 * math.log(base)
+        )
+
+    low: float = correction_dim(scaling.beta_fast)
+    high: float = correction_dim(scaling.beta_slow)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # no zero-width ramp
+    ramp = (torch.arange(head_dim // 2, dtype=torch.float32, device=device) - low) / (high - low)
+    extrapolation_weight = 1 - torch.clamp(ramp, 0, 1)
+    pos_freqs = base ** _exponents(head_dim, device)
+    extrapolated = 1.0 / pos_freqs
+    interpolated = 1.0 / (factor * pos_freqs)
+    inv_freq = interpolated * (1 - extrapolation_weight) + extrapolated * extrapolation_weight
+    return inv_freq, float(attention_factor)
+
+
+def _dynamic_ntk_inverse_frequencies(
+    head_dim: int, base: float, scaling: RopeScaling, positions: torch.Tensor
+) -> torch.Tensor:
+    """``[P, d / 2]``: position ``p``'s frequencies for a sequence of ``max(p + 1, M)`` tokens."""
+    original = scaling.original_context()
+    factor = scaling.factor
+    seq_len = (positions + 1).clamp_min(original).to(torch.float32)
+    grown_base = base * ((factor * seq_len / original) - (factor - 1)) ** (
+        head_dim / (head_dim - 2)
+    )
+    inv_freq: torch.Tensor = 1.0 / (grown_base[:, None] ** _exponents(head_dim, positions.device))
+    return inv_freq

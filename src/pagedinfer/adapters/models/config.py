@@ -2,9 +2,12 @@
 
 Both ``config.json`` layouts in the wild are understood: transformers < 5 writes ``rope_theta``,
 ``rope_scaling`` and ``torch_dtype`` at the top level; transformers >= 5 writes
-``rope_parameters: {rope_theta, rope_type}`` and ``dtype``. EOS ids come from
+``rope_parameters: {rope_theta, rope_type, ...}`` and ``dtype``. EOS ids come from
 ``generation_config.json`` when it names them (that is what ``generate`` stops on), else from
 ``config.json``; either may hold one id or a list.
+
+This module reads and validates fields; it does not know which architectures exist (the
+registry, ``models/registry.py``, decides that and imports this module, never the reverse).
 """
 
 from __future__ import annotations
@@ -12,14 +15,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeGuard
 
 import torch
 
-from pagedinfer.adapters.models.registry import SUPPORTED_ARCHITECTURES
-from pagedinfer.errors import CheckpointNotFoundError, UnsupportedModelError
+from pagedinfer.adapters.layers.rotary import ROPE_TYPES, RopeScaling
+from pagedinfer.errors import CheckpointNotFoundError, ConfigurationError, UnsupportedModelError
 
-__all__ = ["ModelConfig"]
+__all__ = ["ModelConfig", "MoeConfig"]
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -31,8 +34,28 @@ _DTYPES: dict[str, torch.dtype] = {
 
 
 @dataclass(frozen=True, slots=True)
+class MoeConfig:
+    """The sparse-MoE fields of ``config.json`` (Qwen3-MoE)."""
+
+    num_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    norm_topk_prob: bool
+    decoder_sparse_step: int
+    mlp_only_layers: tuple[int, ...]
+
+    def is_sparse(self, layer: int) -> bool:
+        """True when decoder layer ``layer`` uses the experts, False for a dense MLP."""
+        return layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
+
+
+@dataclass(frozen=True, slots=True)
 class ModelConfig:
-    """The architecture hyper-parameters of one checkpoint directory."""
+    """The architecture hyper-parameters of one checkpoint directory.
+
+    ``sliding_window`` is the attention window of the layers that have one (``None``: every
+    layer attends to its whole context); ``moe`` is set for mixture-of-experts checkpoints.
+    """
 
     path: Path
     architecture: str
@@ -45,18 +68,72 @@ class ModelConfig:
     head_dim: int
     rms_norm_eps: float
     rope_theta: float
+    rope_scaling: RopeScaling
     max_position_embeddings: int
     tie_word_embeddings: bool
     attention_bias: bool
+    mlp_bias: bool
+    sliding_window: int | None
+    moe: MoeConfig | None
     dtype: torch.dtype  # the checkpoint's dtype ("auto" resolves to it)
     eos_token_ids: tuple[int, ...]
+
+    @property
+    def max_context_len(self) -> int:
+        """The longest sequence the model can position: ``max_position_embeddings``, or that
+        times ``factor`` for dynamic NTK RoPE (whose purpose is to stretch the context)."""
+        if self.rope_scaling.rope_type == "dynamic":
+            return int(self.max_position_embeddings * self.rope_scaling.factor)
+        return self.max_position_embeddings
+
+    def check_max_model_len(self, max_model_len: int) -> None:
+        """Raise :class:`ConfigurationError` unless sequences of ``max_model_len`` tokens can
+        be served exactly.
+
+        Sliding-window attention is not implemented: a window at least as long as
+        ``max_model_len`` is plain causal attention and runs; a shorter one is refused.
+        """
+        if max_model_len > self.max_context_len:
+            raise ConfigurationError(
+                f"max_model_len={max_model_len} exceeds the model's context of "
+                f"{self.max_context_len} positions (max_position_embeddings="
+                f"{self.max_position_embeddings}): lower max_model_len."
+            )
+        if self.sliding_window is not None and self.sliding_window < max_model_len:
+            raise ConfigurationError(
+                f"checkpoint {str(self.path)!r} uses sliding-window attention with a window of "
+                f"{self.sliding_window} tokens, which pagedinfer does not implement; with "
+                f"max_model_len={max_model_len} a sequence could outgrow the window. Set "
+                f"max_model_len <= {self.sliding_window} (within the window, attention is "
+                "exactly full causal attention)."
+            )
+
+    def check_tensor_parallel(self, world_size: int) -> None:
+        """Raise :class:`ConfigurationError` unless every split dimension divides evenly."""
+        checks = [
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_key_value_heads),
+            ("vocab_size", self.vocab_size),
+        ]
+        moe = self.moe
+        if moe is None or not all(moe.is_sparse(i) for i in range(self.num_hidden_layers)):
+            checks.append(("intermediate_size", self.intermediate_size))
+        if moe is not None:
+            checks.append(("moe_intermediate_size", moe.moe_intermediate_size))
+        for what, total in checks:
+            if total % world_size:
+                raise ConfigurationError(
+                    f"{what}={total} is not divisible by tensor_parallel_size={world_size}: "
+                    f"choose a tensor_parallel_size that divides {total}."
+                )
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> ModelConfig:
         """Read ``path/config.json`` (and ``generation_config.json`` if present).
 
         Raises :class:`CheckpointNotFoundError` if ``path`` is not a directory and
-        :class:`UnsupportedModelError` if it does not hold a model this library can run.
+        :class:`UnsupportedModelError` if its config cannot be read or is not one this
+        library can run (the architecture name is checked by the registry).
         """
         root = Path(path)
         if not root.is_dir():
@@ -65,14 +142,18 @@ class ModelConfig:
                 "local Hugging Face checkpoint directory (config.json + *.safetensors)."
             )
         config_file = root / "config.json"
-        if not config_file.is_file():
+        if not (config_file.is_file() or config_file.is_symlink()):
             raise UnsupportedModelError(
                 f"checkpoint {str(root)!r} has no config.json: expected a Hugging Face "
                 "checkpoint directory (config.json + *.safetensors)."
             )
-        raw = _read_json(config_file)
+        raw = _read_json(config_file, "the model's configuration")
         generation_file = root / "generation_config.json"
-        generation = _read_json(generation_file) if generation_file.is_file() else None
+        generation = (
+            _read_json(generation_file, "the generation settings")
+            if generation_file.is_file() or generation_file.is_symlink()
+            else None
+        )
         return cls.from_dict(raw, root, generation)
 
     @classmethod
@@ -105,7 +186,8 @@ class ModelConfig:
         hidden_act = raw.get("hidden_act", "silu")
         if hidden_act != "silu":
             reader.fail(f"hidden_act={hidden_act!r} is not supported: expected 'silu'")
-        reader.reject_sliding_window(num_layers)
+        max_positions = reader.integer("max_position_embeddings")
+        rope_theta, rope_scaling = reader.rope(max_positions)
         eos = _token_ids(generation.get("eos_token_id") if generation else None)
         return cls(
             path=path,
@@ -118,10 +200,14 @@ class ModelConfig:
             num_key_value_heads=num_kv_heads,
             head_dim=head_dim,
             rms_norm_eps=reader.number("rms_norm_eps", default=1e-6),
-            rope_theta=reader.rope_theta(),
-            max_position_embeddings=reader.integer("max_position_embeddings"),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            attention_bias=bool(raw.get("attention_bias", False)),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            max_position_embeddings=max_positions,
+            tie_word_embeddings=reader.flag("tie_word_embeddings"),
+            attention_bias=reader.flag("attention_bias"),
+            mlp_bias=reader.flag("mlp_bias"),
+            sliding_window=reader.sliding_window(num_layers),
+            moe=reader.moe(num_layers),
             dtype=reader.dtype(),
             eos_token_ids=eos or _token_ids(raw.get("eos_token_id")),
         )
@@ -139,20 +225,23 @@ class _Reader:
 
     def architecture(self) -> str:
         architectures = self.raw.get("architectures")
-        expected = ", ".join(SUPPORTED_ARCHITECTURES)
-        if not isinstance(architectures, list) or not architectures:
-            self.fail(f"config.json names no 'architectures'; expected one of: {expected}")
-        for name in architectures:
-            if name in SUPPORTED_ARCHITECTURES:
-                return str(name)
-        self.fail(f"architectures={architectures!r} is not supported; expected one of: {expected}")
+        if (
+            not isinstance(architectures, list)
+            or not architectures
+            or not all(isinstance(name, str) for name in architectures)
+        ):
+            self.fail(
+                f"config.json names no 'architectures' (got {architectures!r}); expected a "
+                "list with the model class name, e.g. ['LlamaForCausalLM']"
+            )
+        return str(architectures[0])
 
-    def integer(self, key: str, default: int | None = None) -> int:
+    def integer(self, key: str, default: int | None = None, minimum: int = 1) -> int:
         value = self.raw.get(key, default)
         if value is None:
             self.fail(f"config.json has no {key!r}")
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            self.fail(f"{key}={value!r} is invalid: expected an integer >= 1")
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            self.fail(f"{key}={value!r} is invalid: expected an integer >= {minimum}")
         return value
 
     def optional_integer(self, key: str) -> int | None:
@@ -160,29 +249,103 @@ class _Reader:
 
     def number(self, key: str, default: float) -> float:
         value = self.raw.get(key, default)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+        if not _is_positive_number(value):
             self.fail(f"{key}={value!r} is invalid: expected a positive number")
         return float(value)
 
-    def rope_theta(self) -> float:
+    def flag(self, key: str) -> bool:
+        value = self.raw.get(key, False)
+        if value is None:
+            return False
+        if not isinstance(value, bool):
+            self.fail(f"{key}={value!r} is invalid: expected true or false")
+        return value
+
+    def rope(self, max_positions: int) -> tuple[float, RopeScaling]:
         # transformers >= 5: rope_parameters; older: top-level rope_theta + rope_scaling.
         params = self.raw.get("rope_parameters")
         if params is None:
             scaling = self.raw.get("rope_scaling")
-            params = dict(scaling) if isinstance(scaling, dict) else {}
+            if scaling is not None and not isinstance(scaling, dict):
+                self.fail(f"rope_scaling={scaling!r} is invalid: expected an object or null")
+            params = dict(scaling or {})
             params.setdefault("rope_theta", self.raw.get("rope_theta", 10000.0))
         if not isinstance(params, dict):
             self.fail(f"rope_parameters={params!r} is invalid: expected an object")
-        rope_type = params.get("rope_type", params.get("type", "default"))
-        if rope_type != "default":
-            self.fail(
-                f"rope type {rope_type!r} is not supported: expected 'default' (plain RoPE, "
-                "no scaling)"
-            )
+        if any(isinstance(value, dict) for value in params.values()):
+            self.fail("per-layer-type rope_parameters are not supported: expected one RoPE")
         theta = params.get("rope_theta", self.raw.get("rope_theta", 10000.0))
-        if not isinstance(theta, (int, float)) or isinstance(theta, bool) or theta <= 0:
+        if not _is_positive_number(theta):
             self.fail(f"rope_theta={theta!r} is invalid: expected a positive number")
-        return float(theta)
+        partial = params.get("partial_rotary_factor", self.raw.get("partial_rotary_factor"))
+        if partial not in (None, 1, 1.0):
+            self.fail(f"partial_rotary_factor={partial!r} is not supported: expected 1.0")
+        return float(theta), self._rope_scaling(params, max_positions)
+
+    def _rope_scaling(self, params: dict[str, Any], max_positions: int) -> RopeScaling:
+        rope_type = params.get("rope_type", params.get("type", "default"))
+        if rope_type not in ROPE_TYPES:
+            self.fail(
+                f"rope type {rope_type!r} is not supported: expected one of "
+                f"{', '.join(repr(name) for name in ROPE_TYPES)}"
+            )
+        if rope_type == "default":
+            return RopeScaling()
+
+        def number(key: str, default: float | None = None) -> float:
+            value = params.get(key, default)
+            if not _is_positive_number(value):
+                self.fail(
+                    f"{rope_type!r} RoPE needs a positive number {key!r} in rope_parameters "
+                    f"(rope_scaling), got {value!r}"
+                )
+            return float(value)
+
+        def optional_number(key: str) -> float | None:
+            return None if params.get(key) is None else number(key)
+
+        original = params.get(
+            "original_max_position_embeddings",
+            self.raw.get("original_max_position_embeddings", max_positions),
+        )
+        if rope_type == "dynamic":
+            original = max_positions  # transformers grows the base beyond max_position_embeddings
+        if not isinstance(original, int) or isinstance(original, bool) or original < 1:
+            self.fail(
+                f"original_max_position_embeddings={original!r} is invalid: expected an "
+                "integer >= 1"
+            )
+        if rope_type == "yarn":
+            # Without a factor, transformers stretches the original context to the full one.
+            factor = max_positions / original if params.get("factor") is None else number("factor")
+            return RopeScaling(
+                rope_type="yarn",
+                factor=factor,
+                original_max_position_embeddings=original,
+                beta_fast=optional_number("beta_fast") or 32.0,
+                beta_slow=optional_number("beta_slow") or 1.0,
+                attention_factor=optional_number("attention_factor"),
+                mscale=optional_number("mscale"),
+                mscale_all_dim=optional_number("mscale_all_dim"),
+                truncate=bool(params.get("truncate", True)),
+            )
+        factor = number("factor")
+        if rope_type == "llama3":
+            low, high = number("low_freq_factor"), number("high_freq_factor")
+            if high <= low:
+                self.fail(
+                    f"llama3 RoPE needs high_freq_factor > low_freq_factor, got {high} <= {low}"
+                )
+            return RopeScaling(
+                rope_type="llama3",
+                factor=factor,
+                original_max_position_embeddings=original,
+                low_freq_factor=low,
+                high_freq_factor=high,
+            )
+        return RopeScaling(
+            rope_type=rope_type, factor=factor, original_max_position_embeddings=original
+        )
 
     def dtype(self) -> torch.dtype:
         name = self.raw.get("dtype", self.raw.get("torch_dtype")) or "float32"
@@ -194,30 +357,74 @@ class _Reader:
             )
         return _DTYPES[name]
 
-    def reject_sliding_window(self, num_layers: int) -> None:
+    def sliding_window(self, num_layers: int) -> int | None:
+        """The window of the layers that slide, or None when every layer attends fully."""
+        window = self.raw.get("sliding_window")
         layer_types = self.raw.get("layer_types")
-        if isinstance(layer_types, list):
-            sliding = [i for i, kind in enumerate(layer_types) if kind != "full_attention"]
-        elif self.raw.get("use_sliding_window") and self.raw.get("sliding_window") is not None:
-            # transformers < 5: layers from max_window_layers on use the sliding window.
-            first = self.raw.get("max_window_layers", 0)
-            sliding = list(range(first, num_layers)) if isinstance(first, int) else [0]
-        else:
-            sliding = []
-        if sliding:
-            self.fail(
-                f"layers {sliding} use sliding-window attention, which is not supported: "
-                "expected full attention in every layer"
+        if isinstance(layer_types, list):  # transformers >= 5 names each layer's attention
+            unknown = sorted(
+                {str(kind) for kind in layer_types} - {"full_attention", "sliding_attention"}
             )
+            if unknown:
+                self.fail(
+                    f"layer_types {unknown} are not supported: expected 'full_attention' or "
+                    "'sliding_attention'"
+                )
+            slides = "sliding_attention" in layer_types
+        elif "use_sliding_window" in self.raw:
+            # Qwen2/Qwen3 (transformers < 5): layers from max_window_layers on slide.
+            first = self.raw.get("max_window_layers") or 0
+            slides = bool(self.raw["use_sliding_window"]) and window is not None
+            slides = slides and isinstance(first, int) and first < num_layers
+        else:  # Mistral: a window, when set, applies to every layer
+            slides = window is not None
+        if not slides:
+            return None
+        return self.integer("sliding_window")
+
+    def moe(self, num_layers: int) -> MoeConfig | None:
+        key = "num_experts" if "num_experts" in self.raw else "num_local_experts"
+        if not self.raw.get(key):
+            return None
+        num_experts = self.integer(key)
+        top_k = self.integer("num_experts_per_tok")
+        if top_k > num_experts:
+            self.fail(f"num_experts_per_tok={top_k} exceeds {key}={num_experts}")
+        only_dense = self.raw.get("mlp_only_layers") or []
+        if not isinstance(only_dense, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < num_layers
+            for i in only_dense
+        ):
+            self.fail(
+                f"mlp_only_layers={only_dense!r} is invalid: expected a list of layer indices "
+                f"below num_hidden_layers={num_layers}"
+            )
+        return MoeConfig(
+            num_experts=num_experts,
+            num_experts_per_tok=top_k,
+            moe_intermediate_size=self.integer("moe_intermediate_size"),
+            norm_topk_prob=self.flag("norm_topk_prob"),
+            decoder_sparse_step=self.integer("decoder_sparse_step", default=1),
+            mlp_only_layers=tuple(only_dense),
+        )
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _is_positive_number(value: object) -> TypeGuard[float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise UnsupportedModelError(f"cannot read {str(path)!r}: {error}") from error
+        raise UnsupportedModelError(
+            f"cannot read {str(path)!r}: {error}; expected a JSON file with {what}."
+        ) from error
     if not isinstance(data, dict):
-        raise UnsupportedModelError(f"{str(path)!r} does not hold a JSON object")
+        raise UnsupportedModelError(
+            f"{str(path)!r} holds a JSON {type(data).__name__}, not an object: expected a JSON "
+            f"object with {what}."
+        )
     return data
 
 

@@ -1,97 +1,220 @@
 """Fill a model's parameters from the ``*.safetensors`` files of a checkpoint directory.
 
-Each checkpoint tensor is routed to the parameter it belongs to (through the model's
-``packed_modules_mapping`` for packed projections) and handed to that parameter's
-``weight_loader``, which copies this rank's shard into place. Tensors are memory-mapped on the
-host and only the shard is copied, converted to the parameter's dtype on its device.
-Every parameter must be covered, and every tensor must be used, or loading fails with the name.
+Which files: those named by ``model.safetensors.index.json`` when the checkpoint has one (so
+a ``consolidated.safetensors`` in another naming scheme beside them is not read), else every
+``*.safetensors`` file in the directory.
+
+For each tensor, in this order, before anything is read or narrowed for tensor parallelism:
+
+1. its name must be new (a tensor stored twice, in one or two files, is refused);
+2. it must map to a parameter of the model (through the model's
+   :class:`~pagedinfer.adapters.models.base.WeightMapping`), or be one the model ignores
+   (a tied ``lm_head.weight``, ``rotary_emb.inv_freq``);
+3. its dtype must be a float (F16, BF16, F32, F64): integer, bool and quantized tensors are
+   refused;
+4. its full shape must be the one the config implies for it.
+
+Then the parameter's ``weight_loader`` copies this rank's shard, converted to the model's
+dtype. Finally every parameter (and every shard of a packed one) must have been filled.
+Each refusal is an :class:`~pagedinfer.errors.UnsupportedModelError` naming the tensor, the
+file, and what was expected against what was found.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
+from torch import nn
 
-from pagedinfer.adapters.layers.linear import ShardId, get_weight_loader
+from pagedinfer.adapters.layers.linear import (
+    ShardId,
+    checkpoint_shape,
+    expected_shard_ids,
+    get_weight_loader,
+)
 from pagedinfer.adapters.models.base import CausalLM
 from pagedinfer.errors import UnsupportedModelError
 
-__all__ = ["load_weights"]
+__all__ = ["FLOAT_DTYPES", "INDEX_FILE", "checkpoint_files", "load_weights"]
+
+INDEX_FILE = "model.safetensors.index.json"
+FLOAT_DTYPES: frozenset[str] = frozenset({"F16", "BF16", "F32", "F64"})
+"""safetensors dtype names a weight may have (converted to the model's dtype on load)."""
 
 _MAX_NAMES_SHOWN = 5
 
 
-def load_weights(model: CausalLM, path: str | Path) -> None:
-    """Load every ``*.safetensors`` file in ``path`` into ``model``.
-
-    Raises :class:`UnsupportedModelError` naming the checkpoint and the weight if there are no
-    safetensors files, a tensor has no parameter, a parameter has no tensor, or a shape is off.
-    """
-    root = Path(path)
-    files = sorted(root.glob("*.safetensors"))
+def checkpoint_files(root: Path) -> list[Path]:
+    """The safetensors files to read, per the index file if there is one."""
+    index_file = root / INDEX_FILE
+    if index_file.exists() or index_file.is_symlink():
+        names = _index_file_names(index_file)
+        files = [root / name for name in names]
+        for file in files:
+            if not file.is_file():
+                raise UnsupportedModelError(
+                    f"checkpoint {str(root)!r}: {INDEX_FILE} names {file.name!r}, which does "
+                    "not exist: expected every file the index lists (re-download the "
+                    "checkpoint)."
+                )
+        return files
+    try:
+        files = sorted(root.glob("*.safetensors"))
+    except OSError as error:
+        raise UnsupportedModelError(
+            f"cannot list the safetensors files of {str(root)!r}: {error}"
+        ) from error
     if not files:
         raise UnsupportedModelError(
             f"checkpoint {str(root)!r} has no *.safetensors files: expected the model weights "
             "in safetensors format (convert .bin / .pt checkpoints with transformers' "
             "save_pretrained)."
         )
-    params = dict(model.named_parameters())
-    expected = {
-        name
-        for param_name in params
-        for name in _checkpoint_names(param_name, model.packed_modules_mapping)
-    }
-    loaded: set[str] = set()
-    for file in files:
-        with safe_open(str(file), framework="pt", device="cpu") as handle:
+    return files
+
+
+def load_weights(model: CausalLM, path: str | Path) -> None:
+    """Load the checkpoint at ``path`` into ``model`` (see the module docstring).
+
+    Raises :class:`UnsupportedModelError` when a file cannot be read, or a tensor is
+    duplicated, unknown, not a float, of the wrong shape, or missing.
+    """
+    root = Path(path)
+    loader = _Loader(model, root)
+    for file in checkpoint_files(root):
+        loader.load_file(file)
+    loader.check_complete()
+
+
+class _Loader:
+    """The state of one load: which tensors were seen, which parameter shards were filled."""
+
+    def __init__(self, model: CausalLM, root: Path) -> None:
+        self.model = model
+        self.root = root
+        self.mapping = model.weight_mapping
+        self.params: dict[str, nn.Parameter] = dict(model.named_parameters())
+        self.seen: dict[str, Path] = {}  # tensor name -> the file it came from
+        self.filled: dict[tuple[str, ShardId], str] = {}  # (param, shard) -> tensor name
+
+    def fail(self, name: str, file: Path, problem: str) -> UnsupportedModelError:
+        return UnsupportedModelError(
+            f"checkpoint {str(self.root)!r}: tensor {name!r} in {file.name}: {problem}."
+        )
+
+    def load_file(self, file: Path) -> None:
+        with _open_safetensors(file) as handle:
             for name in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
-                if model.is_ignored_weight(name):
-                    continue
-                param_name, shard_id = _route(name, model.packed_modules_mapping)
-                param = params.get(param_name)
-                if param is None:
-                    raise UnsupportedModelError(
-                        f"checkpoint {str(root)!r}: weight {name!r} (in {file.name}) matches no "
-                        f"parameter of {type(model).__name__}; the checkpoint does not fit the "
-                        "architecture its config.json names."
-                    )
-                try:
-                    get_weight_loader(param)(param, handle.get_tensor(name), shard_id)
-                except ValueError as error:
-                    raise UnsupportedModelError(
-                        f"checkpoint {str(root)!r}: weight {name!r}: {error}"
-                    ) from error
-                loaded.add(name)
-    missing = sorted(expected - loaded)
-    if missing:
-        shown = ", ".join(repr(name) for name in missing[:_MAX_NAMES_SHOWN])
-        more = (
-            f" and {len(missing) - _MAX_NAMES_SHOWN} more"
-            if len(missing) > _MAX_NAMES_SHOWN
-            else ""
-        )
+                self.load_tensor(handle, name, file)
+
+    def load_tensor(self, handle: Any, name: str, file: Path) -> None:
+        if name in self.seen:
+            where = "twice in that file" if self.seen[name] == file else f"also in {file.name}"
+            raise UnsupportedModelError(
+                f"checkpoint {str(self.root)!r}: tensor {name!r} is stored in "
+                f"{self.seen[name].name} and {where}: expected each tensor once (remove the "
+                "duplicate file, or keep only the files model.safetensors.index.json lists)."
+            )
+        self.seen[name] = file
+        if self.model.is_ignored_weight(name):
+            return
+        param_name, shard_id = self.mapping.to_parameter(name)
+        param = self.params.get(param_name)
+        if param is None or shard_id not in expected_shard_ids(param):
+            raise self.fail(
+                name,
+                file,
+                f"matches no parameter of {type(self.model).__name__} (config.json: "
+                f"{self.model.config.architecture}); the checkpoint does not fit the "
+                "architecture or the sizes its config.json names",
+            )
+        key = (param_name, shard_id)
+        if key in self.filled:
+            raise self.fail(
+                name, file, f"fills the same weight as tensor {self.filled[key]!r} already did"
+            )
+        try:
+            tensor_slice = handle.get_slice(name)
+            dtype, shape = tensor_slice.get_dtype(), tuple(tensor_slice.get_shape())
+        except SafetensorError as error:
+            raise self.fail(name, file, f"cannot read its header entry: {error}") from error
+        if dtype not in FLOAT_DTYPES:
+            raise self.fail(
+                name,
+                file,
+                f"dtype {dtype} is not a floating-point type: expected one of "
+                f"{', '.join(sorted(FLOAT_DTYPES))} (quantized checkpoints are not supported)",
+            )
+        expected = checkpoint_shape(param, shard_id)
+        if shape != expected:
+            raise self.fail(
+                name,
+                file,
+                f"shape {list(shape)} does not match the shape {list(expected)} that "
+                "config.json implies",
+            )
+        try:
+            tensor = handle.get_tensor(name)
+        except (SafetensorError, OSError, RuntimeError) as error:
+            raise self.fail(name, file, f"cannot read its data: {error}") from error
+        get_weight_loader(param)(param, tensor, shard_id)
+        self.filled[key] = name
+
+    def check_complete(self) -> None:
+        missing = [
+            self.mapping.to_checkpoint(param_name, shard_id)
+            for param_name, param in self.params.items()
+            for shard_id in expected_shard_ids(param)
+            if (param_name, shard_id) not in self.filled
+        ]
+        if missing:
+            shown = ", ".join(repr(name) for name in missing[:_MAX_NAMES_SHOWN])
+            more = (
+                f" and {len(missing) - _MAX_NAMES_SHOWN} more"
+                if len(missing) > _MAX_NAMES_SHOWN
+                else ""
+            )
+            raise UnsupportedModelError(
+                f"checkpoint {str(self.root)!r} is missing weights {shown}{more}: expected a "
+                f"complete {self.model.config.architecture} checkpoint."
+            )
+
+
+@contextmanager
+def _open_safetensors(file: Path) -> Iterator[Any]:
+    try:
+        handle = safe_open(str(file), framework="pt", device="cpu")
+    except (SafetensorError, OSError) as error:
         raise UnsupportedModelError(
-            f"checkpoint {str(root)!r} is missing weights {shown}{more}: expected a complete "
-            f"{model.config.architecture} checkpoint."
+            f"cannot read {str(file)!r}: {error}; expected a safetensors file (the file may "
+            "be truncated or corrupt: re-download it)."
+        ) from error
+    with handle:
+        yield handle
+
+
+def _index_file_names(index_file: Path) -> list[str]:
+    """The distinct file names in an index's ``weight_map``, in first-seen order."""
+    try:
+        index = json.loads(index_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise UnsupportedModelError(
+            f"cannot read {str(index_file)!r}: {error}; expected a JSON object whose "
+            "'weight_map' maps tensor names to safetensors file names."
+        ) from error
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if (
+        not isinstance(weight_map, dict)
+        or not weight_map
+        or not all(isinstance(v, str) and "/" not in v for v in weight_map.values())
+    ):
+        raise UnsupportedModelError(
+            f"{str(index_file)!r} is invalid: expected a JSON object whose 'weight_map' maps "
+            "tensor names to safetensors file names in the same directory."
         )
-
-
-def _route(name: str, mapping: Mapping[str, tuple[str, ShardId]]) -> tuple[str, ShardId]:
-    """Checkpoint tensor name -> (parameter name, shard id)."""
-    for checkpoint_module, (packed_module, shard_id) in mapping.items():
-        part = f".{checkpoint_module}."
-        if part in name:
-            return name.replace(part, f".{packed_module}.", 1), shard_id
-    return name, None
-
-
-def _checkpoint_names(param_name: str, mapping: Mapping[str, tuple[str, ShardId]]) -> list[str]:
-    """Parameter name -> the checkpoint tensors that must fill it."""
-    names = [
-        param_name.replace(f".{packed}.", f".{checkpoint_module}.", 1)
-        for checkpoint_module, (packed, _) in mapping.items()
-        if f".{packed}." in param_name
-    ]
-    return names or [param_name]
+    return list(dict.fromkeys(weight_map.values()))

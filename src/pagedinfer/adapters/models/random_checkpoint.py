@@ -1,24 +1,37 @@
-"""Build Qwen3 checkpoints with random weights on local disk (no model hub needed).
+"""Build checkpoints with random weights on local disk (no model hub needed).
 
 Used by the tests, ``make demo`` and the benchmarks. ``transformers`` writes the files
 (``config.json`` + safetensors), so what we load is exactly what a real checkpoint looks like.
-A small byte-level BPE tokenizer, trained on an embedded text, can be saved alongside so that
-string prompts work; its outputs are meaningless because the weights are random.
+Every supported architecture can be built (``RandomModelSpec.architecture``); the presets are
+Qwen3. A small byte-level BPE tokenizer, trained on an embedded text, can be saved alongside
+so that string prompts work; its outputs are meaningless because the weights are random.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["PRESETS", "RandomQwen3Spec", "build_random_qwen3", "build_tokenizer"]
+__all__ = [
+    "ARCHITECTURE_FIELDS",
+    "PRESETS",
+    "RandomModelSpec",
+    "build_random_checkpoint",
+    "build_tokenizer",
+]
 
 
 @dataclass(frozen=True, slots=True)
-class RandomQwen3Spec:
+class RandomModelSpec:
+    """The shape of a random checkpoint. Fields an architecture does not have are ignored
+    (see :data:`ARCHITECTURE_FIELDS`); ``rope_scaling`` is transformers' ``rope_scaling``
+    dict without ``rope_theta`` (e.g. ``{"rope_type": "linear", "factor": 2.0}``)."""
+
+    architecture: str = "Qwen3ForCausalLM"
     vocab_size: int = 512
     hidden_size: int = 64
     intermediate_size: int = 128
@@ -27,10 +40,20 @@ class RandomQwen3Spec:
     num_key_value_heads: int = 2
     head_dim: int = 32
     rope_theta: float = 10000.0
+    rope_scaling: Mapping[str, Any] | None = None
     tie_word_embeddings: bool = True
     max_position_embeddings: int = 4096
     rms_norm_eps: float = 1e-6
-    attention_bias: bool = False
+    attention_bias: bool = False  # Llama, Qwen3, Qwen3-MoE
+    mlp_bias: bool = False  # Llama
+    sliding_window: int | None = None  # Mistral
+    # Qwen3-MoE
+    num_experts: int = 8
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int = 32
+    norm_topk_prob: bool = True
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
     # Larger than transformers' default 0.02 so that greedy argmax gaps are comfortably
     # above float32 rounding noise in parity tests.
     initializer_range: float = 0.1
@@ -38,11 +61,42 @@ class RandomQwen3Spec:
     eos_token_id: int | None = None
 
 
-PRESETS: dict[str, RandomQwen3Spec] = {
+_COMMON_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "tie_word_embeddings",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "initializer_range",
+)
+_MOE_FIELDS = (
+    "num_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "norm_topk_prob",
+    "decoder_sparse_step",
+    "mlp_only_layers",
+)
+ARCHITECTURE_FIELDS: dict[str, tuple[str, ...]] = {
+    "LlamaForCausalLM": (*_COMMON_FIELDS, "attention_bias", "mlp_bias"),
+    "MistralForCausalLM": (*_COMMON_FIELDS, "sliding_window"),
+    "Qwen2ForCausalLM": _COMMON_FIELDS,
+    "Qwen3ForCausalLM": (*_COMMON_FIELDS, "attention_bias"),
+    "Qwen3MoeForCausalLM": (*_COMMON_FIELDS, "attention_bias", *_MOE_FIELDS),
+}
+"""The spec fields each architecture's transformers config receives."""
+
+
+PRESETS: dict[str, RandomModelSpec] = {
     # Unit and parity tests: milliseconds per step on a CPU.
-    "tiny": RandomQwen3Spec(),
+    "tiny": RandomModelSpec(),
     # CPU demo and CPU benchmark: small enough for 2 cores, large enough to be bound by compute.
-    "small": RandomQwen3Spec(
+    "small": RandomModelSpec(
         vocab_size=4096,
         hidden_size=256,
         intermediate_size=768,
@@ -54,7 +108,7 @@ PRESETS: dict[str, RandomQwen3Spec] = {
         initializer_range=0.02,
     ),
     # Qwen3-0.6B's shape (28 layers, hidden 1024, 16/8 heads, head_dim 128, vocab 151936, tied).
-    "qwen3-0.6b": RandomQwen3Spec(
+    "qwen3-0.6b": RandomModelSpec(
         vocab_size=151936,
         hidden_size=1024,
         intermediate_size=3072,
@@ -71,24 +125,31 @@ PRESETS: dict[str, RandomQwen3Spec] = {
 }
 
 
-def build_random_qwen3(
+def build_random_checkpoint(
     path: str | Path,
-    spec: RandomQwen3Spec | str = "tiny",
+    spec: RandomModelSpec | str = "tiny",
     *,
     seed: int = 0,
     with_tokenizer: bool = False,
     **overrides: Any,
 ) -> Path:
-    """Write a random-weight Qwen3 checkpoint to ``path`` and return it.
+    """Write a random-weight checkpoint to ``path`` and return it.
 
-    ``spec`` is a :class:`RandomQwen3Spec` or a preset name; keyword ``overrides`` replace
-    fields of it. With ``with_tokenizer=True`` a small BPE tokenizer is saved too (its
-    vocabulary fits inside ``vocab_size``, which must then be at least 512).
+    ``spec`` is a :class:`RandomModelSpec` or a preset name; keyword ``overrides`` replace
+    fields of it (``architecture="LlamaForCausalLM"``, ``num_key_value_heads=4``, ...). With
+    ``with_tokenizer=True`` a small BPE tokenizer is saved too (its vocabulary fits inside
+    ``vocab_size``, which must then be at least 512).
     """
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    import transformers
 
     base = PRESETS[spec] if isinstance(spec, str) else spec
     spec = replace(base, **overrides)
+    if spec.architecture not in ARCHITECTURE_FIELDS:
+        raise ValueError(
+            f"cannot build a random {spec.architecture!r}: expected one of "
+            f"{', '.join(ARCHITECTURE_FIELDS)}"
+        )
+    model_class: Any = getattr(transformers, spec.architecture)
     target = Path(path)
     target.mkdir(parents=True, exist_ok=True)
     eos = spec.eos_token_id
@@ -96,30 +157,23 @@ def build_random_qwen3(
         tokenizer = build_tokenizer(min(spec.vocab_size, 1024))
         tokenizer.save_pretrained(str(target))
         eos = tokenizer.eos_token_id
-    # transformers >= 5 turns rope_theta into rope_parameters; older versions keep it as is.
-    legacy_kwargs: dict[str, Any] = {"rope_theta": spec.rope_theta}
-    config = Qwen3Config(
-        **legacy_kwargs,
-        vocab_size=spec.vocab_size,
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_hidden_layers,
-        num_attention_heads=spec.num_attention_heads,
-        num_key_value_heads=spec.num_key_value_heads,
-        head_dim=spec.head_dim,
-        tie_word_embeddings=spec.tie_word_embeddings,
-        max_position_embeddings=spec.max_position_embeddings,
-        rms_norm_eps=spec.rms_norm_eps,
-        attention_bias=spec.attention_bias,
-        initializer_range=spec.initializer_range,
+    fields = {name: getattr(spec, name) for name in ARCHITECTURE_FIELDS[spec.architecture]}
+    if "mlp_only_layers" in fields:
+        fields["mlp_only_layers"] = list(spec.mlp_only_layers)
+    # rope_theta + rope_scaling: transformers >= 5 folds both into rope_parameters.
+    config = model_class.config_class(
+        **fields,
+        rope_theta=spec.rope_theta,
+        rope_scaling=dict(spec.rope_scaling) if spec.rope_scaling is not None else None,
         eos_token_id=eos,
         bos_token_id=eos,
     )
     torch.manual_seed(seed)
     dtype = getattr(torch, spec.dtype)
-    with torch.device("meta" if spec.num_hidden_layers > 8 else "cpu"):
-        model = Qwen3ForCausalLM(config)
-    if spec.num_hidden_layers > 8:  # large shapes: skip transformers' slow init, fill directly
+    large = spec.num_hidden_layers > 8
+    with torch.device("meta" if large else "cpu"):
+        model = model_class(config)
+    if large:  # large shapes: skip transformers' slow init, fill directly
         model = model.to_empty(device="cpu")
         generator = torch.Generator().manual_seed(seed)
         with torch.no_grad():

@@ -1,34 +1,67 @@
-"""Architecture name (``config.json: architectures``) -> model class, and model construction."""
+"""The architectures pagedinfer runs: ``config.json: architectures[0]`` -> model class.
+
+This is the top of ``adapters/models``: it imports every family, and nothing in the package
+imports it. Callers read a checkpoint's config with :func:`read_model_config` (which refuses
+unknown architectures early, before any weight is touched) and build the model with
+:func:`build_model`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 import torch
 
 from pagedinfer.adapters.attention.base import AttentionBackend
 from pagedinfer.adapters.distributed.parallel import ParallelContext
+from pagedinfer.adapters.models.base import BuildContext, CausalLM
+from pagedinfer.adapters.models.config import ModelConfig
+from pagedinfer.adapters.models.llama import LlamaForCausalLM
+from pagedinfer.adapters.models.mistral import MistralForCausalLM
+from pagedinfer.adapters.models.qwen2 import Qwen2ForCausalLM
+from pagedinfer.adapters.models.qwen3 import Qwen3ForCausalLM
+from pagedinfer.adapters.models.qwen3_moe import Qwen3MoeForCausalLM
+from pagedinfer.errors import UnsupportedModelError
 
-if TYPE_CHECKING:
-    from pagedinfer.adapters.models.base import CausalLM
-    from pagedinfer.adapters.models.config import ModelConfig
+__all__ = [
+    "ARCHITECTURES",
+    "SUPPORTED_ARCHITECTURES",
+    "build_model",
+    "model_class",
+    "read_model_config",
+]
 
-__all__ = ["SUPPORTED_ARCHITECTURES", "build_model", "model_class"]
+ARCHITECTURES: dict[str, type[CausalLM]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": MistralForCausalLM,
+    "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+}
 
-SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("Qwen3ForCausalLM",)
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(ARCHITECTURES)
 
 
-def model_class(architecture: str) -> type[CausalLM]:
-    """The class implementing ``architecture`` (imported on first use)."""
-    if architecture == "Qwen3ForCausalLM":
-        from pagedinfer.adapters.models.qwen3 import Qwen3ForCausalLM
+def model_class(config: ModelConfig) -> type[CausalLM]:
+    """The class implementing ``config.architecture``, after its family-specific checks.
 
-        return Qwen3ForCausalLM
-    raise KeyError(
-        f"no model class for {architecture!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-    )
+    Raises :class:`UnsupportedModelError` naming the checkpoint and the supported names.
+    """
+    cls = ARCHITECTURES.get(config.architecture)
+    if cls is None:
+        raise UnsupportedModelError(
+            f"checkpoint {str(config.path)!r}: architecture {config.architecture!r} is not "
+            f"supported; expected one of: {', '.join(SUPPORTED_ARCHITECTURES)}."
+        )
+    cls.check_config(config)
+    return cls
+
+
+def read_model_config(path: str | Path) -> ModelConfig:
+    """:meth:`ModelConfig.from_pretrained` plus the architecture check."""
+    config = ModelConfig.from_pretrained(path)
+    model_class(config)
+    return config
 
 
 def build_model(
@@ -41,22 +74,10 @@ def build_model(
 ) -> CausalLM:
     """Construct the model with its parameters already on ``device`` in ``dtype``.
 
-    Weights are uninitialised until the loader fills them. Creating each parameter where it
-    will live avoids a float32 CPU copy of the whole model.
+    Weights are uninitialised until the loader fills them. Every parameter is created where
+    it will live, in its dtype (no float32 CPU copy of the whole model, and no process-wide
+    torch default is read or changed).
     """
-    cls = model_class(config.architecture)
-    with torch.device(device), _default_dtype(dtype):
-        model = cls(config, parallel=parallel, backend=backend)
-    return model.eval()
-
-
-@contextmanager
-def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    # Layers create parameters with torch.empty(shape); the default dtype decides theirs.
-    # Scoped to construction and restored after, so no global state leaks out.
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
+    cls = model_class(config)
+    build = BuildContext(parallel=parallel, backend=backend, dtype=dtype, device=device)
+    return cls(config, build).eval()

@@ -1,4 +1,4 @@
-"""Qwen3 forward logits against transformers' Qwen3ForCausalLM on the same checkpoint.
+"""Forward logits of every model family against transformers on the same checkpoint.
 
 One varlen batch of several prompts goes through our model; each prompt goes through
 transformers alone. Every position's logits must agree (float32).
@@ -19,23 +19,75 @@ from pagedinfer.domain import SamplingParams, Scheduler, SchedulerConfig, Sequen
 
 from .runner_helpers import make_runner, random_prompts
 
+LLAMA = {"architecture": "LlamaForCausalLM"}
+QWEN2 = {"architecture": "Qwen2ForCausalLM"}
+MISTRAL = {"architecture": "MistralForCausalLM"}
+QWEN3_MOE = {"architecture": "Qwen3MoeForCausalLM"}
+
+# Every family in several shapes: GQA and MHA, tied and untied, biases, RoPE variants, and for
+# the MoE which layers are sparse and how the router weighs its experts.
 SHAPES: dict[str, dict[str, Any]] = {
-    "gqa-tied": {},
-    "mha-untied": {"num_key_value_heads": 4, "tie_word_embeddings": False},
-    "gqa4-small-head-theta1e6": {
+    "qwen3-gqa-tied": {},
+    "qwen3-mha-untied": {"num_key_value_heads": 4, "tie_word_embeddings": False},
+    "qwen3-gqa4-small-head-theta1e6": {
         "num_attention_heads": 8,
         "num_key_value_heads": 2,
         "head_dim": 16,
         "rope_theta": 1_000_000.0,
     },
-    "head-dim-not-hidden-over-heads": {
+    "qwen3-head-dim-not-hidden-over-heads": {
         "hidden_size": 48,
         "num_attention_heads": 2,
         "num_key_value_heads": 1,
         "head_dim": 64,
         "tie_word_embeddings": False,
     },
-    "attention-bias-3-layers": {"attention_bias": True, "num_hidden_layers": 3},
+    "qwen3-attention-bias-3-layers": {"attention_bias": True, "num_hidden_layers": 3},
+    "llama-gqa-untied-biases": {
+        **LLAMA,
+        "attention_bias": True,
+        "mlp_bias": True,
+        "tie_word_embeddings": False,
+    },
+    "llama-mha-tied": {**LLAMA, "num_key_value_heads": 4},
+    "llama3-rope": {
+        **LLAMA,
+        "rope_theta": 500_000.0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    },
+    "llama-linear-rope": {**LLAMA, "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+    "llama-yarn-rope": {
+        **LLAMA,
+        "rope_scaling": {
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 1024,
+        },
+    },
+    "qwen2-gqa-untied": {**QWEN2, "tie_word_embeddings": False},
+    "qwen2-mha-tied": {**QWEN2, "num_key_value_heads": 4},
+    "mistral-gqa-window": {**MISTRAL, "sliding_window": 4096, "tie_word_embeddings": False},
+    "qwen3-moe-top2-normalized": {**QWEN3_MOE},
+    "qwen3-moe-dense-layer-top3-raw": {
+        **QWEN3_MOE,
+        "num_hidden_layers": 3,
+        "mlp_only_layers": (1,),
+        "num_experts_per_tok": 3,
+        "norm_topk_prob": False,
+        "tie_word_embeddings": False,
+    },
+    "qwen3-moe-sparse-step-2-mha": {
+        **QWEN3_MOE,
+        "decoder_sparse_step": 2,
+        "num_key_value_heads": 4,
+        "num_experts": 4,
+    },
 }
 
 

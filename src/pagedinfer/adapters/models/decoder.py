@@ -1,0 +1,266 @@
+"""The pre-norm decoder that Llama, Mistral, Qwen2, Qwen3 and Qwen3-MoE share.
+
+::
+
+    tokens -> embed -> N x [ x += Attention(RMSNorm(x)); x += FeedForward(RMSNorm(x)) ]
+           -> RMSNorm -> LM head (only for the rows that are sampled)
+
+    Attention: qkv_proj -> [q_norm, k_norm: RMSNorm per head] -> RoPE -> paged attention
+               -> o_proj
+    FeedForward: the dense SwiGLU MLP, or (MoE layers) the sparse mixture of experts
+
+The families differ only in what :class:`DecoderSwitches` lists (which projections carry a
+bias, whether q and k are normalised per head) and in the feed-forward block a layer gets
+(:meth:`DecoderForCausalLM.make_feed_forward`). Module names follow the Hugging Face
+checkpoints, so most tensors load by name; packed projections are mapped by
+:data:`LLAMA_STYLE_WEIGHTS`.
+
+The residual stream is carried beside the hidden states: each norm adds the residual and
+normalises in one call (:meth:`RMSNorm.add_and_norm`), the same sums in the same order as
+transformers, and the place where a fused add-and-norm kernel goes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from pagedinfer.adapters.attention.base import AttentionMetadata
+from pagedinfer.adapters.layers.attention import PagedAttention
+from pagedinfer.adapters.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from pagedinfer.adapters.layers.linear import QKVParallelLinear, RowParallelLinear
+from pagedinfer.adapters.layers.mlp import GatedMLP
+from pagedinfer.adapters.layers.norm import RMSNorm
+from pagedinfer.adapters.layers.rotary import RotaryEmbedding, apply_rotary
+from pagedinfer.adapters.models.base import BuildContext, CausalLM, WeightMapping
+from pagedinfer.adapters.models.config import ModelConfig
+
+__all__ = ["LLAMA_STYLE_WEIGHTS", "DecoderForCausalLM", "DecoderSwitches"]
+
+LLAMA_STYLE_WEIGHTS = WeightMapping(
+    packed={
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+)
+"""Hugging Face's separate q/k/v and gate/up projections -> our packed ones."""
+
+
+@dataclass(frozen=True, slots=True)
+class DecoderSwitches:
+    """What sets one family's decoder apart from another's."""
+
+    qkv_bias: bool  # q_proj, k_proj, v_proj carry a bias
+    o_proj_bias: bool
+    qk_norm: bool  # RMSNorm over each head of q and k before RoPE (Qwen3)
+    mlp_bias: bool  # gate, up and down projections carry a bias
+
+
+class DecoderAttention(nn.Module):
+    """Grouped-query attention with RoPE over the paged KV cache, split by heads across ranks."""
+
+    def __init__(self, config: ModelConfig, switches: DecoderSwitches, build: BuildContext) -> None:
+        super().__init__()
+        dtype, device, parallel = build.dtype, build.device, build.parallel
+        head_dim = config.head_dim
+        self.qkv_proj = QKVParallelLinear(
+            config.hidden_size,
+            head_dim,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            parallel=parallel,
+            dtype=dtype,
+            device=device,
+            bias=switches.qkv_bias,
+        )
+        self.num_heads = self.qkv_proj.num_heads  # per rank
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
+        self.head_dim = head_dim
+        self.o_proj = RowParallelLinear(
+            config.num_attention_heads * head_dim,
+            config.hidden_size,
+            parallel=parallel,
+            dtype=dtype,
+            device=device,
+            bias=switches.o_proj_bias,
+            what="num_attention_heads * head_dim",
+        )
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
+        if switches.qk_norm:
+            self.q_norm = RMSNorm(head_dim, config.rms_norm_eps, dtype=dtype, device=device)
+            self.k_norm = RMSNorm(head_dim, config.rms_norm_eps, dtype=dtype, device=device)
+        self.attn = PagedAttention(
+            self.num_heads,
+            self.num_kv_heads,
+            head_dim,
+            scale=head_dim**-0.5,
+            backend=build.backend,
+        )
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        qkv = self.qkv_proj(hidden)
+        q_size = self.num_heads * self.head_dim
+        kv_size = self.num_kv_heads * self.head_dim
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        out: torch.Tensor = self.attn(q, k, v, meta)
+        projected: torch.Tensor = self.o_proj(out.reshape(num_tokens, q_size))
+        return projected
+
+
+class DecoderLayer(nn.Module):
+    """``x += Attention(RMSNorm(x)); x += FeedForward(RMSNorm(x))``, residual kept apart."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        switches: DecoderSwitches,
+        feed_forward: nn.Module,
+        build: BuildContext,
+    ) -> None:
+        super().__init__()
+        dtype, device, eps = build.dtype, build.device, config.rms_norm_eps
+        self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype, device=device)
+        self.self_attn = DecoderAttention(config, switches, build)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype, device=device)
+        self.mlp = feed_forward
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(sublayer output, residual)`` -> the same pair after this layer.
+
+        The first layer gets ``residual=None`` and the embeddings as ``hidden``.
+        """
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm.add_and_norm(hidden, residual)
+        hidden = self.self_attn(hidden, cos, sin, meta)
+        hidden, residual = self.post_attention_layernorm.add_and_norm(hidden, residual)
+        out: torch.Tensor = self.mlp(hidden)
+        return out, residual
+
+
+class DecoderModel(nn.Module):
+    """Embedding, the decoder layers and the final norm (Hugging Face's ``model.*``)."""
+
+    def __init__(
+        self, config: ModelConfig, layers: list[DecoderLayer], build: BuildContext
+    ) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(
+            config.vocab_size,
+            config.hidden_size,
+            parallel=build.parallel,
+            dtype=build.dtype,
+            device=build.device,
+        )
+        self.rotary_emb = RotaryEmbedding(
+            config.head_dim,
+            config.max_context_len,
+            config.rope_theta,
+            config.rope_scaling,
+            device=build.device,
+        )
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(
+            config.hidden_size, config.rms_norm_eps, dtype=build.dtype, device=build.device
+        )
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        cos, sin = self.rotary_emb(positions)  # looked up once, shared by every layer
+        residual: torch.Tensor | None = None
+        for layer in self.layers:
+            hidden, residual = layer(hidden, residual, cos, sin, meta)
+        assert residual is not None, "a model has at least one layer"
+        normed, _ = self.norm.add_and_norm(hidden, residual)
+        return normed
+
+
+class DecoderForCausalLM(CausalLM):
+    """A family of the shared decoder: subclasses say what sets them apart.
+
+    :meth:`switches` (required) and :meth:`make_feed_forward` (the dense MLP unless
+    overridden) are the only places a family differs; ``weight_mapping`` sits next to them.
+    """
+
+    weight_mapping: ClassVar[WeightMapping] = LLAMA_STYLE_WEIGHTS
+
+    @classmethod
+    def switches(cls, config: ModelConfig) -> DecoderSwitches:
+        raise NotImplementedError
+
+    def make_feed_forward(self, config: ModelConfig, layer: int, build: BuildContext) -> nn.Module:
+        """The feed-forward block of decoder layer ``layer``."""
+        return GatedMLP(
+            config.hidden_size,
+            config.intermediate_size,
+            bias=self.switches(config).mlp_bias,
+            parallel=build.parallel,
+            dtype=build.dtype,
+            device=build.device,
+        )
+
+    def __init__(self, config: ModelConfig, build: BuildContext) -> None:
+        super().__init__(config, build)
+        switches = self.switches(config)
+        layers = [
+            DecoderLayer(config, switches, self.make_feed_forward(config, index, build), build)
+            for index in range(config.num_hidden_layers)
+        ]
+        self.model = DecoderModel(config, layers, build)
+        self.lm_head = ParallelLMHead(
+            config.vocab_size,
+            config.hidden_size,
+            parallel=build.parallel,
+            dtype=build.dtype,
+            device=build.device,
+        )
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        hidden: torch.Tensor = self.model(input_ids, positions, meta)
+        return hidden
+
+    def compute_logits(self, hidden_rows: torch.Tensor) -> torch.Tensor | None:
+        logits: torch.Tensor | None = self.lm_head(hidden_rows)
+        return logits
+
+    def is_ignored_weight(self, name: str) -> bool:
+        # Tied checkpoints sometimes store lm_head.weight anyway (a copy of the embedding);
+        # old ones store the rotary inverse frequencies, which we compute ourselves.
+        if name == "lm_head.weight" and self.config.tie_word_embeddings:
+            return True
+        return name.endswith("rotary_emb.inv_freq")
