@@ -26,6 +26,7 @@ HEAVY = ("torch", "numpy", "triton", "transformers", "safetensors")
 LAYERS_CONTRACT = "Layers point downward"
 PURE_DOMAIN_CONTRACT = "The domain layer is pure Python"
 LIGHT_ROOT_CONTRACT = "The package root imports no heavy dependency"
+MODELS_CONTRACT = "Models: the registry on top, families side by side, the decoder below"
 
 
 def _run_python(code: str, *, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -183,7 +184,7 @@ def test_contracts_hold_on_an_unmodified_copy(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr + hint
     assert "BROKEN" not in result.stdout
-    for contract in (LAYERS_CONTRACT, PURE_DOMAIN_CONTRACT, LIGHT_ROOT_CONTRACT):
+    for contract in (LAYERS_CONTRACT, PURE_DOMAIN_CONTRACT, LIGHT_ROOT_CONTRACT, MODELS_CONTRACT):
         assert contract in result.stdout
 
 
@@ -224,6 +225,20 @@ def test_contracts_hold_on_an_unmodified_copy(tmp_path: Path) -> None:
             LAYERS_CONTRACT,
             "pagedinfer.errors -> pagedinfer.domain.sequence",
             id="errors-import-domain",
+        ),
+        pytest.param(
+            "adapters/models/config.py",
+            "import pagedinfer.adapters.models.registry",
+            MODELS_CONTRACT,
+            "pagedinfer.adapters.models.config -> pagedinfer.adapters.models.registry",
+            id="config-imports-the-registry",
+        ),
+        pytest.param(
+            "adapters/models/llama.py",
+            "import pagedinfer.adapters.models.qwen2",
+            MODELS_CONTRACT,
+            "pagedinfer.adapters.models.llama -> pagedinfer.adapters.models.qwen2",
+            id="a-family-imports-another",
         ),
         pytest.param(
             "__init__.py",
