@@ -65,7 +65,7 @@ def test_qk_norm_rope_store_at_model_size(dtype: torch.dtype, num_tokens: int) -
     positions = torch.randint(0, 40960, (num_tokens,), device=CUDA)
     slots = torch.randperm(num_blocks * block_size, device=CUDA)[:num_tokens]
     slots[::7] = -1
-    rotary = RotaryEmbedding(HEAD_DIM, 40960, 1_000_000.0).to(CUDA)
+    rotary = RotaryEmbedding(HEAD_DIM, 40960, 1_000_000.0, device=CUDA)
     q_weight, k_weight = randn(HEAD_DIM, dtype=dtype, seed=5), randn(HEAD_DIM, dtype=dtype, seed=6)
     shape = {"num_heads": HEADS, "num_kv_heads": KV_HEADS, "head_dim": HEAD_DIM}
     cache_shape = (num_blocks, block_size, KV_HEADS, HEAD_DIM)

@@ -60,9 +60,9 @@ def test_rms_norm_of_strided_rows_matches_the_layer(
 ) -> None:
     wide = randn(4, 3 * 48, dtype=dtype, device=device, seed=3)
     x = wide[:, 48:96]  # rows strided like a slice of a packed projection
-    layer = RMSNorm(48, eps=1e-5).to(device, dtype)
+    layer = RMSNorm(48, eps=1e-5, dtype=dtype, device=device)
     layer.weight.copy_(randn(48, dtype=dtype, device=device, seed=4))
-    fused = RMSNorm(48, eps=1e-5, fused=True).to(device, dtype)
+    fused = RMSNorm(48, eps=1e-5, dtype=dtype, device=device, fused=True)
     fused.weight.copy_(layer.weight)
 
     torch.testing.assert_close(rms_norm(x, layer.weight, 1e-5), layer(x), **TOLERANCE[dtype])
@@ -134,7 +134,7 @@ def test_qk_norm_rope_matches_the_layers(
     num_tokens = 6
     qkv = _qkv(num_tokens, heads, kv_heads, head_dim, dtype, device)
     positions = torch.tensor([0, 1, 2, 7, 100, 511], device=device)
-    rotary = RotaryEmbedding(head_dim, 512, 10000.0).to(device)
+    rotary = RotaryEmbedding(head_dim, 512, 10000.0, device=device)
     q_weight = randn(head_dim, dtype=dtype, device=device, seed=8) if with_norm else None
     k_weight = randn(head_dim, dtype=dtype, device=device, seed=9) if with_norm else None
     shape = {"num_heads": heads, "num_kv_heads": kv_heads, "head_dim": head_dim}
@@ -160,7 +160,7 @@ def test_qk_norm_rope_store_writes_the_cache_and_skips_padding(
     qkv = _qkv(num_tokens, heads, kv_heads, head_dim, dtype, device)
     positions = torch.tensor([3, 4, 5, 40, 41], device=device)
     slots = torch.tensor([3, 4, -1, 63, 17], device=device)
-    rotary = RotaryEmbedding(head_dim, 64, 1_000_000.0).to(device)
+    rotary = RotaryEmbedding(head_dim, 64, 1_000_000.0, device=device)
     q_weight = randn(head_dim, dtype=dtype, device=device, seed=10)
     k_weight = randn(head_dim, dtype=dtype, device=device, seed=11)
     shape = {"num_heads": heads, "num_kv_heads": kv_heads, "head_dim": head_dim}
