@@ -35,6 +35,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+
+# Run from a plain checkout (`python benchmarks/NAME.py` at the repository root, no install):
+# this repository's src/ comes first on the import path.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from pagedinfer.domain import (
     Block,

@@ -35,6 +35,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+# Run from a plain checkout (`python benchmarks/NAME.py` at the repository root, no install):
+# this repository's src/ comes first on the import path.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
 import torch
 
 from pagedinfer import Engine, SamplingParams
