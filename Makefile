@@ -3,6 +3,8 @@
 #   make test      fresh virtual environment, lint, typecheck, layering check, all CPU tests
 #   make test-gpu  GPU tests with the Python already on a CUDA machine (no install step)
 #   make bench     CPU-scale throughput benchmark and block-pool benchmark
+#   make bench-gpu one markdown report on a CUDA machine (GPU_REPORT=FILE): GPU tests, throughput
+#                  vs transformers, copy bandwidth and the HBM bound, a decode/prefill profile
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -10,8 +12,10 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 MODEL ?=
+GPU_REPORT ?= gpu-report.md
+GPU_REPORT_ARGS ?=
 
-.PHONY: install lint typecheck layers test test-unit test-gpu demo bench bench-pool clean
+.PHONY: install lint typecheck layers test test-unit test-gpu demo bench bench-pool bench-gpu clean
 
 install: $(STAMP)
 
@@ -50,6 +54,11 @@ bench: bench-pool $(STAMP)
 
 bench-pool: $(STAMP)
 	$(VPY) benchmarks/block_pool.py
+
+# Runs on a CUDA machine with the interpreter that already has torch (no install, no network);
+# about 5-8 minutes on one H100. GPU_REPORT_ARGS=--all-tests runs every GPU test.
+bench-gpu:
+	PYTHONPATH=src $(PYTHON) benchmarks/gpu_report.py --out $(GPU_REPORT) $(GPU_REPORT_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
