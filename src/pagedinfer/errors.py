@@ -17,6 +17,7 @@ __all__ = [
     "InvalidRequestError",
     "InvalidSamplingParamsError",
     "KVCacheMemoryError",
+    "MissingDependencyError",
     "PagedInferError",
     "UnsupportedModelError",
     "WorkerDiedError",
@@ -64,3 +65,7 @@ class WorkerDiedError(PagedInferError, RuntimeError):
 
 class EngineClosedError(PagedInferError, RuntimeError):
     """The engine was used after ``close()``."""
+
+
+class MissingDependencyError(PagedInferError, ImportError):
+    """An optional feature needs a package that is not installed; the message names the extra."""
