@@ -27,6 +27,7 @@ LAYERS_CONTRACT = "Layers point downward"
 PURE_DOMAIN_CONTRACT = "The domain layer is pure Python"
 LIGHT_ROOT_CONTRACT = "The package root imports no heavy dependency"
 MODELS_CONTRACT = "Models: the registry on top, families side by side, the decoder below"
+LIGHT_RAY_CONTRACT = "import pagedinfer.ray stays light"
 
 
 def _run_python(code: str, *, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -184,7 +185,13 @@ def test_contracts_hold_on_an_unmodified_copy(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr + hint
     assert "BROKEN" not in result.stdout
-    for contract in (LAYERS_CONTRACT, PURE_DOMAIN_CONTRACT, LIGHT_ROOT_CONTRACT, MODELS_CONTRACT):
+    for contract in (
+        LAYERS_CONTRACT,
+        PURE_DOMAIN_CONTRACT,
+        LIGHT_ROOT_CONTRACT,
+        MODELS_CONTRACT,
+        LIGHT_RAY_CONTRACT,
+    ):
         assert contract in result.stdout
 
 
@@ -246,6 +253,27 @@ def test_contracts_hold_on_an_unmodified_copy(tmp_path: Path) -> None:
             LIGHT_ROOT_CONTRACT,
             "pagedinfer -> torch",
             id="package-root-imports-torch",
+        ),
+        pytest.param(
+            "engine/outputs.py",
+            "import pagedinfer.ray.columns",
+            LAYERS_CONTRACT,
+            "pagedinfer.engine.outputs -> pagedinfer.ray.columns",
+            id="engine-imports-ray-layer",
+        ),
+        pytest.param(
+            "ray/columns.py",
+            "import pagedinfer.cli",
+            LAYERS_CONTRACT,
+            "pagedinfer.ray.columns -> pagedinfer.cli",
+            id="ray-layer-imports-cli",
+        ),
+        pytest.param(
+            "ray/__init__.py",
+            "import ray",
+            LIGHT_RAY_CONTRACT,
+            "pagedinfer.ray -> ray",
+            id="ray-package-imports-ray",
         ),
     ],
 )
