@@ -49,7 +49,12 @@ def cluster() -> Iterator[None]:
         patch.setenv(
             "PYTHONPATH", os.pathsep.join(filter(None, [str(UNIT_TESTS), os.getenv("PYTHONPATH")]))
         )
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        ray.init(
+            num_cpus=2,
+            object_store_memory=200 * 1024**2,  # the data is tiny; share the machine politely
+            include_dashboard=False,
+            log_to_driver=False,
+        )
     try:
         # The check below must see the cluster's processes, or it would prove nothing.
         assert _wait_until_gone(marker, timeout_s=0.0), "the cluster's processes lack the marker"
