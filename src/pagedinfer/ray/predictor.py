@@ -74,20 +74,29 @@ class EnginePredictor:
 
 
 def as_sampling_params(value: SamplingParams | Mapping[str, Any] | None) -> SamplingParams:
-    """``SamplingParams`` from itself, a dict of its fields, or None (the defaults)."""
+    """``SamplingParams`` from itself, a dict of its fields, or None (the defaults); one
+    completion per prompt (``n=1``)."""
     if value is None:
-        return SamplingParams()
-    if isinstance(value, SamplingParams):
-        return value
-    if isinstance(value, Mapping):
+        params = SamplingParams()
+    elif isinstance(value, SamplingParams):
+        params = value
+    elif isinstance(value, Mapping):
         unknown = sorted(str(name) for name in value if name not in _SAMPLING_FIELDS)
         if unknown:
             raise InvalidSamplingParamsError(
                 f"unknown SamplingParams field(s) {unknown}: the fields are "
                 f"{', '.join(_SAMPLING_FIELDS)}."
             )
-        return SamplingParams(**value)
-    raise InvalidSamplingParamsError(
-        f"sampling_params must be a SamplingParams, a dict of its fields or None, not "
-        f"{type(value).__name__}."
-    )
+        params = SamplingParams(**value)
+    else:
+        raise InvalidSamplingParamsError(
+            f"sampling_params must be a SamplingParams, a dict of its fields or None, not "
+            f"{type(value).__name__}."
+        )
+    if params.n != 1:
+        # A row holds one completion; n of them would need list-valued columns.
+        raise InvalidSamplingParamsError(
+            f"SamplingParams.n={params.n}: pagedinfer.ray writes one completion per row. "
+            "Repeat the rows instead (with different seeds for different samples)."
+        )
+    return params

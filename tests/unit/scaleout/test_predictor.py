@@ -162,6 +162,8 @@ def test_sampling_params_as_dict_or_object(chat_checkpoint: Path) -> None:
         EnginePredictor(chat_checkpoint, {"temp": 0.0}, ENGINE_KWARGS)
     with pytest.raises(InvalidSamplingParamsError, match="max_tokens"):
         EnginePredictor(chat_checkpoint, {"max_tokens": 0}, ENGINE_KWARGS)
+    with pytest.raises(InvalidSamplingParamsError, match="one completion per row"):
+        EnginePredictor(chat_checkpoint, {"n": 2}, ENGINE_KWARGS)
     with pytest.raises(InvalidSamplingParamsError, match="not list"):
         EnginePredictor(chat_checkpoint, [0.0], ENGINE_KWARGS)  # type: ignore[arg-type]
 
