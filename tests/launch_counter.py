@@ -87,6 +87,8 @@ class _Recorder(TorchDispatchMode):
             return out
         outputs = _storages(out)
         mutates = func._schema.is_mutable  # in place, or an out= argument
+        if not outputs and not mutates and name != "_local_scalar_dense":
+            return out  # metadata only (result_type, sizes): no kernel; .item() is a copy
         if outputs and outputs <= _storages((args, kwargs)) and not mutates:
             return out  # a view or alias: no kernel
         self.record(name)

@@ -14,13 +14,13 @@ Shapes (``T`` query tokens this step, ``B`` sequences, ``W`` block-table width):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
 
 from pagedinfer.domain.plan import BatchPlan
 
-__all__ = ["AttentionBackend", "AttentionMetadata"]
+__all__ = ["AttendsStoredKV", "AttentionBackend", "AttentionMetadata"]
 
 
 @dataclass(slots=True)
@@ -115,4 +115,24 @@ class AttentionBackend(Protocol):
         scale: float,
     ) -> torch.Tensor:
         """Store this step's K/V, then attend; returns ``[T, num_heads, head_dim]``."""
+        ...
+
+
+@runtime_checkable
+class AttendsStoredKV(Protocol):
+    """A backend that can attend over K/V the caller already stored in the cache.
+
+    The fused attention prologue (q/k norm + RoPE + KV store in one kernel) writes K/V into
+    the paged cache itself; such backends then only attend (``triton``).
+    """
+
+    def attend(
+        self,
+        query: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """Attention of ``query [T, heads, dim]`` over the cache; this step's K/V are in it."""
         ...

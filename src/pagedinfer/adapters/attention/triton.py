@@ -116,8 +116,20 @@ class TritonAttentionBackend:
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        assert k_cache.shape[1] == self.block_size, (k_cache.shape, self.block_size)
         store_kv_cache(key, value, k_cache, v_cache, meta.slot_mapping)
+        return self.attend(query, k_cache, v_cache, meta, scale)
+
+    def attend(
+        self,
+        query: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """Attention over the cache, which already holds this step's K/V (stored by
+        :meth:`forward`, or by the fused q/k-norm + RoPE + store kernel of the layer)."""
+        assert k_cache.shape[1] == self.block_size, (k_cache.shape, self.block_size)
         if meta.is_prefill:
             return paged_prefill_attention(
                 query,

@@ -69,7 +69,7 @@ def _launch(
     assert weight.shape == (hidden,), (weight.shape, x.shape)
     rows = x.reshape(-1, hidden)
     assert rows.stride(-1) == 1, "the hidden dim must be contiguous"
-    out = torch.empty(x.shape, dtype=torch.result_type(x, weight), device=x.device)
+    out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
     out_rows = out.view(-1, hidden)
     if residual is None:
         residual_rows = residual_out_rows = rows  # unused by the kernel

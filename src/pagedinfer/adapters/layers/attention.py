@@ -1,11 +1,28 @@
-"""The attention layer: this layer's slice of the paged KV cache plus a backend call."""
+"""The attention layer: this layer's slice of the paged KV cache plus a backend call.
+
+:meth:`PagedAttention.forward_packed` runs the whole attention from the packed QKV projection:
+per-head q/k RMSNorm (Qwen3), RoPE, the KV store and attention. Three paths, chosen when the
+layer is built:
+
+* torch (``fused=False``, the CPU): the torch twins, then the backend stores and attends;
+* fused with a backend that attends over stored K/V (``triton``): one Triton kernel for norm,
+  RoPE and the store (:func:`~pagedinfer.adapters.kernels.qk_norm_rope.qk_norm_rope_store`),
+  then the backend only attends;
+* fused with another backend (``flash``): one kernel for norm and RoPE, then the backend
+  stores and attends.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
 
-from pagedinfer.adapters.attention.base import AttentionBackend, AttentionMetadata
+from pagedinfer.adapters.attention.base import AttendsStoredKV, AttentionBackend, AttentionMetadata
+from pagedinfer.adapters.layers.norm import RMSNorm
+from pagedinfer.adapters.layers.rotary import RotaryStep, qk_norm_rope_torch
 
 __all__ = ["PagedAttention"]
 
@@ -27,6 +44,7 @@ class PagedAttention(nn.Module):
         *,
         scale: float,
         backend: AttentionBackend,
+        fused: bool = False,
     ) -> None:
         super().__init__()
         self.num_heads = num_heads
@@ -34,8 +52,19 @@ class PagedAttention(nn.Module):
         self.head_dim = head_dim
         self.scale = scale
         self.backend = backend
+        self.fused = fused
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
+        # The fused kernels, imported only when chosen (the CPU path never imports Triton).
+        self._rope: Callable[..., Any] | None = None
+        self._rope_store: Callable[..., Any] | None = None
+        if fused:
+            from pagedinfer.adapters.kernels import qk_norm_rope
+
+            if isinstance(backend, AttendsStoredKV):
+                self._rope_store = qk_norm_rope.qk_norm_rope_store
+            else:
+                self._rope = qk_norm_rope.qk_norm_rope
 
     def bind_cache(self, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
         assert k_cache.shape == v_cache.shape and k_cache.dim() == 4
@@ -59,3 +88,43 @@ class PagedAttention(nn.Module):
         ``meta`` is this step's metadata, passed down explicitly from the runner.
         """
         return self.backend.forward(query, key, value, self.k_cache, self.v_cache, meta, self.scale)
+
+    def forward_packed(
+        self,
+        qkv: torch.Tensor,
+        rope: RotaryStep,
+        meta: AttentionMetadata,
+        *,
+        q_norm: RMSNorm | None = None,
+        k_norm: RMSNorm | None = None,
+    ) -> torch.Tensor:
+        """``qkv [T, (heads + 2 kv_heads) * dim]`` -> ``[T, heads, dim]``: q/k RMSNorm per head
+        (when the norms are given), RoPE, the KV store and attention (see the module doc)."""
+        heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
+        q_weight = q_norm.weight if q_norm is not None else None
+        k_weight = k_norm.weight if k_norm is not None else None
+        eps = q_norm.eps if q_norm is not None else 0.0
+        if self._rope_store is not None:
+            assert isinstance(self.backend, AttendsStoredKV)
+            query: torch.Tensor = self._rope_store(
+                qkv, rope.positions, rope.table_cos, rope.table_sin,
+                self.k_cache, self.v_cache, meta.slot_mapping,
+                num_heads=heads, num_kv_heads=kv_heads, head_dim=dim,
+                q_weight=q_weight, k_weight=k_weight, eps=eps,
+            )  # fmt: skip
+            return self.backend.attend(query, self.k_cache, self.v_cache, meta, self.scale)
+        if self._rope is not None:
+            query, key = self._rope(
+                qkv, rope.positions, rope.table_cos, rope.table_sin,
+                num_heads=heads, num_kv_heads=kv_heads, head_dim=dim,
+                q_weight=q_weight, k_weight=k_weight, eps=eps,
+            )  # fmt: skip
+            value = qkv[:, (heads + kv_heads) * dim :].view(-1, kv_heads, dim)
+        else:
+            assert rope.cos is not None and rope.sin is not None, "torch path: look cos/sin up"
+            query, key, value = qk_norm_rope_torch(
+                qkv, rope.cos, rope.sin,
+                num_heads=heads, num_kv_heads=kv_heads, head_dim=dim,
+                q_weight=q_weight, k_weight=k_weight, eps=eps,
+            )  # fmt: skip
+        return self.forward(query, key, value, meta)

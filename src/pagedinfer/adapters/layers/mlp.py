@@ -59,6 +59,7 @@ class GatedMLP(nn.Module):
         parallel: ParallelContext,
         dtype: torch.dtype,
         device: torch.device,
+        fused: bool = False,
     ) -> None:
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(
@@ -69,7 +70,7 @@ class GatedMLP(nn.Module):
             device=device,
             bias=bias,
         )
-        self.act = SiluAndMul()
+        self.act = SiluAndMul(fused=fused)  # fused: one Triton kernel
         self.down_proj = RowParallelLinear(
             intermediate_size,
             hidden_size,

@@ -34,7 +34,14 @@ from torch import nn
 
 from pagedinfer.adapters.layers.norm import rms_norm_torch
 
-__all__ = ["ROPE_TYPES", "RopeScaling", "RotaryEmbedding", "apply_rotary", "qk_norm_rope_torch"]
+__all__ = [
+    "ROPE_TYPES",
+    "RopeScaling",
+    "RotaryEmbedding",
+    "RotaryStep",
+    "apply_rotary",
+    "qk_norm_rope_torch",
+]
 
 ROPE_TYPES: tuple[str, ...] = ("default", "linear", "dynamic", "llama3", "yarn")
 
@@ -113,6 +120,25 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``cos, sin`` of shape ``[T, 1, head_dim / 2]`` for ``positions [T]``."""
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+    def step(self, positions: torch.Tensor, *, fused: bool) -> RotaryStep:
+        """This step's rotary inputs for every layer: with ``fused`` the kernels look the
+        positions up in the tables themselves, otherwise cos and sin are looked up here once."""
+        if fused:
+            return RotaryStep(positions, self.cos, self.sin, None, None)
+        cos, sin = self(positions)
+        return RotaryStep(positions, self.cos, self.sin, cos, sin)
+
+
+@dataclass(frozen=True, slots=True)
+class RotaryStep:
+    """A step's rotary inputs, built once by the model and passed to every layer."""
+
+    positions: torch.Tensor  # [T]
+    table_cos: torch.Tensor  # [max_position, head_dim / 2] float32, the whole table
+    table_sin: torch.Tensor
+    cos: torch.Tensor | None  # [T, 1, head_dim / 2] looked up (torch path); None when fused
+    sin: torch.Tensor | None
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

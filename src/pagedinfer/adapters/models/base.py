@@ -34,6 +34,13 @@ class BuildContext:
     dtype: torch.dtype
     device: torch.device
 
+    @property
+    def fused_kernels(self) -> bool:
+        """Layers run the fused Triton kernels (norms, RoPE, SiLU-and-mul, MoE) on the Triton
+        and flash paths (CUDA, or the CPU under ``TRITON_INTERPRET=1``); the torch path (the
+        CPU) runs their torch twins and never imports Triton."""
+        return self.backend.name != "torch"
+
 
 # A checkpoint's per-expert tensor: "<prefix>.experts.<e>.<gate_proj|up_proj|down_proj>.weight".
 _EXPERT_TENSOR = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<expert>\d+)\.(?P<proj>\w+)\.weight$")

@@ -17,7 +17,13 @@ checkpoints, so most tensors load by name; packed projections are mapped by
 
 The residual stream is carried beside the hidden states: each norm adds the residual and
 normalises in one call (:meth:`RMSNorm.add_and_norm`), the same sums in the same order as
-transformers, and the place where a fused add-and-norm kernel goes.
+transformers.
+
+On the Triton and flash paths (``BuildContext.fused_kernels``) every layer runs fused Triton
+kernels, so a decode step launches 9 kernels per layer (10 when decode attention splits the
+KV): add + RMSNorm, the QKV GEMM, q/k RMSNorm + RoPE + KV store (one kernel), attention, the
+output GEMM, add + RMSNorm, the gate/up GEMM, SiLU-and-mul, the down GEMM. The torch path (the
+CPU) runs the same layers with their torch twins.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from pagedinfer.adapters.layers.embedding import ParallelLMHead, VocabParallelEm
 from pagedinfer.adapters.layers.linear import QKVParallelLinear, RowParallelLinear
 from pagedinfer.adapters.layers.mlp import GatedMLP
 from pagedinfer.adapters.layers.norm import RMSNorm
-from pagedinfer.adapters.layers.rotary import RotaryEmbedding, apply_rotary
+from pagedinfer.adapters.layers.rotary import RotaryEmbedding, RotaryStep
 from pagedinfer.adapters.models.base import BuildContext, CausalLM, WeightMapping
 from pagedinfer.adapters.models.config import ModelConfig
 
@@ -91,6 +97,7 @@ class DecoderAttention(nn.Module):
             bias=switches.o_proj_bias,
             what="num_attention_heads * head_dim",
         )
+        # Weights only: the fused kernel or the torch twin applies them (PagedAttention).
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
         if switches.qk_norm:
@@ -102,28 +109,18 @@ class DecoderAttention(nn.Module):
             head_dim,
             scale=head_dim**-0.5,
             backend=build.backend,
+            fused=build.fused_kernels,
         )
 
     def forward(
-        self,
-        hidden: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        meta: AttentionMetadata,
+        self, hidden: torch.Tensor, rope: RotaryStep, meta: AttentionMetadata
     ) -> torch.Tensor:
         num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)
-        q_size = self.num_heads * self.head_dim
-        kv_size = self.num_kv_heads * self.head_dim
-        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        out: torch.Tensor = self.attn(q, k, v, meta)
-        projected: torch.Tensor = self.o_proj(out.reshape(num_tokens, q_size))
+        out = self.attn.forward_packed(qkv, rope, meta, q_norm=self.q_norm, k_norm=self.k_norm)
+        projected: torch.Tensor = self.o_proj(
+            out.reshape(num_tokens, self.num_heads * self.head_dim)
+        )
         return projected
 
 
@@ -139,17 +136,21 @@ class DecoderLayer(nn.Module):
     ) -> None:
         super().__init__()
         dtype, device, eps = build.dtype, build.device, config.rms_norm_eps
-        self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype, device=device)
+        fused = build.fused_kernels
+        self.input_layernorm = RMSNorm(
+            config.hidden_size, eps, dtype=dtype, device=device, fused=fused
+        )
         self.self_attn = DecoderAttention(config, switches, build)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype, device=device)
+        self.post_attention_layernorm = RMSNorm(
+            config.hidden_size, eps, dtype=dtype, device=device, fused=fused
+        )
         self.mlp = feed_forward
 
     def forward(
         self,
         hidden: torch.Tensor,
         residual: torch.Tensor | None,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        rope: RotaryStep,
         meta: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(sublayer output, residual)`` -> the same pair after this layer.
@@ -161,7 +162,7 @@ class DecoderLayer(nn.Module):
             hidden = self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm.add_and_norm(hidden, residual)
-        hidden = self.self_attn(hidden, cos, sin, meta)
+        hidden = self.self_attn(hidden, rope, meta)
         hidden, residual = self.post_attention_layernorm.add_and_norm(hidden, residual)
         out: torch.Tensor = self.mlp(hidden)
         return out, residual
@@ -189,18 +190,23 @@ class DecoderModel(nn.Module):
             device=build.device,
         )
         self.layers = nn.ModuleList(layers)
+        self.fused = build.fused_kernels
         self.norm = RMSNorm(
-            config.hidden_size, config.rms_norm_eps, dtype=build.dtype, device=build.device
+            config.hidden_size,
+            config.rms_norm_eps,
+            dtype=build.dtype,
+            device=build.device,
+            fused=self.fused,
         )
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
-        cos, sin = self.rotary_emb(positions)  # looked up once, shared by every layer
+        rope = self.rotary_emb.step(positions, fused=self.fused)  # once, for every layer
         residual: torch.Tensor | None = None
         for layer in self.layers:
-            hidden, residual = layer(hidden, residual, cos, sin, meta)
+            hidden, residual = layer(hidden, residual, rope, meta)
         assert residual is not None, "a model has at least one layer"
         normed, _ = self.norm.add_and_norm(hidden, residual)
         return normed
@@ -228,6 +234,7 @@ class DecoderForCausalLM(CausalLM):
             parallel=build.parallel,
             dtype=build.dtype,
             device=build.device,
+            fused=build.fused_kernels,
         )
 
     def __init__(self, config: ModelConfig, build: BuildContext) -> None:
