@@ -17,6 +17,8 @@ import pytest
 
 from hf_reference import hf_greedy
 from pagedinfer import Engine, SamplingParams
+from pagedinfer.adapters.kernels.moe import fused_moe
+from pagedinfer.adapters.model_runner import ModelRunner
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1",
@@ -70,3 +72,32 @@ def test_triton_engine_matches_transformers(make_checkpoint: Callable[..., Path]
     # prompt block from it.
     assert cold[1].num_cached_tokens > 0
     assert [o.num_cached_tokens for o in warm] == [48, 48, 0]
+
+
+def test_moe_engine_on_the_triton_path_matches_transformers(
+    make_checkpoint: Callable[..., Path],
+) -> None:
+    """Qwen3-MoE through the fused MoE kernel (the Triton path's experts) and the attention
+    kernels, prefix cache and chunked prefill included."""
+    checkpoint = make_checkpoint(
+        "tiny", architecture="Qwen3MoeForCausalLM", num_experts=4, mlp_only_layers=(1,)
+    )
+    prompts = _prompts()
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    expected = [hf_greedy(checkpoint, prompt, MAX_TOKENS) for prompt in prompts]
+    with Engine(
+        checkpoint,
+        device="cpu",
+        attention_backend="triton",
+        kv_block_size=BLOCK_SIZE,
+        max_model_len=128,
+        max_num_batched_tokens=MAX_BATCHED,
+        num_kv_blocks=32,
+    ) as engine:
+        cold = engine.generate(prompts, params, use_tqdm=False)
+        warm = engine.generate(prompts, params, use_tqdm=False)
+        runner = engine._executor
+        assert isinstance(runner, ModelRunner)
+        assert runner.model.get_submodule("model.layers.0.mlp").run_experts is fused_moe
+    assert [o.token_ids for o in cold] == expected
+    assert [o.token_ids for o in warm] == expected

@@ -3,8 +3,8 @@
 Layer ``i`` uses the experts unless it is in ``mlp_only_layers`` or ``(i + 1)`` is not a
 multiple of ``decoder_sparse_step``; those layers get the dense MLP of ``intermediate_size``.
 Routing: softmax over ``num_experts``, the top ``num_experts_per_tok``, renormalised when
-``norm_topk_prob``. The experts run in the torch reference (the fused Triton kernel is not
-wired in yet).
+``norm_topk_prob``. The experts run in the fused Triton kernel (``adapters/kernels/moe.py``)
+on the Triton and flash paths, and in the torch reference on the torch path (the CPU).
 
 Checkpoint names: the router is ``mlp.gate.weight``; experts are stored one by one
 (``mlp.experts.<e>.{gate,up,down}_proj.weight``) and stacked on load.
@@ -50,7 +50,7 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
             num_experts=moe.num_experts,
             top_k=moe.num_experts_per_tok,
             norm_topk_prob=moe.norm_topk_prob,
-            fused=False,
+            fused=build.backend.name != "torch",
             parallel=build.parallel,
             dtype=build.dtype,
             device=build.device,
