@@ -1,10 +1,14 @@
-"""RMSNorm, RoPE and SwiGLU against transformers' Qwen3 implementations."""
+"""RMSNorm, RoPE (every supported variant) and SwiGLU against transformers' implementations."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 import torch
-from transformers import Qwen3Config
+from transformers import LlamaConfig, Qwen3Config
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from transformers.models.qwen3.modeling_qwen3 import (
     Qwen3RMSNorm,
     Qwen3RotaryEmbedding,
@@ -14,6 +18,7 @@ from transformers.models.qwen3.modeling_qwen3 import (
 from pagedinfer.adapters.layers.activation import SiluAndMul
 from pagedinfer.adapters.layers.norm import RMSNorm
 from pagedinfer.adapters.layers.rotary import RotaryEmbedding, apply_rotary
+from pagedinfer.adapters.models.config import ModelConfig
 
 CPU = torch.device("cpu")
 
@@ -82,3 +87,94 @@ def test_silu_and_mul_is_swiglu() -> None:
     x = torch.randn(5, 2 * 6)
     gate, up = x[:, :6], x[:, 6:]
     assert torch.equal(SiluAndMul()(x), torch.nn.functional.silu(gate) * up)
+
+
+# ------------------------------------------------------------------ RoPE variants
+
+ROPE_VARIANTS: dict[str, dict[str, Any]] = {
+    "linear": {"rope_type": "linear", "factor": 4.0},
+    "llama3": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 256,
+    },
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512},
+    "yarn-mscale-no-truncate": {
+        "rope_type": "yarn",
+        "factor": 8.0,
+        "original_max_position_embeddings": 256,
+        "mscale": 0.707,
+        "mscale_all_dim": 1.0,
+        "beta_fast": 16,
+        "truncate": False,
+    },
+    "yarn-attention-factor": {
+        "rope_type": "yarn",
+        "factor": 2.0,
+        "original_max_position_embeddings": 1024,
+        "attention_factor": 1.3,
+    },
+}
+
+
+def _hf_rotary(head_dim: int, rope_parameters: dict[str, Any]) -> LlamaRotaryEmbedding:
+    config = LlamaConfig(
+        hidden_size=64,
+        num_attention_heads=4,
+        head_dim=head_dim,
+        max_position_embeddings=2048,
+        rope_parameters=dict(rope_parameters),
+    )
+    return LlamaRotaryEmbedding(config)
+
+
+def _ours(head_dim: int, rope_parameters: dict[str, Any], max_position: int) -> RotaryEmbedding:
+    raw = {
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": 32,
+        "hidden_size": 64,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "head_dim": head_dim,
+        "max_position_embeddings": 2048,
+        "rope_parameters": dict(rope_parameters),
+    }
+    config = ModelConfig.from_dict(raw, Path("rope-test"))
+    return RotaryEmbedding(
+        head_dim, max_position, config.rope_theta, config.rope_scaling, device=CPU
+    )
+
+
+@pytest.mark.parametrize("head_dim", [32, 128])
+@pytest.mark.parametrize("variant", sorted(ROPE_VARIANTS))
+def test_rope_scaling_matches_transformers(variant: str, head_dim: int) -> None:
+    params = {"rope_theta": 500_000.0, **ROPE_VARIANTS[variant]}
+    positions = torch.tensor([0, 1, 5, 255, 256, 511, 1000, 2047])
+    cos_hf, sin_hf = _hf_rotary(head_dim, params)(torch.zeros(1), positions[None, :])
+    cos, sin = _ours(head_dim, params, 2048)(positions)
+    half = head_dim // 2
+    # Bit for bit. transformers' tables repeat each angle for both halves ([cos, cos]).
+    assert torch.equal(cos[:, 0], cos_hf[0, :, :half])
+    assert torch.equal(sin[:, 0], sin_hf[0, :, :half])
+
+
+@pytest.mark.parametrize("head_dim", [32, 128])
+def test_dynamic_ntk_rope_matches_transformers_generation(head_dim: int) -> None:
+    """Position ``p`` is rotated as transformers rotates the newest token of a sequence of
+    ``p + 1`` tokens (its decode step), also beyond max_position_embeddings."""
+    params = {"rope_theta": 10_000.0, "rope_type": "dynamic", "factor": 2.0}
+    ours = _ours(head_dim, params, 4096)
+    for position in (0, 100, 2046, 2047, 2048, 2049, 3000, 4095):
+        hf = _hf_rotary(head_dim, params)  # fresh: transformers caches its last frequencies
+        cos_hf, sin_hf = hf(torch.zeros(1), torch.arange(position + 1)[None, :])
+        cos, sin = ours(torch.tensor([position]))
+        half = head_dim // 2
+        assert torch.equal(cos[0, 0], cos_hf[0, -1, :half]), position  # bit for bit
+        assert torch.equal(sin[0, 0], sin_hf[0, -1, :half]), position
+    # Within the original context the table is the default one.
+    default = _ours(head_dim, {"rope_theta": 10_000.0, "rope_type": "default"}, 2048)
+    assert torch.equal(ours.cos[:2048], default.cos)
+    assert not torch.allclose(ours.cos[2048:], _ours(head_dim, params, 4096).cos[:2048])

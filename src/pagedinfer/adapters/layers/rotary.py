@@ -16,7 +16,8 @@ table, never how it is applied:
   original context; transformers' own rotation of a longer prompt depends on its length.
 
 Every table is computed with the same float32 operations as transformers'
-``ROPE_INIT_FUNCTIONS``, so the angles agree to the last bit or nearly.
+``ROPE_INIT_FUNCTIONS``: the cos/sin tables are bit-identical to transformers' rotary
+embedding (tested for every variant).
 
 :func:`apply_rotary` and :func:`qk_norm_rope_torch` are the torch twins of the Triton kernel in
 :mod:`pagedinfer.adapters.kernels.qk_norm_rope`, which does the per-head q/k RMSNorm, the
@@ -267,8 +268,10 @@ def _dynamic_ntk_inverse_frequencies(
     original = scaling.original_context()
     factor = scaling.factor
     seq_len = (positions + 1).clamp_min(original).to(torch.float32)
-    grown_base = base * ((factor * seq_len / original) - (factor - 1)) ** (
-        head_dim / (head_dim - 2)
-    )
+    stretch = (factor * seq_len / original) - (factor - 1)
+    # transformers raises a 0-dim float32 tensor to this power (a correctly rounded powf); a
+    # vectorised float32 pow can be one ulp off, so take it in float64 and round once.
+    grown = (stretch.to(torch.float64) ** (head_dim / (head_dim - 2))).to(torch.float32)
+    grown_base = base * grown
     inv_freq: torch.Tensor = 1.0 / (grown_base[:, None] ** _exponents(head_dim, positions.device))
     return inv_freq
