@@ -1,7 +1,10 @@
-"""Weight loading: packed projections, tied heads, dtype conversion and every refusal."""
+"""Weight loading: packed projections, tied heads, stacked experts, dtype conversion, sharded
+and indexed checkpoints, and every refusal (shapes checked before tensor-parallel narrowing,
+non-float and duplicated tensors, damaged files)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -11,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from pagedinfer.adapters.attention.torch_ref import TorchAttentionBackend
-from pagedinfer.adapters.distributed.parallel import SINGLE_PROCESS
+from pagedinfer.adapters.distributed.parallel import SINGLE_PROCESS, ParallelContext
 from pagedinfer.adapters.models.base import CausalLM
 from pagedinfer.adapters.models.config import ModelConfig
 from pagedinfer.adapters.models.loader import load_weights
@@ -149,3 +152,267 @@ def test_wrong_shape_is_named(tiny_checkpoint: Path, tmp_path: Path) -> None:
     path = edited_copy(tiny_checkpoint, tmp_path / "shape", shrink)
     with pytest.raises(UnsupportedModelError, match=name):
         load_weights(build(path), path)
+
+
+# ------------------------------------------------ shapes and dtypes before any TP narrowing
+
+
+def build_rank(path: Path, rank: int, world_size: int) -> CausalLM:
+    """This rank's model of a ``world_size``-way tensor-parallel group (loading needs no
+    collectives, so no process group is created)."""
+    return build_model(
+        ModelConfig.from_pretrained(path),
+        parallel=ParallelContext(rank=rank, world_size=world_size),
+        backend=TorchAttentionBackend(16),
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+    )
+
+
+def grow_rows(name: str, extra: int) -> Callable[[dict[str, torch.Tensor]], None]:
+    def edit(tensors: dict[str, torch.Tensor]) -> None:
+        tensor = tensors[name]
+        tensors[name] = torch.cat([tensor, torch.zeros(extra, *tensor.shape[1:])])
+
+    return edit
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+@pytest.mark.parametrize(
+    ("name", "edit", "expected", "actual"),
+    [
+        # Larger tensors: a TP shard of the first rows would have fitted (and loaded silently).
+        (
+            f"{LAYER0}.self_attn.q_proj.weight",
+            grow_rows(f"{LAYER0}.self_attn.q_proj.weight", 32),
+            "[128, 64]",
+            "[160, 64]",
+        ),
+        (
+            "model.embed_tokens.weight",
+            grow_rows("model.embed_tokens.weight", 2),
+            "[512, 64]",
+            "[514, 64]",
+        ),
+        (
+            f"{LAYER0}.mlp.down_proj.weight",
+            lambda t: t.update(
+                {f"{LAYER0}.mlp.down_proj.weight": torch.zeros(64, 256)},
+            ),
+            "[64, 128]",
+            "[64, 256]",
+        ),
+        # Smaller tensors: once a bare torch error from narrow(), naming nothing.
+        (
+            f"{LAYER0}.mlp.gate_proj.weight",
+            lambda t: t.update({f"{LAYER0}.mlp.gate_proj.weight": torch.zeros(64, 64)}),
+            "[128, 64]",
+            "[64, 64]",
+        ),
+        (
+            f"{LAYER0}.self_attn.v_proj.weight",
+            lambda t: t.update({f"{LAYER0}.self_attn.v_proj.weight": torch.zeros(64)}),
+            "[64, 64]",
+            "[64]",
+        ),
+    ],
+)
+def test_full_shape_is_checked_before_tensor_parallel_narrowing(
+    tiny_checkpoint: Path,
+    tmp_path: Path,
+    world_size: int,
+    name: str,
+    edit: Callable[[dict[str, torch.Tensor]], None],
+    expected: str,
+    actual: str,
+) -> None:
+    path = edited_copy(tiny_checkpoint, tmp_path / "resized", edit)
+    for rank in range(world_size):
+        with pytest.raises(UnsupportedModelError) as info:
+            load_weights(build_rank(path, rank, world_size), path)
+        message = str(info.value)
+        assert name in message and "model.safetensors" in message and "resized" in message
+        assert f"shape {actual}" in message and f"shape {expected}" in message
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int8, torch.bool, torch.uint8])
+def test_integer_and_bool_tensors_are_refused(
+    tiny_checkpoint: Path, tmp_path: Path, dtype: torch.dtype
+) -> None:
+    name = "model.norm.weight"
+
+    def cast(tensors: dict[str, torch.Tensor]) -> None:
+        tensors[name] = tensors[name].to(dtype)
+
+    path = edited_copy(tiny_checkpoint, tmp_path / "ints", cast)
+    with pytest.raises(UnsupportedModelError, match="not a floating-point type") as info:
+        load_weights(build(path), path)
+    assert name in str(info.value)
+
+
+def test_half_precision_tensors_load_into_a_float32_model(
+    tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    def to_half(tensors: dict[str, torch.Tensor]) -> None:
+        for key in tensors:
+            tensors[key] = tensors[key].to(torch.float16)
+
+    path = edited_copy(tiny_checkpoint, tmp_path / "half", to_half)
+    model = build(path)
+    load_weights(model, path)
+    assert model.get_parameter("model.norm.weight").dtype is torch.float32
+
+
+# ------------------------------------------------------------- files: shards and damage
+
+
+def shard(source: Path, target: Path, *, index: bool, overlap: bool = False) -> Path:
+    """A copy of ``source`` with its tensors split over two files (plus an index file);
+    with ``overlap``, the second file repeats one tensor of the first."""
+    shutil.copytree(source, target)
+    tensors = load_file(str(target / "model.safetensors"))
+    (target / "model.safetensors").unlink()
+    names = sorted(tensors)
+    first, second = names[: len(names) // 2], names[len(names) // 2 :]
+    if overlap:
+        second = [*second, first[0]]
+    files = {"model-00001-of-00002.safetensors": first, "model-00002-of-00002.safetensors": second}
+    for file, keys in files.items():
+        save_file({k: tensors[k] for k in keys}, str(target / file), metadata={"format": "pt"})
+    if index:
+        weight_map = {key: file for file, keys in files.items() for key in keys}
+        (target / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    return target
+
+
+@pytest.mark.parametrize("index", [True, False])
+def test_sharded_checkpoints_load(tiny_checkpoint: Path, tmp_path: Path, index: bool) -> None:
+    path = shard(tiny_checkpoint, tmp_path / "sharded", index=index)
+    load_weights(build(path), path)
+
+
+def test_a_tensor_stored_twice_is_refused(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    path = shard(tiny_checkpoint, tmp_path / "twice", index=False, overlap=True)
+    with pytest.raises(UnsupportedModelError, match="stored in") as info:
+        load_weights(build(path), path)
+    message = str(info.value)
+    assert "model-00001-of-00002.safetensors" in message
+    assert "model-00002-of-00002.safetensors" in message
+
+
+def test_the_index_decides_which_files_are_read(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    """Mistral repositories ship ``consolidated.safetensors`` (another naming scheme) beside
+    the indexed Hugging Face shards; it must not be read."""
+    path = shard(tiny_checkpoint, tmp_path / "indexed", index=True)
+    save_file({"tok_embeddings.weight": torch.zeros(2, 2)}, str(path / "consolidated.safetensors"))
+    load_weights(build(path), path)
+    (path / "model.safetensors.index.json").unlink()
+    with pytest.raises(UnsupportedModelError, match="tok_embeddings"):
+        load_weights(build(path), path)
+
+
+def test_an_index_naming_a_missing_file(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    path = shard(tiny_checkpoint, tmp_path / "gap", index=True)
+    (path / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(UnsupportedModelError, match=r"model-00002-of-00002\.safetensors"):
+        load_weights(build(path), path)
+
+
+@pytest.mark.parametrize("content", [b"{not json", b"[1, 2]", b'{"weight_map": {}}', b"\xff\xfe"])
+def test_an_unreadable_index(tiny_checkpoint: Path, tmp_path: Path, content: bytes) -> None:
+    path = shard(tiny_checkpoint, tmp_path / "bad-index", index=True)
+    (path / "model.safetensors.index.json").write_bytes(content)
+    with pytest.raises(UnsupportedModelError, match=r"model\.safetensors\.index\.json"):
+        load_weights(build(path), path)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(lambda data: b"not a safetensors file at all", id="garbage"),
+        pytest.param(lambda data: data[: len(data) // 2], id="truncated"),
+        pytest.param(lambda data: b"", id="empty"),
+        pytest.param(lambda data: (10**9).to_bytes(8, "little") + data[8:], id="bad-header-size"),
+    ],
+)
+def test_corrupt_safetensors_name_the_file(
+    tiny_checkpoint: Path, tmp_path: Path, damage: Callable[[bytes], bytes]
+) -> None:
+    path = tmp_path / "corrupt"
+    shutil.copytree(tiny_checkpoint, path)
+    weights = path / "model.safetensors"
+    weights.write_bytes(damage(weights.read_bytes()))
+    with pytest.raises(UnsupportedModelError) as info:
+        load_weights(build(path), path)
+    message = str(info.value)
+    assert str(weights) in message and "expected a safetensors file" in message
+
+
+def test_a_symlink_loop_instead_of_weights(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    path = tmp_path / "loop"
+    shutil.copytree(tiny_checkpoint, path)
+    (path / "model.safetensors").unlink()
+    (path / "model.safetensors").symlink_to(path / "model.safetensors")
+    with pytest.raises(UnsupportedModelError, match=r"model\.safetensors"):
+        load_weights(build(path), path)
+
+
+# ------------------------------------------------------------------------ MoE experts
+
+
+def test_expert_tensors_are_stacked(make_checkpoint: Callable[..., Path]) -> None:
+    path = make_checkpoint("tiny", architecture="Qwen3MoeForCausalLM", num_experts=4)
+    model = build(path)
+    load_weights(model, path)
+    tensors = load_file(str(path / "model.safetensors"))
+    experts = f"{LAYER0}.mlp.experts"
+    gate_up = model.get_parameter(f"{experts}.gate_up_proj")
+    down = model.get_parameter(f"{experts}.down_proj")
+    for e in range(4):
+        expected = torch.cat(
+            [tensors[f"{experts}.{e}.gate_proj.weight"], tensors[f"{experts}.{e}.up_proj.weight"]]
+        )
+        assert torch.equal(gate_up[e], expected)
+        assert torch.equal(down[e], tensors[f"{experts}.{e}.down_proj.weight"])
+
+
+def test_expert_shards_split_the_intermediate_features(
+    make_checkpoint: Callable[..., Path],
+) -> None:
+    path = make_checkpoint("tiny", architecture="Qwen3MoeForCausalLM", num_experts=4)
+    tensors = load_file(str(path / "model.safetensors"))
+    experts = f"{LAYER0}.mlp.experts"
+    for rank in range(2):
+        model = build_rank(path, rank, 2)
+        load_weights(model, path)
+        rows = slice(rank * 16, (rank + 1) * 16)  # moe_intermediate_size 32 over 2 ranks
+        gate_up = model.get_parameter(f"{experts}.gate_up_proj")
+        assert torch.equal(gate_up[3, :16], tensors[f"{experts}.3.gate_proj.weight"][rows])
+        assert torch.equal(gate_up[3, 16:], tensors[f"{experts}.3.up_proj.weight"][rows])
+        down = model.get_parameter(f"{experts}.down_proj")
+        assert torch.equal(down[3], tensors[f"{experts}.3.down_proj.weight"][:, rows])
+
+
+def test_missing_and_unknown_experts_are_named(
+    make_checkpoint: Callable[..., Path], tmp_path: Path
+) -> None:
+    source = make_checkpoint("tiny", architecture="Qwen3MoeForCausalLM", num_experts=4)
+    name = f"{LAYER0}.mlp.experts.2.up_proj.weight"
+
+    def drop(tensors: dict[str, torch.Tensor]) -> None:
+        del tensors[name]
+
+    path = edited_copy(source, tmp_path / "no-expert", drop)
+    with pytest.raises(UnsupportedModelError, match="missing") as info:
+        load_weights(build(path), path)
+    assert name in str(info.value)
+
+    extra = f"{LAYER0}.mlp.experts.4.up_proj.weight"  # the config says 4 experts: 0..3
+
+    def add(tensors: dict[str, torch.Tensor]) -> None:
+        tensors[extra] = tensors[name.replace(".2.", ".1.")].clone()
+
+    path = edited_copy(source, tmp_path / "fifth-expert", add)
+    with pytest.raises(UnsupportedModelError, match="matches no parameter") as info:
+        load_weights(build(path), path)
+    assert extra in str(info.value)

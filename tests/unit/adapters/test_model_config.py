@@ -343,3 +343,34 @@ def test_unreadable_json(tmp_path: Path) -> None:
     (path / "config.json").write_text("{not json")
     with pytest.raises(UnsupportedModelError, match=r"config\.json"):
         ModelConfig.from_pretrained(path)
+
+
+@pytest.mark.parametrize(
+    ("damage", "fragment"),
+    [
+        pytest.param(lambda f: f.write_text("[1, 2, 3]"), "not an object", id="json-list"),
+        pytest.param(lambda f: f.write_bytes(b"\xff\xfe{}"), "cannot read", id="not-utf8"),
+        pytest.param(lambda f: f.mkdir(), "cannot read", id="a-directory"),
+        pytest.param(lambda f: f.symlink_to(f), "cannot read", id="symlink-loop"),
+        pytest.param(lambda f: f.symlink_to(f.parent / "gone.json"), "cannot read", id="dangling"),
+    ],
+)
+def test_unreadable_config_names_the_file_and_what_was_expected(
+    tmp_path: Path, damage: Callable[[Path], object], fragment: str
+) -> None:
+    path = tmp_path / "m"
+    path.mkdir()
+    damage(path / "config.json")
+    with pytest.raises(UnsupportedModelError) as info:
+        ModelConfig.from_pretrained(path)
+    message = str(info.value)
+    assert fragment in message
+    assert str(path / "config.json") in message
+    assert "model's configuration" in message
+
+
+def test_unreadable_generation_config_is_named(tmp_path: Path) -> None:
+    path = write_checkpoint(tmp_path / "m", legacy())
+    (path / "generation_config.json").write_text("{oops")
+    with pytest.raises(UnsupportedModelError, match=r"generation_config\.json"):
+        ModelConfig.from_pretrained(path)

@@ -142,7 +142,7 @@ class ModelConfig:
                 "local Hugging Face checkpoint directory (config.json + *.safetensors)."
             )
         config_file = root / "config.json"
-        if not (config_file.is_file() or config_file.is_symlink()):
+        if not (config_file.exists() or config_file.is_symlink()):
             raise UnsupportedModelError(
                 f"checkpoint {str(root)!r} has no config.json: expected a Hugging Face "
                 "checkpoint directory (config.json + *.safetensors)."
@@ -151,7 +151,7 @@ class ModelConfig:
         generation_file = root / "generation_config.json"
         generation = (
             _read_json(generation_file, "the generation settings")
-            if generation_file.is_file() or generation_file.is_symlink()
+            if generation_file.exists() or generation_file.is_symlink()
             else None
         )
         return cls.from_dict(raw, root, generation)
