@@ -50,7 +50,7 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
             num_experts=moe.num_experts,
             top_k=moe.num_experts_per_tok,
             norm_topk_prob=moe.norm_topk_prob,
-            fused=build.backend.name != "torch",
+            fused=build.fused_kernels,
             parallel=build.parallel,
             dtype=build.dtype,
             device=build.device,
