@@ -292,8 +292,8 @@ class _Reader:
         if rope_type == "default":
             return RopeScaling()
 
-        def number(key: str, default: float | None = None) -> float:
-            value = params.get(key, default)
+        def number(key: str) -> float:
+            value = params.get(key)
             if not _is_positive_number(value):
                 self.fail(
                     f"{rope_type!r} RoPE needs a positive number {key!r} in rope_parameters "
