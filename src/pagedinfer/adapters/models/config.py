@@ -137,10 +137,7 @@ class ModelConfig:
         """
         root = Path(path)
         if not root.is_dir():
-            raise CheckpointNotFoundError(
-                f"model path {str(root)!r} does not exist or is not a directory: expected a "
-                "local Hugging Face checkpoint directory (config.json + *.safetensors)."
-            )
+            raise CheckpointNotFoundError(_missing_checkpoint_message(str(path)))
         config_file = root / "config.json"
         if not (config_file.exists() or config_file.is_symlink()):
             raise UnsupportedModelError(
@@ -433,3 +430,26 @@ def _token_ids(value: object) -> tuple[int, ...]:
     values = value if isinstance(value, list) else [value]
     ids = [v for v in values if isinstance(v, int) and not isinstance(v, bool) and v >= 0]
     return tuple(dict.fromkeys(ids))
+
+
+def _missing_checkpoint_message(path: str) -> str:
+    """Why ``path`` cannot be loaded; a hub-style id gets told how to download it first."""
+    looks_like_hub_id = (
+        path.count("/") == 1
+        and not path.startswith(("/", ".", "~"))
+        and all(part and not part.startswith(".") for part in path.split("/"))
+        and not Path(path).exists()
+    )
+    if looks_like_hub_id:
+        name = path.split("/")[1]
+        return (
+            f"model {path!r} is not a local directory. It looks like a Hugging Face Hub id, "
+            "but pagedinfer only loads local checkpoint directories: download the checkpoint "
+            f"first (e.g. `huggingface-cli download {path} --local-dir ./{name}`, or "
+            "huggingface_hub.snapshot_download) and pass that directory "
+            f"(Engine(model='./{name}'))."
+        )
+    return (
+        f"model path {path!r} does not exist or is not a directory: expected a local Hugging "
+        "Face checkpoint directory (config.json + *.safetensors)."
+    )
