@@ -31,9 +31,10 @@ from pagedinfer.errors import ConfigurationError, EngineClosedError, WorkerDiedE
 from .tp_helpers import (
     SHM,
     child_pids,
+    existing_shm,
     is_running,
     shared_prefix_prompts,
-    shm_entries,
+    tracked_shm_names,
 )
 
 pytestmark = [pytest.mark.tensor_parallel, pytest.mark.slow]
@@ -71,11 +72,10 @@ CHANNEL_AT_START: dict[str, tuple[str, int]] = {}
 @pytest.fixture(scope="module")
 def gqa_engine(gqa_checkpoint: Path) -> Iterator[Engine]:
     """TP=2 with the smallest control channel: nearly every step's message must grow it."""
-    before = shm_entries()
-    with pytest.MonkeyPatch.context() as patch:
+    with pytest.MonkeyPatch.context() as patch, tracked_shm_names() as names:
         patch.setattr(executor_module, "DEFAULT_CHANNEL_BYTES", channel_module.MIN_CAPACITY)
         engine = Engine(gqa_checkpoint, tensor_parallel_size=2, **SETTINGS)
-    created = [name for name in shm_entries() - before if name.startswith("pagedinfer-")]
+    created = [name for name in names if name.startswith("pagedinfer-")]
     if len(created) == 1:
         CHANNEL_AT_START["gqa"] = (created[0], (SHM / created[0]).stat().st_size)
     yield engine
@@ -165,12 +165,13 @@ def test_heads_not_divisible_by_the_tp_size_are_refused_before_spawning(
 
 
 def test_an_error_found_after_the_workers_started_still_stops_them(gqa_checkpoint: Path) -> None:
-    shm_before, children_before = shm_entries(), child_pids()
+    children_before = child_pids()
     too_small = {**SETTINGS, "num_kv_blocks": 4}  # 64 tokens < max_model_len = 128
-    with pytest.raises(ConfigurationError, match="max_model_len"):
+    with tracked_shm_names() as created, pytest.raises(ConfigurationError, match="max_model_len"):
         Engine(gqa_checkpoint, tensor_parallel_size=2, **too_small)
     assert child_pids() <= children_before
-    assert shm_entries() <= shm_before
+    assert created, "the workers were not started"
+    assert not existing_shm(created)
 
 
 # ------------------------------------------------------------------- isolation
@@ -241,7 +242,14 @@ def test_an_engine_in_another_process_on_the_same_host(
 
 # --------------------------------------------------------------------- failure
 def test_a_killed_worker_makes_the_next_call_raise_quickly(gqa_checkpoint: Path) -> None:
-    shm_before, children_before, active_before = shm_entries(), child_pids(), active_pids()
+    with tracked_shm_names() as created:
+        _a_killed_worker_makes_the_next_call_raise_quickly(gqa_checkpoint, created)
+
+
+def _a_killed_worker_makes_the_next_call_raise_quickly(
+    gqa_checkpoint: Path, created: set[str]
+) -> None:
+    children_before, active_before = child_pids(), active_pids()
     engine = Engine(gqa_checkpoint, tensor_parallel_size=2, **SETTINGS)
     prompts = shared_prefix_prompts(seed=41, count=2)
     assert len(engine.generate(prompts, GREEDY, use_tqdm=False)) == 2
@@ -257,21 +265,22 @@ def test_a_killed_worker_makes_the_next_call_raise_quickly(gqa_checkpoint: Path)
 
     engine.close()
     assert child_pids() <= children_before
-    assert shm_entries() <= shm_before
+    assert not existing_shm(created)
 
 
 # -------------------------------------------------------------------- shutdown
 def test_close_stops_the_worker_and_frees_the_shared_memory(gqa_checkpoint: Path) -> None:
-    shm_before, children_before, active_before = shm_entries(), child_pids(), active_pids()
-    engine = Engine(gqa_checkpoint, tensor_parallel_size=2, **SETTINGS)
-    (worker,) = new_worker_pids(active_before)
-    assert shm_entries() - shm_before, "the engine made no shared-memory segment"
-    engine.generate(shared_prefix_prompts(seed=51, count=1), GREEDY, use_tqdm=False)
+    children_before, active_before = child_pids(), active_pids()
+    with tracked_shm_names() as created:
+        engine = Engine(gqa_checkpoint, tensor_parallel_size=2, **SETTINGS)
+        (worker,) = new_worker_pids(active_before)
+        assert existing_shm(created), "the engine made no shared-memory segment"
+        engine.generate(shared_prefix_prompts(seed=51, count=1), GREEDY, use_tqdm=False)
 
     engine.close()
     assert not is_running(worker)
     assert child_pids() <= children_before
-    assert shm_entries() <= shm_before
+    assert not existing_shm(created)
     engine.close()  # idempotent
     with pytest.raises(EngineClosedError):
         engine.generate([[1, 2, 3]], GREEDY, use_tqdm=False)
@@ -280,13 +289,14 @@ def test_close_stops_the_worker_and_frees_the_shared_memory(gqa_checkpoint: Path
 def test_garbage_collection_stops_the_worker_and_frees_the_shared_memory(
     gqa_checkpoint: Path,
 ) -> None:
-    shm_before, children_before, active_before = shm_entries(), child_pids(), active_pids()
-    engine = Engine(gqa_checkpoint, tensor_parallel_size=2, **SETTINGS)
-    (worker,) = new_worker_pids(active_before)
-    engine.generate(shared_prefix_prompts(seed=61, count=1), GREEDY, use_tqdm=False)
+    children_before, active_before = child_pids(), active_pids()
+    with tracked_shm_names() as created:
+        engine = Engine(gqa_checkpoint, tensor_parallel_size=2, **SETTINGS)
+        (worker,) = new_worker_pids(active_before)
+        engine.generate(shared_prefix_prompts(seed=61, count=1), GREEDY, use_tqdm=False)
 
     del engine
     gc.collect()
     assert not is_running(worker)
     assert child_pids() <= children_before
-    assert shm_entries() <= shm_before
+    assert created and not existing_shm(created)

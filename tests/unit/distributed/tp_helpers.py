@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import multiprocessing.synchronize
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psutil
+import pytest
+
+from pagedinfer.adapters.distributed import channel as channel_module
 
 SHM = Path("/dev/shm")
 
@@ -19,9 +26,39 @@ def shared_prefix_prompts(seed: int, count: int, vocab: int = 512) -> list[list[
     ]
 
 
-def shm_entries() -> set[str]:
-    """Names in /dev/shm: shared-memory segments and multiprocessing's named semaphores."""
-    return {entry.name for entry in SHM.iterdir()} if SHM.is_dir() else set()
+@contextmanager
+def tracked_shm_names() -> Iterator[set[str]]:
+    """The /dev/shm names this process creates inside the block: channel segments and
+    multiprocessing's named semaphores.
+
+    Tests check that *these* are gone after shutdown, not that /dev/shm as a whole is back to
+    where it was: other processes on the machine (parallel test runs, other engines) create
+    and remove their own entries meanwhile.
+    """
+    names: set[str] = set()
+    create_segment = channel_module._create_segment
+    semlock_init = multiprocessing.synchronize.SemLock.__init__
+
+    def record_segment(capacity: int) -> Any:
+        segment = create_segment(capacity)
+        names.add(segment.name.lstrip("/"))
+        return segment
+
+    def record_semaphore(self: Any, *args: Any, **kwargs: Any) -> None:
+        semlock_init(self, *args, **kwargs)
+        name = getattr(self._semlock, "name", None)
+        if name:  # unnamed (already unlinked) semaphores leave nothing in /dev/shm
+            names.add("sem." + name.lstrip("/"))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(channel_module, "_create_segment", record_segment)
+        patch.setattr(multiprocessing.synchronize.SemLock, "__init__", record_semaphore)
+        yield names
+
+
+def existing_shm(names: set[str]) -> set[str]:
+    """Which of ``names`` still exist in /dev/shm."""
+    return {name for name in names if (SHM / name).exists()}
 
 
 def child_pids() -> set[int]:
