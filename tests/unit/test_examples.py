@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "custom_runtime.py"
 BENCHMARK = REPO / "benchmarks" / "block_pool.py"
 THROUGHPUT = REPO / "benchmarks" / "throughput.py"
+SCHEDULER_BENCHMARK = REPO / "benchmarks" / "scheduler.py"
 HEAVY = ("torch", "numpy", "triton", "transformers", "safetensors")
 
 # Runs a script as __main__ with the heavy packages blocked, then proves none was loaded.
@@ -200,6 +201,24 @@ def test_block_pool_benchmark_quick_run() -> None:
             prefill_steps >= 1 and decode_steps >= 99
         )  # outputs have >= 100 tokens, the first from prefill
         assert float(row[7]) > 0
+
+
+# ------------------------------------------------------------------ the scheduler benchmark
+
+
+def test_scheduler_benchmark_quick_run() -> None:
+    """Both systems run the same workload to the end (the script raises if either generates
+    a different number of tokens) and report positive costs; no torch is needed."""
+    output = _run_script(SCHEDULER_BENCHMARK, "--quick")
+    rows = _table_rows(output, "| system |")
+    assert [row[0] for row in rows] == ["pagedinfer", "nano-vLLM"]
+    steps = {row[1] for row in rows}
+    assert len(steps) == 1, "both systems take the same prefill and decode steps"
+    for row in rows:
+        prefill_steps, decode_steps = (int(part) for part in row[1].split(" + "))
+        assert prefill_steps >= 1 and decode_steps >= 9
+        assert float(row[4]) > 0 and float(row[6]) > 0 and int(row[7]) >= 1
+    assert "nano-vLLM / pagedinfer:" in output
 
 
 # ---------------------------------------------------------------- the throughput benchmark
