@@ -45,15 +45,13 @@ from pathlib import Path
 
 import xxhash
 
-# Measure this checkout: put its src/ first, so `python benchmarks/scheduler.py` works from
-# a plain checkout and never measures some other installed copy.
-_SRC = Path(__file__).resolve().parents[1] / "src"
-if (_SRC / "pagedinfer").is_dir() and str(_SRC) not in sys.path:
-    sys.path.insert(0, str(_SRC))
+# Run from a plain checkout (`python benchmarks/NAME.py` at the repository root, no install):
+# this repository's src/ comes first on the import path.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-import pagedinfer  # noqa: E402
-from pagedinfer.domain import SamplingParams, Scheduler, SchedulerConfig  # noqa: E402
-from pagedinfer.domain import Sequence as DomainSequence  # noqa: E402
+import pagedinfer
+from pagedinfer.domain import SamplingParams, Scheduler, SchedulerConfig
+from pagedinfer.domain import Sequence as DomainSequence
 
 CLOCK = time.process_time
 VOCAB = 10000

@@ -1,9 +1,12 @@
 """Drive pagedinfer's scheduler from your own runtime, without torch.
 
 ``pagedinfer.domain`` is pure Python: a :class:`~pagedinfer.domain.Scheduler` decides what
-each step computes and hands you a :class:`~pagedinfer.domain.BatchPlan` in plain ints; your
-executor runs the plan and returns one sampled token per ``plan.sampled_seq_ids``; the
-scheduler records them. This example's executor is a fake: it "stores KV" by writing each
+each step computes and hands you a :class:`~pagedinfer.domain.BatchPlan` in flat integer
+arrays (``array.array``); your executor runs the plan and returns one sampled token per
+sampled row (``plan.sample_indices``); the scheduler records them. Sampling parameters
+reach the executor as deltas: each request's ``SamplingParams`` arrive once, with a slot
+number (``plan.new_requests``), and each step names only the slot of every sampled row.
+This example's executor is a fake: it "stores KV" by writing each
 token id into its slot of a flat list, reads every sequence's context back through its
 block table (so a wrong slot or block table shows up at once), and samples random token ids.
 
@@ -48,8 +51,14 @@ class FakeExecutor:
         self.block_size = block_size
         self.kv_slots: list[int | None] = [None] * (num_blocks * block_size)
         self.rng = random.Random(seed)
+        self.sampling: dict[int, SamplingParams] = {}  # slot -> the request's parameters
 
     def execute(self, plan: BatchPlan) -> list[int]:
+        # 0. Keep the sampling table current: released slots first, then new requests.
+        for slot in plan.released_slots:
+            self.sampling.pop(slot, None)
+        for request in plan.new_requests:
+            self.sampling[request.slot] = request.params
         # 1. Store this step's tokens in their slots (padding rows have slot -1).
         for token_id, slot in zip(plan.input_ids, plan.slot_mapping, strict=True):
             if slot != PADDING_SLOT:
@@ -57,16 +66,17 @@ class FakeExecutor:
         # 2. "Attend": each sequence reads its whole context back through its block table.
         for row in range(plan.num_seqs):
             context = self.context(plan, row)
-            query = plan.input_ids[plan.cu_seqlens_q[row] : plan.cu_seqlens_q[row + 1]]
+            query = plan.input_ids[plan.cu_seqlens_q[row] : plan.cu_seqlens_q[row + 1]].tolist()
             if context[len(context) - len(query) :] != query:
                 raise RuntimeError(f"seq {plan.seq_ids[row]}: KV read back != tokens written")
-        # 3. Sample one token per sampled row (a real model would use the logits of
-        #    row plan.sample_indices[i] and plan.temperatures[i], top_ks[i], ...).
+        # 3. Sample one token per sampled row (a real model would use the logits of row
+        #    plan.sample_indices[i] and the parameters self.sampling[plan.sample_slots[i]]).
+        assert all(slot in self.sampling for slot in plan.sample_slots)
         return [self.rng.randrange(VOCAB_SIZE) for _ in plan.sample_indices]
 
     def context(self, plan: BatchPlan, row: int) -> list[int | None]:
         """The tokens sequence ``row`` attends to, gathered through its block table."""
-        table = plan.block_tables[row]
+        table = plan.block_table(row)
         size = self.block_size
         return [
             self.kv_slots[table[position // size] * size + position % size]
@@ -104,13 +114,17 @@ def describe(plan: BatchPlan, step: int) -> str:
     kind = "prefill" if plan.is_prefill else "decode"
     lines = [
         f"step {step}: {kind}, is_prefill={plan.is_prefill}, {plan.num_seqs} seqs, "
-        f"{plan.num_tokens} query tokens, sample_indices={plan.sample_indices} "
-        f"(-> seqs {plan.sampled_seq_ids})"
+        f"{plan.num_tokens} query tokens, sample_indices={plan.sample_indices.tolist()} "
+        f"(-> seqs {plan.sampled_seq_ids}, sampling slots {plan.sample_slots.tolist()})"
     ]
+    for request in plan.new_requests:
+        lines.append(f"  new request {request.seq_id} -> sampling slot {request.slot}")
+    if plan.released_slots:
+        lines.append(f"  released sampling slots {list(plan.released_slots)}")
     for row, seq_id in enumerate(plan.seq_ids):
         begin, end = plan.cu_seqlens_q[row], plan.cu_seqlens_q[row + 1]
-        positions = plan.positions[begin:end]
-        slots = plan.slot_mapping[begin:end]
+        positions = plan.positions[begin:end].tolist()
+        slots = plan.slot_mapping[begin:end].tolist()
         lines.append(
             f"  seq {seq_id}: query_len={plan.query_lens[row]:>2} "
             f"positions={_span(positions)} context_len={plan.context_lens[row]:>3} "
@@ -122,7 +136,7 @@ def describe(plan: BatchPlan, step: int) -> str:
 def _table(plan: BatchPlan, row: int) -> str:
     """The padded block table, with filler entries (past the context) shown as ``-``."""
     used = -(-plan.context_lens[row] // plan.block_size)
-    entries = [str(block_id) for block_id in plan.block_tables[row][:used]]
+    entries = [str(block_id) for block_id in plan.block_table(row)[:used]]
     entries += ["-"] * (plan.block_table_width - used)
     return "[" + ", ".join(entries) + "]"
 

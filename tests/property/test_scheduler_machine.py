@@ -7,6 +7,13 @@ shared block or a lost block would change the output. An oracle that needs no sc
 all (apply the sampler to the token history until a finish rule fires) says what every
 request must produce, whatever the pool size, token budget, chunking, preemption or
 prefix caching did on the way.
+
+The executor also keeps a sampling table fed only by the plans' deltas (released slots, new
+requests) and checks that every sampled row's slot names the right request, with the right
+sample index. Some plans are abandoned (never postprocessed, as when a step fails), with or
+without the executor having applied their deltas. After every rule the scheduler's
+incremental state (decode rows, their calendar, slots) must equal a recomputation from the
+sequences (``Scheduler.check_integrity``).
 """
 
 from __future__ import annotations
@@ -99,6 +106,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.admitted: list[int] = []  # request ids in order of their first admission
         self.cached_at_admission: dict[int, int] = {}
         self.next_id = 0
+        # The executor's sampling table: slot -> (request id, params, prompt length).
+        self.table: dict[int, tuple[int, SamplingParams, int]] = {}
+        # Requests in a plan that was dropped, since: they may hold blocks for that plan.
+        self.ahead: set[int] = set()
 
     # -------------------------------------------------------------------------- rules
     @rule(
@@ -160,6 +171,20 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.aborted.add(seq_id)
             event(f"aborted a {'running' if seq.completion_token_ids else 'fresh'} request")
 
+    @rule(apply_deltas=st.booleans())
+    def abandon_a_plan(self, apply_deltas: bool) -> None:
+        """A step that fails after schedule(): the plan is never postprocessed; the executor
+        may or may not have applied its sampling deltas (and stored some K/V)."""
+        plan = self.scheduler.schedule()
+        if plan is None:
+            return
+        self.check_plan(plan)
+        self.record_admissions(plan)
+        if apply_deltas:
+            self.execute(plan)
+        self.ahead.update(plan.seq_ids)
+        event("abandoned a plan")
+
     @rule(dice=st.integers(0, 9))
     def reset_prefix_cache(self, dice: int) -> None:
         if dice == 0:  # rarely, or the cache would rarely hold anything
@@ -191,11 +216,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.check_plan(plan)
         sampled = self.execute(plan)
         before = {seq_id: self.seqs[seq_id].num_tokens for seq_id in plan.sampled_seq_ids}
-        for seq_id in plan.seq_ids:
-            if seq_id not in self.admitted:
-                self.admitted.append(seq_id)
-                self.cached_at_admission[seq_id] = self.seqs[seq_id].num_cached_tokens
+        self.record_admissions(plan)
         updated = scheduler.postprocess(plan, sampled)
+        self.ahead.difference_update(plan.seq_ids)
         assert [seq.seq_id for seq in updated] == plan.sampled_seq_ids
         for seq in updated:
             assert seq.num_tokens == before[seq.seq_id] + 1
@@ -204,15 +227,31 @@ class SchedulerMachine(RuleBasedStateMachine):
         if plan.is_prefill and plan.has_cached_prefix:
             event("prefill with cached context (chunk or prefix hit)")
 
+    def record_admissions(self, plan: BatchPlan) -> None:
+        for seq_id in plan.seq_ids:
+            if seq_id not in self.admitted:
+                self.admitted.append(seq_id)
+                self.cached_at_admission[seq_id] = self.seqs[seq_id].num_cached_tokens
+
     def execute(self, plan: BatchPlan) -> list[int]:
         size = plan.block_size
+        for slot_id in plan.released_slots:  # releases first, then new requests
+            self.table.pop(slot_id, None)
+        for request in plan.new_requests:
+            self.table[request.slot] = (request.seq_id, request.params, request.num_prompt_tokens)
+        for j, seq_id in enumerate(plan.sampled_seq_ids):
+            owner, params, prompt_len = self.table[plan.sample_slots[j]]
+            seq = self.seqs[seq_id]
+            assert (owner, params, prompt_len) == (seq_id, seq.params, seq.num_prompt_tokens)
+            step = plan.positions[plan.sample_indices[j]] + 1 - prompt_len
+            assert step == seq.num_completion_tokens, "the derived sample index is wrong"
         for slot, token, position in zip(
             plan.slot_mapping, plan.input_ids, plan.positions, strict=True
         ):
             self.kv[slot] = (token, position)
         sampled: dict[int, int] = {}
         for i, seq_id in enumerate(plan.seq_ids):
-            table = plan.block_tables[i]
+            table = plan.block_table(i)
             seen = [
                 self.kv.get(table[p // size] * size + p % size) for p in range(plan.context_lens[i])
             ]
@@ -229,18 +268,25 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert 1 <= plan.num_seqs <= config.max_num_seqs
         assert len(set(plan.seq_ids)) == plan.num_seqs
         if not plan.is_prefill:
-            assert plan.query_lens == [1] * plan.num_seqs, "a decode step computes one token each"
+            assert plan.query_lens.tolist() == [1] * plan.num_seqs, "one token each in decode"
         cu_q = [0]
         cu_k = [0]
         for q, k in zip(plan.query_lens, plan.context_lens, strict=True):
             assert q >= 1
             cu_q.append(cu_q[-1] + q)
             cu_k.append(cu_k[-1] + k)
-        assert plan.cu_seqlens_q == cu_q and plan.cu_seqlens_k == cu_k
+        assert plan.cu_seqlens_q.tolist() == cu_q and plan.cu_seqlens_k.tolist() == cu_k
         assert len(plan.input_ids) == len(plan.positions) == len(plan.slot_mapping) == cu_q[-1]
         assert plan.max_seqlen_q == max(plan.query_lens)
         assert plan.max_seqlen_k == max(plan.context_lens)
-        assert plan.block_table_width == max(len(t) for t in plan.block_tables)
+        widest = max(len(self.seqs[seq_id].block_table) for seq_id in plan.seq_ids)
+        assert plan.block_table_width == widest
+        assert len(plan.block_tables) == plan.num_seqs * widest
+        for name in ("seq_ids", "input_ids", "positions", "slot_mapping", "sample_indices"):
+            assert getattr(plan, name).typecode == "q", name
+        for name in ("query_lens", "context_lens", "cu_seqlens_q", "cu_seqlens_k"):
+            assert getattr(plan, name).typecode == "i", name
+        assert plan.block_tables.typecode == plan.sample_slots.typecode == "i"
         sampled = []
         written_blocks: set[int] = set()
         for i, seq_id in enumerate(plan.seq_ids):
@@ -250,9 +296,9 @@ class SchedulerMachine(RuleBasedStateMachine):
             end = start + plan.query_lens[i]
             assert plan.context_lens[i] == end <= seq.num_tokens
             rows = slice(cu_q[i], cu_q[i + 1])
-            assert plan.positions[rows] == list(range(start, end))
-            assert plan.input_ids[rows] == seq.token_ids[start:end]
-            table = plan.block_tables[i]
+            assert plan.positions[rows].tolist() == list(range(start, end))
+            assert plan.input_ids[rows].tolist() == seq.token_ids[start:end]
+            table = plan.block_table(i)
             assert table[: len(seq.block_table)] == seq.block_table
             assert len(seq.block_table) >= cdiv(end, size)
             for position, slot in zip(range(start, end), plan.slot_mapping[rows], strict=True):
@@ -268,18 +314,24 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert block.ref_count == 1, f"write into shared {block!r}"
             assert block.hash is None, f"write into cached {block!r}"
         assert [s for s, _ in sampled] == plan.sampled_seq_ids
-        assert [r for _, r in sampled] == plan.sample_indices
-        assert plan.sample_steps == [
-            self.seqs[seq_id].num_completion_tokens for seq_id in plan.sampled_seq_ids
-        ]
-        n = plan.num_samples
-        assert len(plan.temperatures) == len(plan.top_ks) == len(plan.top_ps) == n
-        assert len(plan.seeds) == len(plan.sample_steps) == n
+        assert [r for _, r in sampled] == plan.sample_indices.tolist()
+        assert plan.sample_slots.tolist() == [self.seqs[s].slot for s, _ in sampled]
+        assert len(set(plan.sample_slots)) == plan.num_samples
+        if not plan.is_prefill:
+            assert plan.sample_indices.tolist() == list(range(plan.num_seqs))
 
     # --------------------------------------------------------------------- invariants
     @invariant()
     def pool_integrity(self) -> None:
         self.scheduler.pool.check_integrity()
+
+    @invariant()
+    def incremental_state_matches_a_recomputation(self) -> None:
+        # Decode rows (slots, positions, tables...), their calendar, phases, sampling slots.
+        self.scheduler.check_integrity()
+        for seq in self.seqs.values():
+            if seq.is_finished:
+                assert seq.slot == -1 and not seq.decoding
 
     @invariant()
     def ref_counts_match_block_tables(self) -> None:
@@ -303,7 +355,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         for seq in scheduler.running:
             assert seq.status is SequenceStatus.RUNNING
             assert seq.num_computed_tokens < seq.num_tokens
-            assert len(seq.block_table) == cdiv(seq.num_computed_tokens, size)
+            blocks = cdiv(seq.num_computed_tokens, size)
+            if seq.seq_id in self.ahead:  # it keeps the blocks of a dropped plan's step
+                assert len(seq.block_table) >= blocks
+            else:
+                assert len(seq.block_table) == blocks
+                assert seq.decoding == (seq.num_computed_tokens == seq.num_tokens - 1)
             assert len(set(seq.block_table)) == len(seq.block_table)
 
     @invariant()

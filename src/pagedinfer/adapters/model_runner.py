@@ -11,6 +11,7 @@ samples on rank 0.
 from __future__ import annotations
 
 import gc
+from array import array
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -30,9 +31,11 @@ from pagedinfer.adapters.kv_cache import (
 from pagedinfer.adapters.layers.linear import divide
 from pagedinfer.adapters.models.loader import load_weights
 from pagedinfer.adapters.models.registry import build_model, read_model_config
+from pagedinfer.adapters.plan_arrays import plan_tensor
 from pagedinfer.adapters.runner_config import RunnerConfig
-from pagedinfer.adapters.sampler import Sampler, SamplingBatch
-from pagedinfer.domain.plan import PADDING_SLOT, BatchPlan
+from pagedinfer.adapters.sampler import Sampler, SamplingBatch, SamplingTable
+from pagedinfer.domain.plan import PADDING_SLOT, BatchPlan, NewRequest
+from pagedinfer.domain.sampling import SamplingParams
 from pagedinfer.errors import ConfigurationError, EngineClosedError
 
 __all__ = ["DecodeGraphRunner", "ModelRunner", "StepInputs"]
@@ -101,6 +104,8 @@ class ModelRunner:
             dtype=self.dtype,
         )
         self.sampler = Sampler(self.device, config.seed)
+        # Rank 0 samples: it keeps every request's sampling parameters by slot.
+        self.sampling_table = SamplingTable() if parallel.is_driver else None
         self._closed = False
         # Decode steps go through graph_runner when it is set; the warm-up pass that sizes
         # the cache runs eagerly, and graphs are captured once the cache is bound.
@@ -129,17 +134,21 @@ class ModelRunner:
         return [int(token) for token in token_ids.tolist()]
 
     def prepare(self, plan: BatchPlan) -> StepInputs:
-        """The only place a plan becomes tensors."""
+        """The only place a plan becomes tensors (and its sampling deltas are applied)."""
         device = self.device
         every_row_sampled = plan.num_samples == plan.num_tokens  # decode: rows in order
+        sampling = None
+        if self.sampling_table is not None:
+            self.sampling_table.update(plan)
+            sampling = self.sampling_table.batch(plan, device)
         return StepInputs(
-            input_ids=torch.tensor(plan.input_ids, dtype=torch.int64, device=device),
-            positions=torch.tensor(plan.positions, dtype=torch.int64, device=device),
+            input_ids=plan_tensor(plan.input_ids, torch.int64, device),
+            positions=plan_tensor(plan.positions, torch.int64, device),
             meta=AttentionMetadata.from_plan(plan, device),
             sample_indices=None
             if every_row_sampled
-            else torch.tensor(plan.sample_indices, dtype=torch.int64, device=device),
-            sampling=SamplingBatch.from_plan(plan, device) if self.parallel.is_driver else None,
+            else plan_tensor(plan.sample_indices, torch.int64, device),
+            sampling=sampling,
         )
 
     def _run_model(self, plan: BatchPlan, inputs: StepInputs) -> torch.Tensor:
@@ -200,6 +209,8 @@ class ModelRunner:
         self._bind_kv_cache(self._allocate_kv_cache(1))  # slots are -1: nothing is stored
         self.execute(self._warm_up_plan())
         self._unbind_kv_cache()
+        if self.sampling_table is not None:  # forget the warm-up's request
+            self.sampling_table = SamplingTable()
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(device)
@@ -219,7 +230,8 @@ class ModelRunner:
         Sequences are ``max_model_len`` long (the last one shorter); no K/V is stored
         (padding slots). It runs over a one-block cache: backends that read every key through
         the block table (triton) find block 0 in every column, so all reads stay in bounds.
-        Sampling uses top-k and top-p so that the sampler's sort is part of the measured peak.
+        Sampling uses top-k and top-p so that the sampler's sort is part of the measured peak;
+        every sampled row uses sampling slot 0.
         """
         config = self.config
         budget = min(config.max_num_batched_tokens, config.max_num_seqs * config.max_model_len)
@@ -235,26 +247,22 @@ class ModelRunner:
         width = -(-max(lengths) // config.block_size)
         return BatchPlan(
             is_prefill=True,
-            seq_ids=list(range(len(lengths))),
-            query_lens=lengths,
-            context_lens=lengths,
-            input_ids=[0] * num_tokens,
-            positions=[p for length in lengths for p in range(length)],
-            slot_mapping=[PADDING_SLOT] * num_tokens,
-            cu_seqlens_q=cu,
-            cu_seqlens_k=cu,
+            block_size=config.block_size,
+            seq_ids=array("q", range(len(lengths))),
+            query_lens=array("i", lengths),
+            context_lens=array("i", lengths),
+            cu_seqlens_q=array("i", cu),
+            cu_seqlens_k=array("i", cu),
             max_seqlen_q=max(lengths),
             max_seqlen_k=max(lengths),
-            block_tables=[[0] * width for _ in lengths],
+            block_tables=array("i", [0]) * (width * len(lengths)),
             block_table_width=width,
-            block_size=config.block_size,
-            sample_indices=list(range(num_samples)),
-            sampled_seq_ids=[0] * num_samples,
-            temperatures=[1.0] * num_samples,
-            top_ks=[50] * num_samples,
-            top_ps=[0.9] * num_samples,
-            seeds=[None] * num_samples,
-            sample_steps=[0] * num_samples,
+            input_ids=array("q", [0]) * num_tokens,
+            positions=array("q", [p for length in lengths for p in range(length)]),
+            slot_mapping=array("q", [PADDING_SLOT]) * num_tokens,
+            sample_indices=array("q", range(num_samples)),
+            sample_slots=array("i", [0]) * num_samples,
+            new_requests=(NewRequest(0, 0, SamplingParams(top_k=50, top_p=0.9), 0),),
         )
 
     def _allocate_kv_cache(self, num_blocks: int) -> torch.Tensor:

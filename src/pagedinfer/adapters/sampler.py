@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import torch
 
 from pagedinfer.domain.plan import BatchPlan
-from pagedinfer.domain.sampling import GREEDY_TEMPERATURE_EPSILON
+from pagedinfer.domain.sampling import GREEDY_TEMPERATURE_EPSILON, SamplingParams
 
-__all__ = ["Sampler", "SamplingBatch", "derive_seed"]
+__all__ = ["Sampler", "SamplingBatch", "SamplingTable", "derive_seed"]
 
 _MASK64 = (1 << 64) - 1
 
@@ -52,22 +52,66 @@ class SamplingBatch:
     any_top_p: bool
 
     @classmethod
-    def from_plan(cls, plan: BatchPlan, device: torch.device) -> SamplingBatch:
+    def from_rows(
+        cls, params: list[SamplingParams], sample_steps: list[int], device: torch.device
+    ) -> SamplingBatch:
+        """One row per sample: its request's parameters and the sample's index in it."""
         # The host decides which rows are greedy and the device mask follows (temperature
         # 0.0), so the two can never disagree about a temperature near the epsilon.
-        temperatures = [0.0 if t < GREEDY_TEMPERATURE_EPSILON else t for t in plan.temperatures]
+        temperatures = [
+            0.0 if p.temperature < GREEDY_TEMPERATURE_EPSILON else float(p.temperature)
+            for p in params
+        ]
+        top_ks = [p.top_k for p in params]
+        top_ps = [float(p.top_p) for p in params]
         sampled_rows = [i for i, t in enumerate(temperatures) if t != 0.0]
         return cls(
             temperatures=torch.tensor(temperatures, dtype=torch.float32, device=device),
-            top_ks=torch.tensor(plan.top_ks, dtype=torch.int64, device=device),
-            top_ps=torch.tensor(plan.top_ps, dtype=torch.float32, device=device),
-            seeds=plan.seeds,
-            sample_steps=plan.sample_steps,
+            top_ks=torch.tensor(top_ks, dtype=torch.int64, device=device),
+            top_ps=torch.tensor(top_ps, dtype=torch.float32, device=device),
+            seeds=[p.seed for p in params],
+            sample_steps=sample_steps,
             all_greedy=not sampled_rows,
-            any_greedy=len(sampled_rows) < len(temperatures),
-            any_top_k=any(plan.top_ks[i] > 0 for i in sampled_rows),
-            any_top_p=any(plan.top_ps[i] < 1.0 for i in sampled_rows),
+            any_greedy=len(sampled_rows) < len(params),
+            any_top_k=any(top_ks[i] > 0 for i in sampled_rows),
+            any_top_p=any(top_ps[i] < 1.0 for i in sampled_rows),
         )
+
+
+class SamplingTable:
+    """Every live request's sampling parameters by slot, kept current by the plans' deltas.
+
+    The host-side form of the per-slot table of ``domain/plan.py``: each plan's
+    ``released_slots`` and ``new_requests`` are applied (:meth:`update`), then the step's
+    per-row :class:`SamplingBatch` is looked up from ``plan.sample_slots`` (:meth:`batch`),
+    the one place per-row parameter lists are built. Lives on the rank that samples.
+    """
+
+    def __init__(self) -> None:
+        self._params: dict[int, SamplingParams] = {}
+        self._prompt_lens: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._params)
+
+    def update(self, plan: BatchPlan) -> None:
+        """Apply the plan's deltas: releases first, then new requests (idempotent)."""
+        for slot in plan.released_slots:
+            self._params.pop(slot, None)
+            self._prompt_lens.pop(slot, None)
+        for request in plan.new_requests:
+            self._params[request.slot] = request.params
+            self._prompt_lens[request.slot] = request.num_prompt_tokens
+
+    def batch(self, plan: BatchPlan, device: torch.device) -> SamplingBatch:
+        """The sampled rows' parameters; the sample index of row ``j`` in its request is
+        ``positions[sample_indices[j]] + 1 - num_prompt_tokens``."""
+        params = self._params
+        prompt_lens = self._prompt_lens
+        positions = plan.positions
+        rows = zip(plan.sample_indices, plan.sample_slots, strict=True)
+        steps = [positions[index] + 1 - prompt_lens[slot] for index, slot in rows]
+        return SamplingBatch.from_rows([params[slot] for slot in plan.sample_slots], steps, device)
 
 
 class Sampler:

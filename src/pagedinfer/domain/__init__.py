@@ -5,11 +5,13 @@ with any executor that can run a :class:`BatchPlan`.
 """
 
 from pagedinfer.domain.block_pool import Block, BlockPool, PoolStats, cdiv
+from pagedinfer.domain.decode_batch import DecodeBatch
 from pagedinfer.domain.hashing import block_hash, chain_hashes, extend_chain
 from pagedinfer.domain.plan import (
     BLOCK_TABLE_FILLER,
     PADDING_SLOT,
     BatchPlan,
+    NewRequest,
     ScheduledChunk,
     build_batch_plan,
 )
@@ -23,7 +25,9 @@ __all__ = [
     "BatchPlan",
     "Block",
     "BlockPool",
+    "DecodeBatch",
     "FinishReason",
+    "NewRequest",
     "PoolStats",
     "SamplingParams",
     "ScheduledChunk",

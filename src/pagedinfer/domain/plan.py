@@ -1,20 +1,80 @@
-"""``BatchPlan``: everything one model step must compute, as plain Python ints.
+"""``BatchPlan``: everything one model step must compute, in flat integer arrays.
 
-The scheduler decides *which* tokens of *which* sequences run; :func:`build_batch_plan`
-writes that decision down in the flat, varlen form attention kernels want. The adapters
-turn a plan into tensors in one place and never look at ``Sequence`` objects, so the same
-plan can drive a torch runtime, a tensor-parallel worker (it pickles small) or a fake
-executor in a test.
+The scheduler decides *which* tokens of *which* sequences run; a plan writes that decision
+down in the flat, varlen form attention kernels want. The adapters turn a plan into tensors
+in one place and never look at ``Sequence`` objects, so the same plan can drive a torch
+runtime, a tensor-parallel worker (it pickles small) or a fake executor in a test.
+
+The plan contract
+-----------------
+Every per-row or per-token field is an ``array.array`` of machine integers (typecode ``"q"``:
+int64, ``"i"``: int32, native byte order), so an executor can view it without a Python-level
+loop (``torch.frombuffer(plan.positions, dtype=torch.int64)``) and pack every field of a step
+into one host buffer for one host-to-device copy. Treat the arrays as read-only: a plan owns
+them, and nothing in the scheduler touches them after :meth:`Scheduler.schedule` returns.
+
+``B`` sequences (rows) run ``T`` query tokens; ``S`` of those tokens are sampled.
+
+============================  =======  =========  =============================================
+field                         type     length     meaning
+============================  =======  =========  =============================================
+``seq_ids``                   int64    B          the sequence (request) id of each row
+``query_lens``                int32    B          query tokens of each row this step
+``context_lens``              int32    B          tokens each row attends to, this step's included
+``cu_seqlens_q``              int32    B + 1      prefix sums of ``query_lens`` (from 0)
+``cu_seqlens_k``              int32    B + 1      prefix sums of ``context_lens`` (from 0)
+``block_tables``              int32    B * W      row-major ``[B, W]``; ``W = block_table_width``
+``input_ids``                 int64    T          token ids of the query tokens, row by row
+``positions``                 int64    T          their positions in their sequences
+``slot_mapping``              int64    T          the KV cache slot each token's K/V goes to
+``sample_indices``            int64    S          query-token rows whose logits are sampled
+``sample_slots``              int32    S          the sampling-table slot of each sampled row
+============================  =======  =========  =============================================
+
+Query tokens of row ``i`` are ``input_ids[cu_seqlens_q[i]:cu_seqlens_q[i + 1]]``; they are the
+last ``query_lens[i]`` of the first ``context_lens[i]`` tokens of that sequence and attend
+causally to those, whose K/V live in the blocks ``block_tables[i * W:(i + 1) * W]`` (after this
+step's tokens are stored at ``slot_mapping``; ``slot = block_id * block_size + offset``).
+``W`` is the longest table in the step; shorter rows end in :data:`BLOCK_TABLE_FILLER`,
+which kernels never read because they stop at the context length. A decode step has
+``query_lens == [1] * B``, ``cu_seqlens_q == range(B + 1)`` and samples every row in order;
+prefill steps (and, later, mixed steps) sample only the rows whose chunk reaches the end of
+the sequence, at their last query token.
+
+**Sampling travels as deltas** (the executor that samples keeps a persistent per-slot table
+of sampling parameters). A *slot* is a small integer naming a request's row in that table,
+stable from the request's first step until it finishes (preemption keeps it); slots are below
+``min(max_num_seqs, max_num_batched_tokens)``. Each plan carries:
+
+* ``released_slots``: slots whose request finished or was aborted; apply these first;
+* ``new_requests``: :class:`NewRequest` s (slot, ``SamplingParams``, prompt length) to
+  install, then.
+
+Deltas are repeated in every plan until the scheduler has recorded a plan's results
+(``postprocess``), so a plan that failed to run loses nothing; applying them is idempotent.
+Per step the plan carries only ``sample_slots`` for the sampled rows: the sample's index in
+its request (the counter seeded sampling keys on) is ``positions[sample_indices[j]] + 1 -
+num_prompt_tokens`` of its slot, which the executor derives.
 """
 
 from __future__ import annotations
 
+from array import array
+from bisect import bisect_right
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass
 
+from pagedinfer.domain.sampling import SamplingParams
 from pagedinfer.domain.sequence import Sequence
 
-__all__ = ["BLOCK_TABLE_FILLER", "PADDING_SLOT", "BatchPlan", "ScheduledChunk", "build_batch_plan"]
+__all__ = [
+    "BLOCK_TABLE_FILLER",
+    "PADDING_SLOT",
+    "BatchPlan",
+    "NewRequest",
+    "ScheduledChunk",
+    "build_batch_plan",
+]
 
 # Block-table entries past a sequence's last block. 0 keeps every gather in bounds; kernels
 # never read those entries because they stop at the context length.
@@ -32,39 +92,37 @@ class ScheduledChunk:
 
 
 @dataclass(frozen=True, slots=True)
-class BatchPlan:
-    """One step. Lists are per query token or per sequence as named; treat them as read-only.
+class NewRequest:
+    """A request the sampling executor has not seen: install ``params`` at ``slot``."""
 
-    Query tokens of sequence ``i`` are ``input_ids[cu_seqlens_q[i]:cu_seqlens_q[i+1]]``; they
-    attend causally to the first ``context_lens[i]`` tokens of that sequence, whose K/V live
-    in the blocks ``block_tables[i]`` (after this step's tokens are stored at
-    ``slot_mapping``). ``sample_indices`` are the query-token rows whose logits are sampled,
-    one per entry of ``sampled_seq_ids`` and of the per-sample parameter lists.
-    """
+    seq_id: int
+    slot: int
+    params: SamplingParams
+    num_prompt_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPlan:
+    """One step, as flat arrays (see the module docstring for the full contract)."""
 
     is_prefill: bool
-    seq_ids: list[int]
-    query_lens: list[int]
-    context_lens: list[int]
-    input_ids: list[int]
-    positions: list[int]
-    slot_mapping: list[int]
-    cu_seqlens_q: list[int]
-    cu_seqlens_k: list[int]
+    block_size: int
+    seq_ids: array[int]
+    query_lens: array[int]
+    context_lens: array[int]
+    cu_seqlens_q: array[int]
+    cu_seqlens_k: array[int]
     max_seqlen_q: int
     max_seqlen_k: int
-    block_tables: list[list[int]]
+    block_tables: array[int]
     block_table_width: int
-    block_size: int
-    sample_indices: list[int]
-    sampled_seq_ids: list[int]
-    temperatures: list[float]
-    top_ks: list[int]
-    top_ps: list[float]
-    seeds: list[int | None]
-    # Completion tokens the sampled sequence already has: with ``seeds`` it keys a
-    # reproducible draw that does not depend on what else is in the batch.
-    sample_steps: list[int]
+    input_ids: array[int]
+    positions: array[int]
+    slot_mapping: array[int]
+    sample_indices: array[int]
+    sample_slots: array[int]
+    released_slots: tuple[int, ...] = ()
+    new_requests: tuple[NewRequest, ...] = ()
 
     @property
     def num_seqs(self) -> int:
@@ -83,11 +141,32 @@ class BatchPlan:
         """True when some sequence attends to K/V computed in an earlier step."""
         return self.cu_seqlens_k[-1] > self.cu_seqlens_q[-1]
 
+    @property
+    def sampled_seq_ids(self) -> list[int]:
+        """The sequence id of each sampled row (derived; for inspection, not the hot path)."""
+        rows = [bisect_right(self.cu_seqlens_q, index) - 1 for index in self.sample_indices]
+        return [self.seq_ids[row] for row in rows]
+
+    def block_table(self, row: int) -> list[int]:
+        """Row ``row`` of ``block_tables``, filler entries included."""
+        width = self.block_table_width
+        return self.block_tables[row * width : (row + 1) * width].tolist()
+
 
 def build_batch_plan(
-    chunks: SequenceABC[ScheduledChunk], *, is_prefill: bool, block_size: int
+    chunks: SequenceABC[ScheduledChunk],
+    *,
+    is_prefill: bool,
+    block_size: int,
+    released_slots: tuple[int, ...] = (),
+    new_requests: tuple[NewRequest, ...] = (),
 ) -> BatchPlan:
-    """Lay out the scheduled chunks. Blocks for every slot must already be in the tables."""
+    """Lay out the scheduled chunks. Blocks for every slot must already be in the tables.
+
+    A chunk that reaches its sequence's last token is sampled, under ``seq.slot``. The
+    scheduler builds decode steps from its persistent rows instead (``DecodeBatch``); this
+    builds prefill steps, and any plan a test wants.
+    """
     input_ids: list[int] = []
     positions: list[int] = []
     slot_mapping: list[int] = []
@@ -97,7 +176,7 @@ def build_batch_plan(
     context_lens: list[int] = []
     tables: list[list[int]] = []
     sample_indices: list[int] = []
-    sampled: list[Sequence] = []
+    sample_slots: list[int] = []
     for chunk in chunks:
         seq = chunk.seq
         start = seq.num_computed_tokens
@@ -113,31 +192,31 @@ def build_batch_plan(
         tables.append(table)
         if end == seq.num_tokens:  # the chunk reaches the last token: its logits are sampled
             sample_indices.append(cu_q[-1] - 1)
-            sampled.append(seq)
+            sample_slots.append(seq.slot)
     width = max((len(table) for table in tables), default=0)
-    padded = [table + [BLOCK_TABLE_FILLER] * (width - len(table)) for table in tables]
+    flat: list[int] = []
+    for table in tables:
+        flat.extend(table)
+        flat.extend([BLOCK_TABLE_FILLER] * (width - len(table)))
     return BatchPlan(
         is_prefill=is_prefill,
-        seq_ids=[chunk.seq.seq_id for chunk in chunks],
-        query_lens=query_lens,
-        context_lens=context_lens,
-        input_ids=input_ids,
-        positions=positions,
-        slot_mapping=slot_mapping,
-        cu_seqlens_q=cu_q,
-        cu_seqlens_k=cu_k,
+        block_size=block_size,
+        seq_ids=array("q", [chunk.seq.seq_id for chunk in chunks]),
+        query_lens=array("i", query_lens),
+        context_lens=array("i", context_lens),
+        cu_seqlens_q=array("i", cu_q),
+        cu_seqlens_k=array("i", cu_k),
         max_seqlen_q=max(query_lens, default=0),
         max_seqlen_k=max(context_lens, default=0),
-        block_tables=padded,
+        block_tables=array("i", flat),
         block_table_width=width,
-        block_size=block_size,
-        sample_indices=sample_indices,
-        sampled_seq_ids=[seq.seq_id for seq in sampled],
-        temperatures=[float(seq.params.temperature) for seq in sampled],
-        top_ks=[seq.params.top_k for seq in sampled],
-        top_ps=[float(seq.params.top_p) for seq in sampled],
-        seeds=[seq.params.seed for seq in sampled],
-        sample_steps=[seq.num_completion_tokens for seq in sampled],
+        input_ids=array("q", input_ids),
+        positions=array("q", positions),
+        slot_mapping=array("q", slot_mapping),
+        sample_indices=array("q", sample_indices),
+        sample_slots=array("i", sample_slots),
+        released_slots=released_slots,
+        new_requests=new_requests,
     )
 
 

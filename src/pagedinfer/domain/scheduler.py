@@ -5,6 +5,15 @@ tokens each) or a *decode* step (one token for every running sequence whose prom
 done). The scheduler owns the block pool: it allocates the blocks a step writes before the
 step runs and registers full blocks in the prefix cache after it ran (``postprocess``), so a
 block is only ever shared once its K/V exist.
+
+Decode steps are the hot path: their cost is per running sequence, every step. The decoding
+sequences live in a :class:`~pagedinfer.domain.decode_batch.DecodeBatch` whose arrays are
+moved on in bulk, and the scheduler looks at a single sequence only when something happens
+to it. Because every decoding sequence advances exactly one token per decode step, the step
+at which its last block fills up, and the step at which it reaches its length limit, are
+known when it starts decoding: the scheduler files it under those steps in a calendar
+(``_calendar``) and only visits the sequences filed under the current step. Sampled stop
+tokens are found with one set intersection per step.
 """
 
 from __future__ import annotations
@@ -14,8 +23,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from pagedinfer.domain.block_pool import BlockPool, cdiv
+from pagedinfer.domain.decode_batch import DecodeBatch
 from pagedinfer.domain.hashing import extend_chain
-from pagedinfer.domain.plan import BatchPlan, ScheduledChunk, build_batch_plan
+from pagedinfer.domain.plan import BatchPlan, NewRequest, ScheduledChunk, build_batch_plan
 from pagedinfer.domain.sequence import FinishReason, Sequence, SequenceStatus
 from pagedinfer.errors import ConfigurationError, InvalidRequestError
 
@@ -70,7 +80,9 @@ class Scheduler:
     """Turns queued sequences into :class:`BatchPlan` s and sampled tokens into progress.
 
     Call :meth:`schedule` for a plan, run it, then hand the sampled token ids (one per
-    ``plan.sampled_seq_ids``) to :meth:`postprocess`.
+    sampled row, in ``plan.sample_indices`` order) to :meth:`postprocess`. A plan that is
+    never postprocessed (its step failed) is simply planned again by the next
+    :meth:`schedule`.
     """
 
     def __init__(self, config: SchedulerConfig, pool: BlockPool | None = None) -> None:
@@ -86,6 +98,22 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: preemption takes the newest
         self._seqs: dict[int, Sequence] = {}
+        # Running sequences split by phase: prefilling (in running order) or decoding (rows).
+        self._prefilling: list[Sequence] = []
+        self._batch = DecodeBatch(config.block_size)
+        self._batch_stale = False  # sequences started decoding: rebuild the rows first
+        self._decode_stop_ids: frozenset[int] = frozenset()  # any row's stop tokens
+        # Decode steps recorded so far, and the sequences to look at after step N.
+        self._decode_steps_done = 0
+        self._calendar: dict[int, list[Sequence]] = {}
+        self._needs_block: list[Sequence] = []  # rows whose last block filled up
+        # Sampling slots and the deltas not yet confirmed by a postprocess.
+        self._free_slots: list[int] = []
+        self._num_slots = 0
+        self._new_requests: list[NewRequest] = []
+        self._released_slots: list[int] = []
+        self._in_flight: BatchPlan | None = None
+        self._in_flight_version = -1
         self._num_preemptions = 0
         self._num_prefill_steps = 0
         self._num_decode_steps = 0
@@ -104,7 +132,7 @@ class Scheduler:
             )
         if seq.seq_id in self._seqs:
             raise InvalidRequestError(f"request id {seq.seq_id} is already queued or running.")
-        if seq.status is not SequenceStatus.WAITING or seq.block_table:
+        if seq.status is not SequenceStatus.WAITING or seq.block_table or seq.slot >= 0:
             raise InvalidRequestError(f"{seq!r} is not a fresh request.")
         self._seqs[seq.seq_id] = seq
         self.waiting.append(seq)
@@ -128,16 +156,24 @@ class Scheduler:
         grow: they are preempted (never an exception) and ``None`` is returned until blocks
         come back.
         """
+        self._in_flight = None
         # Each pass either returns a plan or preempts one running sequence, so this ends.
         for _ in range(len(self.running) + 2):
             chunks = self._schedule_prefill()
             if chunks:
                 self._num_prefill_steps += 1
-                return build_batch_plan(chunks, is_prefill=True, block_size=self.block_size)
-            chunks = self._schedule_decode()
-            if chunks:
+                plan = build_batch_plan(
+                    chunks,
+                    is_prefill=True,
+                    block_size=self.block_size,
+                    released_slots=tuple(self._released_slots),
+                    new_requests=tuple(self._new_requests),
+                )
+                return self._issue(plan)
+            decode = self._schedule_decode()
+            if decode is not None:
                 self._num_decode_steps += 1
-                return build_batch_plan(chunks, is_prefill=False, block_size=self.block_size)
+                return self._issue(decode)
             if self.running:
                 # Only stuck partial prefills are left: free the newest so the others move.
                 self._preempt(self.running[-1])
@@ -145,15 +181,18 @@ class Scheduler:
                 break
         return None
 
+    def _issue(self, plan: BatchPlan) -> BatchPlan:
+        self._in_flight = plan
+        self._in_flight_version = self._batch.version
+        return plan
+
     def _schedule_prefill(self) -> list[ScheduledChunk]:
         budget = self.config.max_num_batched_tokens
         chunks: list[ScheduledChunk] = []
         # Partially prefilled sequences first: they already hold blocks.
-        for seq in self.running:
+        for seq in self._prefilling:
             if budget == 0:
                 return chunks
-            if seq.num_uncomputed_tokens <= 1:
-                continue  # decoding (or a one-token prompt tail, which a decode step serves)
             num_tokens = min(seq.num_uncomputed_tokens, budget, self._growth_capacity(seq))
             if num_tokens > 0:
                 self._grow(seq, num_tokens)
@@ -167,6 +206,7 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self.running.append(seq)
+            self._prefilling.append(seq)
             chunks.append(ScheduledChunk(seq, num_tokens))
             budget -= num_tokens
         return chunks
@@ -198,32 +238,91 @@ class Scheduler:
         seq.num_computed_tokens = num_cached
         seq.num_registered_blocks = len(hits)
         seq.status = SequenceStatus.RUNNING
+        if seq.slot < 0:  # first admission (a preempted request keeps its slot)
+            self._assign_slot(seq)
         if pool.enable_prefix_caching:
             pool.record_prefix_lookup(seq.num_tokens, num_cached)
         return num_tokens
 
-    def _schedule_decode(self) -> list[ScheduledChunk]:
-        chunks: list[ScheduledChunk] = []
-        scheduled: set[int] = set()
-        for seq in list(self.running):
-            if seq.status is not SequenceStatus.RUNNING or seq.num_uncomputed_tokens != 1:
-                continue  # preempted earlier in this loop, or still prefilling
-            while self._growth_capacity(seq) < 1:
-                victim = self._newest_unscheduled(exclude=seq, scheduled=scheduled)
-                self._preempt(victim if victim is not None else seq)
-                if victim is None:
-                    break
-            else:
-                self._grow(seq, 1)
-                chunks.append(ScheduledChunk(seq, 1))
-                scheduled.add(seq.seq_id)
-        return chunks
+    def _schedule_decode(self) -> BatchPlan | None:
+        """One token for every decoding sequence: give new blocks where needed, then plan."""
+        upcoming = self._decode_steps_done + 1
+        if self._batch_stale:
+            needs = [seq for seq in self.running if seq.decoding and self._opens_block(seq)]
+        else:
+            needs = self._needs_block
+            if len(needs) > 1:
+                needs.sort(key=self.running.index)  # the order a pass over the rows would take
+        self._needs_block = []
+        for seq in needs:
+            # Preempted earlier in this loop, or already given its block.
+            if seq.decoding and self._opens_block(seq):
+                self._give_block(seq, upcoming)
+        if self._batch_stale:
+            self._rebuild_batch(upcoming)
+        if not self._batch.seqs:
+            return None
+        return self._batch.plan(
+            released_slots=tuple(self._released_slots), new_requests=tuple(self._new_requests)
+        )
 
-    def _newest_unscheduled(self, *, exclude: Sequence, scheduled: set[int]) -> Sequence | None:
-        for seq in reversed(self.running):
-            if seq is not exclude and seq.seq_id not in scheduled:
-                return seq
-        return None
+    def _give_block(self, seq: Sequence, upcoming: int) -> None:
+        """A block for ``seq``'s next token, preempting newer sequences if none is free."""
+        while self.pool.num_free_blocks == 0:
+            victim = self._decode_victim(seq)
+            self._preempt(victim if victim is not None else seq)
+            if victim is None:
+                return
+        seq.block_table.append(self.pool.allocate(1)[0].block_id)
+        if not self._batch_stale:
+            self._batch.grew(seq)
+        self._file(seq, upcoming + self.block_size - 1)  # when this block is full in turn
+
+    def _decode_victim(self, seq: Sequence) -> Sequence | None:
+        """The newest running sequence a pass over the rows in running order has not served
+        yet when it reaches ``seq``: anything after ``seq``, else the newest prefill."""
+        newest = self.running[-1]
+        if newest is not seq:
+            return newest
+        return self._prefilling[-1] if self._prefilling else None
+
+    def _rebuild_batch(self, upcoming: int) -> None:
+        """Rows for every decoding sequence, and their calendar entries from now on."""
+        rows = [seq for seq in self.running if seq.decoding]
+        self._batch.rebuild(rows)
+        self._batch_stale = False
+        eos = self.config.eos_token_ids
+        stop_ids: set[int] = set()
+        for seq in rows:
+            stop_ids.update(seq.params.stop_token_ids)
+            if not seq.params.ignore_eos:
+                stop_ids.update(eos)
+            # The step computing position p is `upcoming + p - position`: file the step that
+            # fills the last block and the step that reaches the length limit.
+            position = seq.num_computed_tokens
+            self._file(seq, upcoming + len(seq.block_table) * self.block_size - 1 - position)
+            self._file(seq, upcoming + self._length_limit(seq) - 2 - position)
+        self._decode_stop_ids = frozenset(stop_ids)
+
+    def _file(self, seq: Sequence, step: int) -> None:
+        """Look at ``seq`` after decode step ``step`` (duplicates and stale entries are
+        harmless: what is due is recomputed from the sequence when the step comes)."""
+        entries = self._calendar.get(step)
+        if entries is None:
+            self._calendar[step] = [seq]
+        else:
+            entries.append(seq)
+
+    def _opens_block(self, seq: Sequence) -> bool:
+        """True when ``seq``'s next token is the first of a block it does not hold yet."""
+        return seq.num_computed_tokens == len(seq.block_table) * self.block_size
+
+    def _length_limit(self, seq: Sequence) -> int:
+        """The token count at which ``seq`` finishes by length."""
+        max_tokens = seq.params.max_tokens
+        if max_tokens is None:
+            return self.config.max_model_len
+        return min(seq.num_prompt_tokens + max_tokens, self.config.max_model_len)
 
     def _growth_capacity(self, seq: Sequence) -> int:
         """How many more tokens ``seq`` can compute with its blocks plus all free blocks."""
@@ -240,27 +339,100 @@ class Scheduler:
     def postprocess(self, plan: BatchPlan, sampled_token_ids: Iterable[int]) -> list[Sequence]:
         """Record a finished step: advance, cache full blocks, append samples, finish.
 
-        ``sampled_token_ids`` holds one token per ``plan.sampled_seq_ids``. Returns the
-        sequences that received a token, finished ones included (``status`` says which).
-        Sequences aborted since the plan was made are skipped.
+        ``plan`` is the plan the latest :meth:`schedule` returned; ``sampled_token_ids``
+        holds one token per sampled row. Returns the sequences that received a token,
+        finished ones included (``status`` says which), in row order. Sequences aborted
+        since the plan was made are skipped.
         """
+        if plan is not self._in_flight:
+            raise ValueError(
+                "postprocess() takes the plan returned by the latest schedule(), once."
+            )
+        tokens = (
+            sampled_token_ids if isinstance(sampled_token_ids, list) else list(sampled_token_ids)
+        )
+        if len(tokens) != plan.num_samples:
+            raise ValueError(
+                f"{len(tokens)} sampled token ids for a plan that samples {plan.num_samples} "
+                "rows: pass exactly one token id per sampled row."
+            )
+        self._in_flight = None
+        self._confirm_deltas(plan)
+        if plan.is_prefill:
+            return self._postprocess_rows(plan, tokens)
+        self._decode_steps_done += 1
+        if self._batch_stale or self._batch.version != self._in_flight_version:
+            # Rows changed since the plan (an abort in between): go row by row, then rebuild.
+            self._calendar.pop(self._decode_steps_done, None)
+            self._batch_stale = True
+            return self._postprocess_rows(plan, tokens)
+        return self._postprocess_decode(tokens)
+
+    def _postprocess_decode(self, tokens: list[int]) -> list[Sequence]:
+        """The decode step's rows are the batch's rows: advance them all at once."""
+        batch = self._batch
+        updated = list(batch.seqs)
+        batch.advance(tokens)
+        finishing: dict[Sequence, FinishReason] = {}
+        stop_ids = self._decode_stop_ids
+        if stop_ids and not stop_ids.isdisjoint(tokens):
+            for token in stop_ids.intersection(tokens):
+                row = tokens.index(token)
+                while True:
+                    seq = updated[row]
+                    reason = self._finish_reason(seq, token)
+                    if reason is not None:
+                        finishing[seq] = reason
+                    try:
+                        row = tokens.index(token, row + 1)
+                    except ValueError:
+                        break
+        for seq in self._calendar.pop(self._decode_steps_done, ()):
+            if not seq.decoding or seq.status is not SequenceStatus.RUNNING:
+                continue  # a stale entry: the sequence left the rows since it was filed
+            if self._opens_block(seq) and seq not in self._needs_block:
+                self._register_full_blocks(seq)  # its last block just filled up
+                self._needs_block.append(seq)
+            if seq not in finishing and seq.num_tokens >= self._length_limit(seq):
+                finishing[seq] = FinishReason.LENGTH
+        for seq in sorted(finishing, key=updated.index):  # in row order
+            self._finish(seq, finishing[seq])
+        return updated
+
+    def _postprocess_rows(self, plan: BatchPlan, tokens: list[int]) -> list[Sequence]:
+        """Any plan, row by row: prefill steps, and decode steps whose rows changed."""
+        sampled = dict(zip(plan.sampled_seq_ids, tokens, strict=True))
+        updated: list[Sequence] = []
         for seq_id, num_tokens in zip(plan.seq_ids, plan.query_lens, strict=True):
             seq = self._seqs.get(seq_id)
             if seq is None or seq.status is not SequenceStatus.RUNNING:
                 continue
-            seq.num_computed_tokens += num_tokens
+            if not seq.decoding:
+                seq.num_computed_tokens += num_tokens
+            token = sampled.get(seq_id)
+            if token is not None:
+                seq.token_ids.append(token)  # a decoding sequence's count follows
             self._register_full_blocks(seq)
-        updated: list[Sequence] = []
-        for seq_id, token_id in zip(plan.sampled_seq_ids, sampled_token_ids, strict=True):
-            seq = self._seqs.get(seq_id)
-            if seq is None or seq.status is not SequenceStatus.RUNNING:
-                continue
-            seq.token_ids.append(token_id)
-            updated.append(seq)
-            reason = self._finish_reason(seq, token_id)
-            if reason is not None:
-                self._finish(seq, reason)
+            if token is not None:
+                updated.append(seq)
+                reason = self._finish_reason(seq, token)
+                if reason is not None:
+                    self._finish(seq, reason)
+                    continue
+            if not seq.decoding and seq.num_uncomputed_tokens == 1:
+                # Prompt done (or one prompt token left over): one token per step from now.
+                seq.decoding = True
+                self._prefilling.remove(seq)
+                self._batch_stale = True
         return updated
+
+    def _confirm_deltas(self, plan: BatchPlan) -> None:
+        """The plan ran: the executor has applied its sampling deltas."""
+        if plan.released_slots:
+            del self._released_slots[: len(plan.released_slots)]
+        if plan.new_requests:
+            sent = {id(request) for request in plan.new_requests}
+            self._new_requests = [r for r in self._new_requests if id(r) not in sent]
 
     def _finish_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
         params = seq.params
@@ -311,9 +483,11 @@ class Scheduler:
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
+            self._stop_running(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
         self._release_blocks(seq)
+        self._release_slot(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         del self._seqs[seq.seq_id]
@@ -321,6 +495,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         """Recompute later: release the blocks and go back to the front of the queue."""
         self.running.remove(seq)
+        self._stop_running(seq)
         self._release_blocks(seq)
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
@@ -328,10 +503,43 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self._num_preemptions += 1
 
+    def _stop_running(self, seq: Sequence) -> None:
+        """Take a sequence that leaves ``running`` out of its phase's bookkeeping."""
+        if seq.decoding:
+            if not self._batch_stale:
+                self._batch.remove(seq)
+            if seq in self._needs_block:
+                self._needs_block.remove(seq)
+            seq.num_computed_tokens = seq.num_computed_tokens  # an explicit count again
+        else:
+            self._prefilling.remove(seq)
+
     def _release_blocks(self, seq: Sequence) -> None:
         self.pool.free(seq.block_table[::-1])
         seq.block_table = []
         seq.num_registered_blocks = 0
+
+    # ------------------------------------------------------------------ slots
+    def _assign_slot(self, seq: Sequence) -> None:
+        if self._free_slots:
+            seq.slot = self._free_slots.pop()
+        else:
+            seq.slot = self._num_slots
+            self._num_slots += 1
+        self._new_requests.append(
+            NewRequest(seq.seq_id, seq.slot, seq.params, seq.num_prompt_tokens)
+        )
+
+    def _release_slot(self, seq: Sequence) -> None:
+        slot = seq.slot
+        if slot < 0:
+            return
+        seq.slot = -1
+        self._free_slots.append(slot)
+        # Not installed yet (as far as we know): no need to. The release still goes out, in
+        # case the executor did install it.
+        self._new_requests = [r for r in self._new_requests if r.slot != slot]
+        self._released_slots.append(slot)
 
     # ------------------------------------------------------------------ stats
     def stats(self) -> SchedulerStats:
@@ -342,3 +550,52 @@ class Scheduler:
             num_prefill_steps=self._num_prefill_steps,
             num_decode_steps=self._num_decode_steps,
         )
+
+    def check_integrity(self) -> None:
+        """Raise ``AssertionError`` if the incremental bookkeeping disagrees with a
+        recomputation from the sequences: phases, decode rows, calendar, slots. O(state);
+        for tests, between steps."""
+        running = self.running
+        if self._prefilling != [seq for seq in running if not seq.decoding]:
+            raise AssertionError("the prefilling list is not the running non-decoders")
+        for seq in running:
+            # Once a step is recorded, a sequence with one token left decodes (a plan that
+            # was never postprocessed may have admitted it with a one-token chunk).
+            if not seq.decoding and seq.num_uncomputed_tokens <= 1 and self._in_flight is None:
+                raise AssertionError(f"{seq!r} should be decoding")
+        for seq in self.waiting:
+            if seq.decoding:
+                raise AssertionError(f"waiting {seq!r} is marked decoding")
+        self._check_slots()
+        if self._batch_stale:
+            return
+        batch = self._batch
+        if batch.seqs != [seq for seq in running if seq.decoding]:
+            raise AssertionError("the decode rows are not the running decoders in order")
+        batch.check()
+        opening = [seq for seq in batch.seqs if self._opens_block(seq)]
+        if sorted(map(id, opening)) != sorted(map(id, self._needs_block)):
+            raise AssertionError(f"rows needing a block {opening} != filed {self._needs_block}")
+        upcoming = self._decode_steps_done + 1
+        for seq in batch.seqs:
+            position = seq.num_computed_tokens
+            due = [upcoming + self._length_limit(seq) - 2 - position]
+            if seq not in opening:
+                due.append(upcoming + len(seq.block_table) * self.block_size - 1 - position)
+            for step in due:
+                if seq not in self._calendar.get(step, ()):
+                    raise AssertionError(f"{seq!r} is not filed under decode step {step}")
+
+    def _check_slots(self) -> None:
+        holders = [seq for seq in [*self.running, *self.waiting] if seq.slot >= 0]
+        slots = [seq.slot for seq in holders]
+        if len(set(slots)) != len(slots):
+            raise AssertionError(f"two requests share a sampling slot: {slots}")
+        if any(seq.slot < 0 for seq in self.running):
+            raise AssertionError("a running request has no sampling slot")
+        if any(seq.slot >= 0 and seq.num_preemptions == 0 for seq in self.waiting):
+            raise AssertionError("a request that never ran holds a sampling slot")
+        if sorted(slots + self._free_slots) != list(range(self._num_slots)):
+            raise AssertionError(f"slots {slots} + free {self._free_slots} != 0..{self._num_slots}")
+        if self._num_slots > self.config.max_running:
+            raise AssertionError(f"{self._num_slots} slots > max_running {self.config.max_running}")

@@ -37,20 +37,28 @@ class Sequence:
     ``block_table[i]`` is the physical block holding logical block ``i``.
     ``block_hashes`` caches the chained hashes of the full blocks of ``token_ids``; they depend
     only on the tokens, so they survive preemption.
+
+    ``decoding`` is True while the scheduler runs the sequence one token per step (every token
+    but the last is computed): ``num_computed_tokens`` is then ``len(token_ids) - 1``, derived
+    instead of being counted every step. Assigning ``num_computed_tokens`` stores an explicit
+    count and ends that mode. ``slot`` is the request's row in the executor's sampling table
+    (see :mod:`pagedinfer.domain.plan`), ``-1`` while it has none.
     """
 
     __slots__ = (
+        "_num_computed_tokens",
         "block_hashes",
         "block_table",
+        "decoding",
         "extra_key",
         "finish_reason",
         "num_cached_tokens",
-        "num_computed_tokens",
         "num_preemptions",
         "num_prompt_tokens",
         "num_registered_blocks",
         "params",
         "seq_id",
+        "slot",
         "status",
         "token_ids",
     )
@@ -71,7 +79,9 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.finish_reason: FinishReason | None = None
         self.num_cached_tokens = 0
-        self.num_computed_tokens = 0
+        self._num_computed_tokens = 0
+        self.decoding = False
+        self.slot = -1
         self.num_preemptions = 0
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []
@@ -90,6 +100,17 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def num_computed_tokens(self) -> int:
+        if self.decoding:
+            return len(self.token_ids) - 1
+        return self._num_computed_tokens
+
+    @num_computed_tokens.setter
+    def num_computed_tokens(self, value: int) -> None:
+        self._num_computed_tokens = value
+        self.decoding = False
 
     @property
     def prompt_token_ids(self) -> list[int]:

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from pagedinfer.adapters.sampler import Sampler, SamplingBatch, derive_seed
+from pagedinfer.adapters.sampler import Sampler, SamplingBatch, SamplingTable, derive_seed
 
 CPU = torch.device("cpu")
 
@@ -162,21 +162,45 @@ def test_temperature_sharpens_and_flattens() -> None:
     assert abs(warm - math.sqrt(0.6) / sum(math.sqrt(p) for p in probs)) < 0.03
 
 
-def test_sampling_batch_from_plan_summaries() -> None:
-    from pagedinfer.domain import SamplingParams, Sequence, build_batch_plan
+def test_sampling_table_builds_the_batch_from_slots_and_deltas() -> None:
+    from pagedinfer.domain import NewRequest, SamplingParams, Sequence, build_batch_plan
     from pagedinfer.domain.plan import ScheduledChunk
 
     greedy = Sequence(0, [1, 2], SamplingParams(temperature=0.0, top_k=5))
     nucleus = Sequence(1, [3], SamplingParams(temperature=0.8, top_p=0.9, seed=4))
-    for seq in (greedy, nucleus):
+    for seq, slot in ((greedy, 5), (nucleus, 2)):
         seq.block_table = [seq.seq_id]
-    plan = build_batch_plan(
-        [ScheduledChunk(greedy, 2), ScheduledChunk(nucleus, 1)], is_prefill=True, block_size=4
+        seq.slot = slot
+    new = tuple(
+        NewRequest(s.seq_id, s.slot, s.params, s.num_prompt_tokens) for s in (greedy, nucleus)
     )
-    sampling = SamplingBatch.from_plan(plan, CPU)
+    plan = build_batch_plan(
+        [ScheduledChunk(greedy, 2), ScheduledChunk(nucleus, 1)],
+        is_prefill=True,
+        block_size=4,
+        new_requests=new,
+    )
+    table = SamplingTable()
+    table.update(plan)
+    table.update(plan)  # deltas are repeated until confirmed: applying them twice is harmless
+    assert len(table) == 2
+    sampling = table.batch(plan, CPU)
     assert not sampling.all_greedy
     assert sampling.any_greedy
     assert not sampling.any_top_k  # only the greedy row asks for top-k
     assert sampling.any_top_p
     assert sampling.seeds == [None, 4]
+    assert sampling.sample_steps == [0, 0]  # both rows sample their first completion token
     assert sampling.temperatures.tolist() == pytest.approx([0.0, 0.8])
+    # A later decode step: the slots alone select the parameters; the step index follows
+    # from the position (prompt 2 tokens + 3 completion tokens -> sample 3).
+    greedy.token_ids.extend([7, 7, 7])
+    greedy.block_table.append(6)
+    greedy.num_computed_tokens = 4
+    decode = build_batch_plan(
+        [ScheduledChunk(greedy, 1)], is_prefill=False, block_size=4, released_slots=(2,)
+    )
+    table.update(decode)
+    assert len(table) == 1
+    one = table.batch(decode, CPU)
+    assert one.all_greedy and one.sample_steps == [3]

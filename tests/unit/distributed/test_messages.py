@@ -44,11 +44,25 @@ def test_workers_get_every_model_field_and_no_sampler_field() -> None:
     assert command == EXECUTE
     for field in dataclasses.fields(BatchPlan):
         if field.name in SAMPLER_ONLY_FIELDS:
-            assert getattr(sent, field.name) == []
+            assert not getattr(sent, field.name)
         else:
             assert getattr(sent, field.name) == getattr(plan, field.name), field.name
     assert sent.num_samples == plan.num_samples  # workers compute logits for these rows
-    assert plan.temperatures, "the original plan is left as it was"
+    assert plan.sample_slots, "the original plan is left as it was"
+
+
+def test_the_first_plan_of_a_request_carries_its_sampling_parameters_only_to_rank_0() -> None:
+    config = SchedulerConfig(num_blocks=8, block_size=BLOCK, max_model_len=64)
+    scheduler = Scheduler(config)
+    params = SamplingParams(temperature=0.7, seed=3)
+    scheduler.add(Sequence(0, [1, 2, 3], params))
+    plan = scheduler.schedule()
+    assert plan is not None
+    assert [(r.seq_id, r.slot, r.params, r.num_prompt_tokens) for r in plan.new_requests] == [
+        (0, 0, params, 3)
+    ]
+    _, sent = execute_message(plan)
+    assert sent.new_requests == () and sent.released_slots == ()
 
 
 def test_a_decode_message_does_not_grow_with_the_token_history() -> None:

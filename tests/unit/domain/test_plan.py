@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 from pagedinfer.domain import (
     BLOCK_TABLE_FILLER,
     PADDING_SLOT,
@@ -27,6 +29,7 @@ def make_seq(
     seq.token_ids = tokens
     seq.block_table = list(block_table)
     seq.num_computed_tokens = computed
+    seq.slot = seq_id + 3
     return seq
 
 
@@ -38,26 +41,24 @@ def test_prefill_of_two_fresh_sequences() -> None:
         [ScheduledChunk(a, 6), ScheduledChunk(b, 3)], is_prefill=True, block_size=4
     )
     assert plan.is_prefill
-    assert plan.seq_ids == [0, 1]
-    assert plan.query_lens == [6, 3]
-    assert plan.context_lens == [6, 3]
-    assert plan.input_ids == a.token_ids + b.token_ids
-    assert plan.positions == [0, 1, 2, 3, 4, 5, 0, 1, 2]
-    assert plan.slot_mapping == [28, 29, 30, 31, 8, 9, 20, 21, 22]
-    assert plan.cu_seqlens_q == [0, 6, 9]
-    assert plan.cu_seqlens_k == [0, 6, 9]
+    assert plan.seq_ids.tolist() == [0, 1]
+    assert plan.query_lens.tolist() == [6, 3]
+    assert plan.context_lens.tolist() == [6, 3]
+    assert plan.input_ids.tolist() == a.token_ids + b.token_ids
+    assert plan.positions.tolist() == [0, 1, 2, 3, 4, 5, 0, 1, 2]
+    assert plan.slot_mapping.tolist() == [28, 29, 30, 31, 8, 9, 20, 21, 22]
+    assert plan.cu_seqlens_q.tolist() == [0, 6, 9]
+    assert plan.cu_seqlens_k.tolist() == [0, 6, 9]
     assert plan.max_seqlen_q == 6
     assert plan.max_seqlen_k == 6
-    assert plan.block_tables == [[7, 2], [5, BLOCK_TABLE_FILLER]]
+    assert plan.block_tables.tolist() == [7, 2, 5, BLOCK_TABLE_FILLER]  # [B, W] row-major
+    assert [plan.block_table(0), plan.block_table(1)] == [[7, 2], [5, BLOCK_TABLE_FILLER]]
     assert plan.block_table_width == 2
     assert plan.block_size == 4
-    assert plan.sample_indices == [5, 8]
+    assert plan.sample_indices.tolist() == [5, 8]
     assert plan.sampled_seq_ids == [0, 1]
-    assert plan.temperatures == [0.5, 1.0]
-    assert plan.top_ks == [3, 0]
-    assert plan.top_ps == [1.0, 0.9]
-    assert plan.seeds == [11, None]
-    assert plan.sample_steps == [0, 0]
+    assert plan.sample_slots.tolist() == [a.slot, b.slot] == [3, 4]
+    assert plan.new_requests == plan.released_slots == ()
     assert plan.num_seqs == 2
     assert plan.num_tokens == 9
     assert plan.num_samples == 2
@@ -81,19 +82,18 @@ def test_a_chunk_that_stops_short_of_the_last_token_is_not_sampled() -> None:
     plan = build_batch_plan(
         [ScheduledChunk(a, 4), ScheduledChunk(b, 3)], is_prefill=True, block_size=4
     )
-    assert plan.positions == [4, 5, 6, 7, 2, 3, 4]
-    assert plan.input_ids == a.token_ids[4:8] + b.token_ids[2:5]
-    assert plan.slot_mapping == [4, 5, 6, 7, 2, 3, 8]
-    assert plan.query_lens == [4, 3]
-    assert plan.context_lens == [8, 5]
-    assert plan.cu_seqlens_q == [0, 4, 7]
-    assert plan.cu_seqlens_k == [0, 8, 13]
+    assert plan.positions.tolist() == [4, 5, 6, 7, 2, 3, 4]
+    assert plan.input_ids.tolist() == a.token_ids[4:8] + b.token_ids[2:5]
+    assert plan.slot_mapping.tolist() == [4, 5, 6, 7, 2, 3, 8]
+    assert plan.query_lens.tolist() == [4, 3]
+    assert plan.context_lens.tolist() == [8, 5]
+    assert plan.cu_seqlens_q.tolist() == [0, 4, 7]
+    assert plan.cu_seqlens_k.tolist() == [0, 8, 13]
     assert plan.max_seqlen_q == 4
     assert plan.max_seqlen_k == 8
-    assert plan.sample_indices == [6]
+    assert plan.sample_indices.tolist() == [6]
     assert plan.sampled_seq_ids == [1]
-    assert len(plan.temperatures) == len(plan.top_ks) == len(plan.top_ps) == 1
-    assert len(plan.seeds) == len(plan.sample_steps) == 1
+    assert plan.sample_slots.tolist() == [b.slot]
     assert plan.has_cached_prefix
 
 
@@ -105,18 +105,22 @@ def test_decode_plan_has_one_query_token_per_sequence() -> None:
         [ScheduledChunk(a, 1), ScheduledChunk(b, 1)], is_prefill=False, block_size=4
     )
     assert not plan.is_prefill
-    assert plan.query_lens == [1, 1]
-    assert plan.input_ids == [a.token_ids[6], b.token_ids[8]]
-    assert plan.positions == [6, 8]
-    assert plan.slot_mapping == [8 * 4 + 2, 0 * 4 + 0]
-    assert plan.context_lens == [7, 9]
-    assert plan.cu_seqlens_q == [0, 1, 2]
-    assert plan.cu_seqlens_k == [0, 7, 16]
-    assert plan.block_tables == [[2, 8, BLOCK_TABLE_FILLER], [1, 3, 0]]
+    assert plan.query_lens.tolist() == [1, 1]
+    assert plan.input_ids.tolist() == [a.token_ids[6], b.token_ids[8]]
+    assert plan.positions.tolist() == [6, 8]
+    assert plan.slot_mapping.tolist() == [8 * 4 + 2, 0 * 4 + 0]
+    assert plan.context_lens.tolist() == [7, 9]
+    assert plan.cu_seqlens_q.tolist() == [0, 1, 2]
+    assert plan.cu_seqlens_k.tolist() == [0, 7, 16]
+    assert plan.block_tables.tolist() == [2, 8, BLOCK_TABLE_FILLER, 1, 3, 0]
     assert plan.block_table_width == 3
-    assert plan.sample_indices == [0, 1]
+    assert plan.sample_indices.tolist() == [0, 1]
     assert plan.sampled_seq_ids == [0, 1]
-    assert plan.sample_steps == [2, 0]
+    # The executor derives each sample's index in its request: position + 1 - prompt length.
+    steps = [
+        plan.positions[i] + 1 - seq.num_prompt_tokens for i, seq in zip([0, 1], [a, b], strict=True)
+    ]
+    assert steps == [a.num_completion_tokens, b.num_completion_tokens] == [2, 0]
     assert plan.has_cached_prefix
 
 
@@ -124,14 +128,14 @@ def test_block_tables_are_copies() -> None:
     seq = make_seq(0, 4, [3])
     plan = build_batch_plan([ScheduledChunk(seq, 4)], is_prefill=True, block_size=4)
     seq.block_table.append(6)
-    assert plan.block_tables == [[3]]
+    assert plan.block_tables.tolist() == [3]
 
 
 def test_a_chunk_one_token_short_of_the_end_is_not_sampled() -> None:
     seq = make_seq(0, 6, [1, 2])
     plan = build_batch_plan([ScheduledChunk(seq, 5)], is_prefill=True, block_size=4)
-    assert plan.sample_indices == [] and plan.sampled_seq_ids == []
-    assert plan.temperatures == plan.top_ks == plan.top_ps == plan.seeds == []
+    assert plan.sample_indices.tolist() == [] and plan.sampled_seq_ids == []
+    assert plan.sample_slots.tolist() == []
 
 
 def test_filler_is_a_valid_block_id() -> None:
@@ -147,14 +151,37 @@ def test_a_filler_table_entry_is_never_a_slot() -> None:
     plan = build_batch_plan(
         [ScheduledChunk(a, 2), ScheduledChunk(b, 9)], is_prefill=True, block_size=4
     )
-    assert plan.block_tables[0] == [5, BLOCK_TABLE_FILLER, BLOCK_TABLE_FILLER]
-    assert plan.slot_mapping[:2] == [20, 21]
+    assert plan.block_table(0) == [5, BLOCK_TABLE_FILLER, BLOCK_TABLE_FILLER]
+    assert plan.slot_mapping[:2].tolist() == [20, 21]
 
 
 def test_empty_plan() -> None:
     plan = build_batch_plan([], is_prefill=False, block_size=4)
     assert plan.num_seqs == plan.num_tokens == plan.num_samples == 0
-    assert plan.cu_seqlens_q == plan.cu_seqlens_k == [0]
+    assert plan.cu_seqlens_q.tolist() == plan.cu_seqlens_k.tolist() == [0]
     assert plan.max_seqlen_q == plan.max_seqlen_k == 0
-    assert plan.block_tables == []
+    assert plan.block_tables.tolist() == []
     assert plan.block_table_width == 0
+
+
+def test_fields_are_flat_machine_integer_arrays() -> None:
+    # The executor views them without a Python loop and packs them for one copy.
+    a = make_seq(0, 6, [7, 2])
+    plan = build_batch_plan([ScheduledChunk(a, 6)], is_prefill=True, block_size=4)
+    int64 = ("seq_ids", "input_ids", "positions", "slot_mapping", "sample_indices")
+    int32 = ("query_lens", "context_lens", "cu_seqlens_q", "cu_seqlens_k", "block_tables")
+    for name in int64:
+        assert getattr(plan, name).typecode == "q" and getattr(plan, name).itemsize == 8
+    for name in (*int32, "sample_slots"):
+        assert getattr(plan, name).typecode == "i" and getattr(plan, name).itemsize == 4
+
+
+def test_a_plan_pickles_small() -> None:
+    # Tensor-parallel workers receive every plan pickled.
+    seqs = [make_seq(i, 200, list(range(i * 4, i * 4 + 4))) for i in range(16)]
+    for seq in seqs:
+        seq.num_computed_tokens = 199
+    plan = build_batch_plan([ScheduledChunk(s, 1) for s in seqs], is_prefill=False, block_size=64)
+    restored = pickle.loads(pickle.dumps(plan))
+    assert restored == plan
+    assert len(pickle.dumps(plan)) < 2_000

@@ -5,16 +5,21 @@ Driven with a fake sampler (see ``driver.py``): no model, no GPU.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from pagedinfer.domain import (
+    BatchPlan,
     BlockPool,
     FinishReason,
     SamplingParams,
+    ScheduledChunk,
     Scheduler,
     SchedulerConfig,
     Sequence,
     SequenceStatus,
+    build_batch_plan,
     chain_hashes,
 )
 from pagedinfer.errors import ConfigurationError, InvalidRequestError
@@ -173,8 +178,8 @@ def test_prefill_admits_in_arrival_order_and_allocates_blocks() -> None:
     c = add(scheduler, 2, prompt(2, 8))
     plan = scheduler.schedule()
     assert plan is not None and plan.is_prefill
-    assert plan.seq_ids == [0, 1, 2]
-    assert plan.query_lens == [5, 3, 8]
+    assert plan.seq_ids.tolist() == [0, 1, 2]
+    assert plan.query_lens.tolist() == [5, 3, 8]
     assert a.block_table == [0, 1]
     assert b.block_table == [2]
     assert c.block_table == [3, 4]
@@ -193,10 +198,10 @@ def test_prefill_goes_before_decode() -> None:
     add(scheduler, 2, prompt(2, 6))
     result = step(scheduler, sampler)
     assert result is not None
-    assert result.plan.is_prefill and result.plan.seq_ids == [2]
+    assert result.plan.is_prefill and result.plan.seq_ids.tolist() == [2]
     result = step(scheduler, sampler)
     assert result is not None
-    assert not result.plan.is_prefill and result.plan.seq_ids == [0, 1, 2]
+    assert not result.plan.is_prefill and result.plan.seq_ids.tolist() == [0, 1, 2]
     stats = scheduler.stats()
     assert (stats.num_prefill_steps, stats.num_decode_steps) == (2, 1)
 
@@ -210,7 +215,7 @@ def test_admission_is_strictly_first_come_first_served() -> None:
     add(scheduler, 2, prompt(2, 2))  # would fit in the free block
     result = step(scheduler, constant_sampler(7))
     assert result is not None
-    assert not result.plan.is_prefill and result.plan.seq_ids == [0]
+    assert not result.plan.is_prefill and result.plan.seq_ids.tolist() == [0]
     assert [s.seq_id for s in scheduler.waiting] == [1, 2]
 
 
@@ -220,7 +225,7 @@ def test_max_num_seqs_limits_admission() -> None:
         add(scheduler, seq_id, prompt(seq_id, 3), SamplingParams(max_tokens=2))
     sampler = constant_sampler(7)
     plans = run_to_completion(scheduler, sampler)
-    assert plans[0].seq_ids == [0, 1]
+    assert plans[0].seq_ids.tolist() == [0, 1]
     assert all(plan.num_seqs <= 2 for plan in plans)
     assert 2 in plans[2].seq_ids  # admitted once 0 and 1 finished
 
@@ -245,12 +250,12 @@ def test_token_budget_counts_only_uncached_tokens() -> None:
         add(scheduler, 2, prompt(2, 4))
         plan = scheduler.schedule()
         assert plan is not None
-        assert plan.seq_ids == expected_seq_ids
+        assert plan.seq_ids.tolist() == expected_seq_ids
         assert plan.num_tokens == 8
         if caching:
             assert b.num_cached_tokens == 8
-            assert plan.query_lens == [4, 4]
-            assert plan.positions[:4] == [8, 9, 10, 11]
+            assert plan.query_lens.tolist() == [4, 4]
+            assert plan.positions[:4].tolist() == [8, 9, 10, 11]
             stats = scheduler.pool.stats()
             assert stats.prefix_query_tokens == 8 + 12 + 4
             assert stats.prefix_hit_tokens == 8
@@ -267,9 +272,9 @@ def test_admission_counts_hits_on_blocks_in_use_as_free() -> None:
     assert scheduler.pool.num_free_blocks == 1
     b = add(scheduler, 1, [*prompt(0, 8), 5])
     result = step(scheduler, sampler)
-    assert result is not None and result.plan.seq_ids == [1]
+    assert result is not None and result.plan.seq_ids.tolist() == [1]
     assert b.block_table[:2] == a.block_table[:2]
-    assert b.num_cached_tokens == 8 and result.plan.query_lens == [1]
+    assert b.num_cached_tokens == 8 and result.plan.query_lens.tolist() == [1]
     assert scheduler.pool.num_free_blocks == 0
 
 
@@ -283,7 +288,7 @@ def test_admission_pays_for_resurrecting_free_cached_blocks() -> None:
     step(scheduler, sampler)
     c = add(scheduler, 2, [*prompt(0, 8), 5])  # 2 free cached hits + 1 new block > 2 free
     result = step(scheduler, sampler)
-    assert result is not None and result.plan.seq_ids == [1]  # a decode step instead
+    assert result is not None and result.plan.seq_ids.tolist() == [1]  # a decode step instead
     assert c.status is SequenceStatus.WAITING
 
 
@@ -298,8 +303,8 @@ def test_full_prompt_hit_still_recomputes_the_last_block() -> None:
     plan = scheduler.schedule()
     assert plan is not None
     assert b.num_cached_tokens == 4
-    assert plan.positions == [4, 5, 6, 7]
-    assert plan.sample_indices == [3]
+    assert plan.positions.tolist() == [4, 5, 6, 7]
+    assert plan.sample_indices.tolist() == [3]
     assert b.block_table[0] == first_blocks[0]
     assert b.block_table[1] != first_blocks[1]  # a fresh copy, never a write into a shared block
     scheduler.postprocess(plan, [7])
@@ -330,7 +335,7 @@ def test_one_token_prompt() -> None:
     scheduler = make(max_model_len=8)
     seq = add(scheduler, 0, [42], SamplingParams(max_tokens=3))
     plans = run_to_completion(scheduler, constant_sampler(7))
-    assert plans[0].is_prefill and plans[0].query_lens == [1]
+    assert plans[0].is_prefill and plans[0].query_lens.tolist() == [1]
     assert seq.completion_token_ids == [7, 7, 7]
     assert_all_free(scheduler)
 
@@ -345,15 +350,15 @@ def test_long_prompt_is_prefilled_in_chunks() -> None:
         result = step(scheduler, sampler)
         assert result is not None
         chunks.append(result.plan)
-    assert [p.positions for p in chunks] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert [p.positions.tolist() for p in chunks] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
     assert all(p.is_prefill for p in chunks)
-    assert [p.sample_indices for p in chunks] == [[], [], [1]]
-    assert [p.context_lens for p in chunks] == [[4], [8], [10]]
-    assert [p.block_tables for p in chunks] == [[[0]], [[0, 1]], [[0, 1, 2]]]
+    assert [p.sample_indices.tolist() for p in chunks] == [[], [], [1]]
+    assert [p.context_lens.tolist() for p in chunks] == [[4], [8], [10]]
+    assert [p.block_tables.tolist() for p in chunks] == [[0], [0, 1], [0, 1, 2]]
     assert seq.completion_token_ids == [7]
     result = step(scheduler, sampler)
     assert result is not None
-    assert not result.plan.is_prefill and result.plan.positions == [10]
+    assert not result.plan.is_prefill and result.plan.positions.tolist() == [10]
 
 
 def test_chunks_share_the_budget_with_new_requests() -> None:
@@ -364,8 +369,8 @@ def test_chunks_share_the_budget_with_new_requests() -> None:
     first = step(scheduler, sampler)
     second = step(scheduler, sampler)
     assert first is not None and second is not None
-    assert (first.plan.seq_ids, first.plan.query_lens) == ([0], [4])
-    assert (second.plan.seq_ids, second.plan.query_lens) == ([0, 1], [2, 2])
+    assert (first.plan.seq_ids.tolist(), first.plan.query_lens.tolist()) == ([0], [4])
+    assert (second.plan.seq_ids.tolist(), second.plan.query_lens.tolist()) == ([0, 1], [2, 2])
     assert second.plan.sampled_seq_ids == [0, 1]
 
 
@@ -390,11 +395,11 @@ def test_decode_gives_every_running_sequence_one_token() -> None:
     assert result is not None
     plan = result.plan
     assert not plan.is_prefill
-    assert plan.query_lens == [1, 1]
-    assert plan.positions == [4, 2]
+    assert plan.query_lens.tolist() == [1, 1]
+    assert plan.positions.tolist() == [4, 2]
     assert a.block_table == [0, 2]  # position 4 opened a new block
-    assert plan.slot_mapping == [2 * 4 + 0, 1 * 4 + 2]
-    assert plan.input_ids == [7, 7]
+    assert plan.slot_mapping.tolist() == [2 * 4 + 0, 1 * 4 + 2]
+    assert plan.input_ids.tolist() == [7, 7]
     assert plan.sampled_seq_ids == [0, 1]
     assert [s.num_computed_tokens for s in (a, b)] == [5, 3]
     assert [s.num_tokens for s in (a, b)] == [6, 4]
@@ -412,7 +417,7 @@ def test_preemption_takes_the_newest_and_puts_it_at_the_front_of_waiting() -> No
     assert (a.block_table, b.block_table) == ([0, 1], [2, 3])
     result = step(scheduler, sampler)  # a needs a third block: b is preempted
     assert result is not None
-    assert result.plan.seq_ids == [0]
+    assert result.plan.seq_ids.tolist() == [0]
     assert list(scheduler.waiting) == [b, c]
     assert b.status is SequenceStatus.WAITING
     assert (b.block_table, b.num_computed_tokens, b.num_cached_tokens) == ([], 0, 0)
@@ -436,7 +441,7 @@ def test_preemption_spares_older_sequences() -> None:
     step(scheduler, sampler)  # decode position 3: still two blocks each
     result = step(scheduler, sampler)  # position 4 needs a third block for a and b
     assert result is not None
-    assert result.plan.seq_ids == [0, 1]
+    assert result.plan.seq_ids.tolist() == [0, 1]
     assert list(scheduler.waiting) == [c]
     assert len(a.block_table) == len(b.block_table) == 3
     assert c.block_table == []
@@ -486,7 +491,7 @@ def test_stuck_partial_prefills_free_the_newest() -> None:
     sampler = constant_sampler(7)
     step(scheduler, sampler)  # a: 3 tokens
     result = step(scheduler, sampler)  # a: 2 more (done), b: 1
-    assert result is not None and result.plan.seq_ids == [0, 1]
+    assert result is not None and result.plan.seq_ids.tolist() == [0, 1]
     assert a.is_finished
     held = pool.allocate(pool.num_free_blocks)  # starve b
     c = add(scheduler, 2, prompt(2, 5), SamplingParams(max_tokens=1))
@@ -674,7 +679,7 @@ def test_two_sequences_with_the_same_new_prefix_in_one_step() -> None:
     b = add(scheduler, 1, tokens, SamplingParams(max_tokens=2))
     result = step(scheduler, constant_sampler(7))
     assert result is not None
-    assert result.plan.seq_ids == [0, 1] and result.plan.query_lens == [8, 8]
+    assert result.plan.seq_ids.tolist() == [0, 1] and result.plan.query_lens.tolist() == [8, 8]
     assert set(a.block_table).isdisjoint(b.block_table)
     pool = scheduler.pool
     assert pool.stats().num_cached_blocks == 4  # two copies of two blocks
@@ -703,3 +708,161 @@ def test_stats_count_queues_and_steps() -> None:
     stats = scheduler.stats()
     assert (stats.num_waiting, stats.num_running, stats.num_preemptions) == (0, 0, 0)
     assert (stats.num_prefill_steps, stats.num_decode_steps) == (2, 2)
+
+
+# ------------------------------------------------------------------- the decode hot path
+def plan_fields(plan: BatchPlan) -> dict[str, object]:
+    return {
+        field.name: getattr(plan, field.name)
+        for field in dataclasses.fields(plan)
+        if field.name not in ("released_slots", "new_requests")
+    }
+
+
+def test_decode_plans_equal_the_from_scratch_builder_across_blocks_and_finishes() -> None:
+    # Block size 4, staggered lengths: rows open blocks and finish on different steps, the
+    # widest row leaves; every decode plan must equal one built from the sequences.
+    scheduler = make(num_blocks=64, block_size=4, max_model_len=40)
+    seqs = [
+        add(scheduler, i, prompt(i, 3 + 2 * i), SamplingParams(max_tokens=4 + 5 * (i % 3)))
+        for i in range(5)
+    ]
+    sampler = hash_sampler()
+    decode_steps = 0
+    while scheduler.has_unfinished():
+        plan = scheduler.schedule()
+        assert plan is not None
+        if not plan.is_prefill:
+            decode_steps += 1
+            chunks = [ScheduledChunk(seq, 1) for seq in scheduler.running if seq.decoding]
+            expected = build_batch_plan(chunks, is_prefill=False, block_size=4)
+            assert plan_fields(plan) == plan_fields(expected)
+        tokens = [sampler(scheduler.get(i).token_ids) for i in plan.sampled_seq_ids]  # type: ignore[union-attr]
+        scheduler.postprocess(plan, tokens)
+        scheduler.check_integrity()
+    assert decode_steps >= 10
+    assert all(seq.is_finished for seq in seqs)
+    assert_all_free(scheduler)
+
+
+def test_stop_tokens_finish_only_the_rows_they_stop() -> None:
+    # EOS 7 is sampled by both rows; only the one that does not ignore EOS finishes.
+    scheduler = make(eos=frozenset({7}))
+    a = add(scheduler, 0, prompt(0, 3), SamplingParams(max_tokens=10))
+    b = add(scheduler, 1, prompt(1, 3), SamplingParams(max_tokens=10, ignore_eos=True))
+    c = add(scheduler, 2, prompt(2, 3), SamplingParams(max_tokens=10, stop_token_ids=[5]))
+    step(scheduler, constant_sampler(3))  # prefill
+    result = step(scheduler, lambda tokens: 7 if tokens[0] != 300 else 5)
+    assert result is not None and not result.plan.is_prefill
+    assert [seq.seq_id for seq in result.updated] == [0, 1, 2]
+    assert (a.finish_reason, b.finish_reason, c.finish_reason) == (
+        FinishReason.STOP,
+        None,
+        FinishReason.STOP,
+    )
+    assert scheduler.running == [b]
+    scheduler.check_integrity()
+
+
+def test_abort_between_a_decode_schedule_and_its_postprocess() -> None:
+    scheduler = make()
+    a, b, c = (add(scheduler, i, prompt(i, 3)) for i in range(3))
+    step(scheduler, constant_sampler(7))
+    plan = scheduler.schedule()
+    assert plan is not None and not plan.is_prefill
+    scheduler.abort(1)
+    updated = scheduler.postprocess(plan, [8, 9, 10])
+    assert updated == [a, c]
+    assert (a.completion_token_ids, b.completion_token_ids, c.completion_token_ids) == (
+        [7, 8],
+        [7],
+        [7, 10],
+    )
+    scheduler.check_integrity()
+    result = step(scheduler, constant_sampler(11))  # the rows are rebuilt without b
+    assert result is not None and result.plan.seq_ids.tolist() == [0, 2]
+    scheduler.check_integrity()
+
+
+def test_postprocess_takes_only_the_latest_plan_once() -> None:
+    scheduler = make()
+    add(scheduler, 0, prompt(0, 3))
+    first = scheduler.schedule()
+    second = scheduler.schedule()  # the first was abandoned: its work is planned again
+    assert first is not None and second is not None
+    with pytest.raises(ValueError, match="latest schedule"):
+        scheduler.postprocess(first, [7])
+    scheduler.postprocess(second, [7])
+    with pytest.raises(ValueError, match="latest schedule"):
+        scheduler.postprocess(second, [7])
+
+
+def test_an_abandoned_plan_is_planned_again() -> None:
+    scheduler = make(block_size=4)
+    add(scheduler, 0, prompt(0, 4))  # the first decode token opens a new block
+    add(scheduler, 1, prompt(1, 6))
+    step(scheduler, constant_sampler(7))
+    first = scheduler.schedule()
+    again = scheduler.schedule()
+    assert first is not None and again is not None and not again.is_prefill
+    assert plan_fields(first) == plan_fields(again)
+    scheduler.postprocess(again, [8, 9])
+    scheduler.check_integrity()
+
+
+# -------------------------------------------------------------------------- sampling slots
+def test_a_request_gets_a_slot_at_its_first_admission_and_gives_it_back_at_the_end() -> None:
+    scheduler = make(max_num_seqs=2)
+    a = add(scheduler, 0, prompt(0, 3), SamplingParams(max_tokens=1))
+    b = add(scheduler, 1, prompt(1, 3), SamplingParams(max_tokens=3, temperature=0.5))
+    c = add(scheduler, 2, prompt(2, 3), SamplingParams(max_tokens=2, seed=9))
+    result = step(scheduler, constant_sampler(7))
+    assert result is not None
+    plan = result.plan
+    assert [(r.seq_id, r.slot, r.params, r.num_prompt_tokens) for r in plan.new_requests] == [
+        (0, 0, a.params, 3),
+        (1, 1, b.params, 3),
+    ]
+    assert plan.sample_slots.tolist() == [0, 1] and plan.released_slots == ()
+    assert a.is_finished and a.slot == -1 and b.slot == 1 and c.slot == -1
+    result = step(scheduler, constant_sampler(7))  # c is admitted into the freed slot
+    assert result is not None
+    assert result.plan.released_slots == (0,)
+    assert [(r.seq_id, r.slot) for r in result.plan.new_requests] == [(2, 0)]
+    assert c.slot == 0
+    scheduler.check_integrity()
+
+
+def test_deltas_repeat_until_a_plan_is_postprocessed() -> None:
+    scheduler = make()
+    add(scheduler, 0, prompt(0, 3))
+    first = scheduler.schedule()
+    again = scheduler.schedule()  # `first` failed to run
+    assert first is not None and again is not None
+    assert [r.slot for r in again.new_requests] == [0]
+    scheduler.postprocess(again, [7])
+    plan = scheduler.schedule()
+    assert plan is not None and plan.new_requests == () and plan.released_slots == ()
+
+
+def test_a_preempted_request_keeps_its_slot() -> None:
+    scheduler = make(num_blocks=4, block_size=4, max_model_len=16)
+    a = add(scheduler, 0, prompt(0, 4))
+    b = add(scheduler, 1, prompt(1, 4))
+    sampler = constant_sampler(7)
+    for _ in range(8):
+        step(scheduler, sampler)
+        scheduler.check_integrity()
+    assert scheduler.stats().num_preemptions >= 1
+    assert (a.slot, b.slot) == (0, 1)
+
+
+def test_check_integrity_finds_a_missing_calendar_entry() -> None:
+    scheduler = make()
+    add(scheduler, 0, prompt(0, 3))
+    step(scheduler, constant_sampler(7))
+    step(scheduler, constant_sampler(7))
+    scheduler.check_integrity()
+    scheduler._calendar.clear()
+    with pytest.raises(AssertionError, match="is not filed"):
+        scheduler.check_integrity()

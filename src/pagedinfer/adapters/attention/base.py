@@ -13,11 +13,13 @@ Shapes (``T`` query tokens this step, ``B`` sequences, ``W`` block-table width):
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
 
+from pagedinfer.adapters.plan_arrays import plan_tensor
 from pagedinfer.domain.plan import BatchPlan
 
 __all__ = ["AttendsStoredKV", "AttentionBackend", "AttentionMetadata"]
@@ -58,12 +60,13 @@ class AttentionMetadata:
 
     @classmethod
     def from_plan(cls, plan: BatchPlan, device: torch.device) -> AttentionMetadata:
-        def ints(values: list[int], dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype, device=device)
+        def ints(values: array[int], dtype: torch.dtype) -> torch.Tensor:
+            return plan_tensor(values, dtype, device)
 
-        width = max(plan.block_table_width, 1)
-        tables = plan.block_tables if plan.block_table_width else [[0]] * plan.num_seqs
-        block_tables = torch.tensor(tables, dtype=torch.int32, device=device).view(-1, width)
+        if plan.block_table_width:
+            block_tables = ints(plan.block_tables, torch.int32).view(-1, plan.block_table_width)
+        else:  # no sequence holds a block: one filler column keeps the shape valid
+            block_tables = torch.zeros((plan.num_seqs, 1), dtype=torch.int32, device=device)
         return cls(
             is_prefill=plan.is_prefill,
             block_size=plan.block_size,
@@ -75,9 +78,9 @@ class AttentionMetadata:
             max_seqlen_q=plan.max_seqlen_q,
             max_seqlen_k=plan.max_seqlen_k,
             has_cached_prefix=plan.has_cached_prefix,
-            has_padding_slots=any(slot < 0 for slot in plan.slot_mapping),
-            query_lens_host=plan.query_lens,
-            context_lens_host=plan.context_lens,
+            has_padding_slots=bool(plan.slot_mapping) and min(plan.slot_mapping) < 0,
+            query_lens_host=plan.query_lens.tolist(),
+            context_lens_host=plan.context_lens.tolist(),
         )
 
 

@@ -3,9 +3,9 @@
 Control messages (rank 0 -> workers, through the shared-memory channel) are tuples whose first
 item names the command:
 
-* ``("execute", plan)``: run one step. ``plan`` is the step's ``BatchPlan`` with the
-  sampler's lists emptied, because only rank 0 samples (workers still get ``sample_indices``:
-  they compute their share of the logits for those rows).
+* ``("execute", plan)``: run one step. ``plan`` is the step's ``BatchPlan`` without its
+  sampling fields (slots and sampling-table deltas), because only rank 0 samples (workers
+  still get ``sample_indices``: they compute their share of the logits for those rows).
 * ``("shutdown",)``: release the model and exit.
 
 Status messages (each worker -> rank 0, through its own pipe) report start-up and failure:
@@ -16,6 +16,7 @@ a worker exits on an exception.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import replace
 from typing import Any, Final
 
@@ -39,20 +40,14 @@ STARTED: Final = "started"
 READY: Final = "ready"
 FAILED: Final = "failed"
 
-SAMPLER_ONLY_FIELDS: Final = (
-    "sampled_seq_ids",
-    "temperatures",
-    "top_ks",
-    "top_ps",
-    "seeds",
-    "sample_steps",
-)
+SAMPLER_ONLY_FIELDS: Final = ("sample_slots", "released_slots", "new_requests")
 """``BatchPlan`` fields only rank 0's sampler reads; they never cross the channel."""
 
 
 def execute_message(plan: BatchPlan) -> tuple[str, BatchPlan]:
     """The worker's copy of ``plan``: everything the model reads, nothing the sampler reads."""
-    empty: dict[str, Any] = {name: [] for name in SAMPLER_ONLY_FIELDS}
+    empty: dict[str, Any] = {"sample_slots": array("i"), "released_slots": (), "new_requests": ()}
+    assert set(empty) == set(SAMPLER_ONLY_FIELDS)
     return (EXECUTE, replace(plan, **empty))
 
 

@@ -1,0 +1,21 @@
+"""A ``BatchPlan`` field (an ``array.array`` of machine integers) as a tensor, in one copy."""
+
+from __future__ import annotations
+
+from array import array
+
+import torch
+
+__all__ = ["plan_tensor"]
+
+
+def plan_tensor(values: array[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``values`` as a new 1-D tensor on ``device``: a view of the array's bytes, then one copy.
+
+    No Python-level loop, unlike ``torch.tensor(list)``. ``dtype`` must have the array's item
+    size (int64 for ``"q"`` fields, int32 for ``"i"`` fields; see ``domain/plan.py``).
+    """
+    assert values.itemsize == dtype.itemsize, (values.typecode, dtype)
+    if not values:  # frombuffer refuses empty buffers
+        return torch.empty(0, dtype=dtype, device=device)
+    return torch.frombuffer(values, dtype=dtype).to(device=device, copy=True)

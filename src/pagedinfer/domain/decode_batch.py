@@ -1,0 +1,261 @@
+"""The decoding sequences as persistent rows: a decode step's arrays, kept from step to step.
+
+Every running sequence whose prompt is done computes exactly one token per decode step, so
+from one step to the next almost nothing about its row changes: its position, context length
+and KV slot grow by one, its input token is the one just sampled, its block table and
+sampling slot stay. :class:`DecodeBatch` keeps those arrays between steps and moves every row
+on at once (:meth:`DecodeBatch.advance`), so a decode step costs a few C-level passes over
+arrays instead of Python work per sequence. Rows change individually only when a sequence
+leaves (:meth:`~DecodeBatch.remove`) or opens a new block (:meth:`~DecodeBatch.grew`); when
+sequences start decoding (after a prefill step) the scheduler rebuilds the rows from scratch
+(:meth:`~DecodeBatch.rebuild`), which is also the reference the incremental state is checked
+against (:meth:`~DecodeBatch.check`).
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from collections import deque
+from collections.abc import Iterable
+from itertools import accumulate
+
+from pagedinfer.domain.plan import BLOCK_TABLE_FILLER, PADDING_SLOT, BatchPlan, NewRequest
+from pagedinfer.domain.sequence import Sequence
+
+__all__ = ["DecodeBatch"]
+
+_BYTE_ORDER = sys.byteorder  # arrays are in native byte order
+
+
+def _pack(typecode: str, addends: Iterable[int]) -> int:
+    """``addends`` laid out like an array of ``typecode``, read as one unsigned integer."""
+    return int.from_bytes(array(typecode, addends), _BYTE_ORDER)
+
+
+def _add_lanes(values: array[int], lanes: int) -> array[int]:
+    """A new array: ``values[i]`` plus entry ``i`` of ``lanes`` (made by :func:`_pack`).
+
+    Read as one unsigned integer, an array's bytes hold each entry in its own bit field (a
+    "lane"); adding the packed addends adds to every entry at once, in one big-integer
+    addition at C speed instead of a Python loop over the rows. This is exact because every
+    value and every sum here (positions, lengths, KV slots, prefix sums) is non-negative and
+    fits its field, so no carry ever crosses into the next entry.
+    """
+    total = int.from_bytes(values, _BYTE_ORDER) + lanes
+    return array(values.typecode, total.to_bytes(len(values) * values.itemsize, _BYTE_ORDER))
+
+
+class _RowConstants:
+    """What depends only on the number of rows ``n``; recomputed when it changes."""
+
+    __slots__ = ("arange_i", "arange_q", "num_rows", "ones_i", "ones_q", "ramp_i")
+
+    def __init__(self, num_rows: int) -> None:
+        self.num_rows = num_rows
+        self.arange_q = array("q", range(num_rows))  # sample_indices of a decode step
+        self.arange_i = array("i", range(num_rows + 1))  # cu_seqlens_q of a decode step
+        self.ones_q = _pack("q", [1] * num_rows)  # +1 for every int64 row entry
+        self.ones_i = _pack("i", [1] * num_rows)  # +1 for every int32 row entry
+        self.ramp_i = _pack("i", range(num_rows + 1))  # +i for prefix-sum entry i
+
+
+class DecodeBatch:
+    """Rows of the sequences in decode, in the scheduler's running order.
+
+    Row ``i`` describes the token sequence ``seqs[i]`` computes next: ``positions[i]`` is
+    ``len(token_ids) - 1``, ``context_lens[i]`` is ``len(token_ids)``, ``input_ids[i]`` is its
+    last token and ``slot_mapping[i]`` where that token's K/V go, through the row's block
+    table (``block_tables``, ``width`` entries per row, the longest table's length). The
+    exception: a row whose next token opens a new block has a stale slot until the scheduler
+    gives it the block and calls :meth:`grew`.
+
+    The rows hold the sequences' ``token_ids`` lists, so the scheduler must append to them,
+    never replace them, while a sequence decodes.
+    """
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self.seqs: list[Sequence] = []
+        self._token_lists: list[list[int]] = []
+        self.seq_ids = array("q")
+        self.sample_slots = array("i")
+        self.input_ids = array("q")
+        self.positions = array("q")
+        self.context_lens = array("i")
+        self.slot_mapping = array("q")
+        self.cu_seqlens_k = array("i", [0])
+        self.max_context_len = 0
+        self.block_tables = array("i")
+        self.width = 0
+        self._row_blocks = array("i")
+        self._rows = _RowConstants(0)
+        self.version = 0  # changes whenever rows are added or removed
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    # ------------------------------------------------------------ whole batch
+    def rebuild(self, seqs: list[Sequence]) -> None:
+        """Rows for ``seqs`` (decoding sequences, in running order).
+
+        A row whose next token opens a block it does not hold yet gets ``PADDING_SLOT``; the
+        scheduler gives it the block (and calls :meth:`grew`) before the step is planned.
+        """
+        size = self.block_size
+        self.seqs = list(seqs)
+        self._token_lists = [seq.token_ids for seq in seqs]
+        lengths = [len(tokens) for tokens in self._token_lists]
+        self.seq_ids = array("q", [seq.seq_id for seq in seqs])
+        self.sample_slots = array("i", [seq.slot for seq in seqs])
+        self.input_ids = array("q", [tokens[-1] for tokens in self._token_lists])
+        self.positions = array("q", [length - 1 for length in lengths])
+        self.context_lens = array("i", lengths)
+        self.slot_mapping = array(
+            "q",
+            [
+                _slot(seq.block_table, length - 1, size)
+                for seq, length in zip(seqs, lengths, strict=True)
+            ],
+        )
+        self._row_blocks = array("i", [len(seq.block_table) for seq in seqs])
+        self._lay_out_tables(max(self._row_blocks, default=0))
+        self._rows_changed()
+
+    def advance(self, tokens: list[int]) -> None:
+        """Record a decode step of every row: append its sampled token, move it on by one."""
+        input_ids = array("q", tokens)  # checks the tokens before anything changes
+        if len(input_ids) != len(self.seqs):
+            raise ValueError(f"{len(input_ids)} sampled tokens for {len(self.seqs)} rows")
+        # list.append returns None; a zero-length deque drains the map at C speed.
+        deque(map(list.append, self._token_lists, tokens), maxlen=0)
+        rows = self._rows
+        self.input_ids = input_ids
+        self.positions = _add_lanes(self.positions, rows.ones_q)
+        self.slot_mapping = _add_lanes(self.slot_mapping, rows.ones_q)
+        self.context_lens = _add_lanes(self.context_lens, rows.ones_i)
+        self.cu_seqlens_k = _add_lanes(self.cu_seqlens_k, rows.ramp_i)
+        self.max_context_len += 1
+
+    def plan(
+        self, *, released_slots: tuple[int, ...], new_requests: tuple[NewRequest, ...]
+    ) -> BatchPlan:
+        """This step as a :class:`BatchPlan` (copies: later steps never change a plan)."""
+        num_rows = len(self.seqs)
+        rows = self._rows
+        return BatchPlan(
+            is_prefill=False,
+            block_size=self.block_size,
+            seq_ids=self.seq_ids[:],
+            query_lens=array("i", [1]) * num_rows,
+            context_lens=self.context_lens[:],
+            cu_seqlens_q=rows.arange_i[:],
+            cu_seqlens_k=self.cu_seqlens_k[:],
+            max_seqlen_q=1,
+            max_seqlen_k=self.max_context_len,
+            block_tables=self.block_tables[:],
+            block_table_width=self.width,
+            input_ids=self.input_ids[:],
+            positions=self.positions[:],
+            slot_mapping=self.slot_mapping[:],
+            sample_indices=rows.arange_q[:],
+            sample_slots=self.sample_slots[:],
+            released_slots=released_slots,
+            new_requests=new_requests,
+        )
+
+    # ------------------------------------------------------------- single rows
+    def remove(self, seq: Sequence) -> None:
+        """Drop ``seq``'s row (it finished, was aborted or preempted)."""
+        row = self.seqs.index(seq)
+        del self.seqs[row]
+        del self._token_lists[row]
+        for values in (
+            self.seq_ids,
+            self.sample_slots,
+            self.input_ids,
+            self.positions,
+            self.context_lens,
+            self.slot_mapping,
+        ):
+            del values[row]
+        width = self.width
+        del self.block_tables[row * width : (row + 1) * width]
+        blocks = self._row_blocks.pop(row)
+        if blocks == width:  # it may have been the longest row: tables may get narrower
+            self._lay_out_tables(max(self._row_blocks, default=0))
+        self._rows_changed()
+
+    def grew(self, seq: Sequence) -> None:
+        """``seq`` got a new block at the end of its table: copy it into its row, fix its slot."""
+        row = self.seqs.index(seq)
+        count = len(seq.block_table)
+        if count > self.width:
+            self._lay_out_tables(count)
+        else:
+            self.block_tables[row * self.width + count - 1] = seq.block_table[-1]
+        self._row_blocks[row] = count
+        self.slot_mapping[row] = _slot(seq.block_table, self.positions[row], self.block_size)
+
+    def block_table_row(self, row: int) -> list[int]:
+        """Row ``row`` of ``block_tables``, filler entries included."""
+        return self.block_tables[row * self.width : (row + 1) * self.width].tolist()
+
+    # ---------------------------------------------------------------- checking
+    def check(self) -> None:
+        """Raise ``AssertionError`` unless every array equals a from-scratch rebuild.
+
+        The slot of a row whose next token opens a block it does not hold yet is stale by
+        design (see the class docstring) and not compared. O(rows); for tests.
+        """
+        fresh = DecodeBatch(self.block_size)
+        fresh.rebuild(self.seqs)
+        for row, slot in enumerate(fresh.slot_mapping):
+            if slot != PADDING_SLOT and slot != self.slot_mapping[row]:
+                raise AssertionError(
+                    f"row {row}: slot {self.slot_mapping[row]} != recomputed {slot}"
+                )
+        for name in (
+            "seq_ids",
+            "sample_slots",
+            "input_ids",
+            "positions",
+            "context_lens",
+            "cu_seqlens_k",
+            "block_tables",
+            "width",
+            "max_context_len",
+            "_row_blocks",
+        ):
+            if getattr(self, name) != getattr(fresh, name):
+                raise AssertionError(
+                    f"DecodeBatch.{name} {getattr(self, name)!r} != recomputed "
+                    f"{getattr(fresh, name)!r}"
+                )
+        if any(
+            tokens is not seq.token_ids
+            for tokens, seq in zip(self._token_lists, self.seqs, strict=True)
+        ):
+            raise AssertionError("a row holds a token list its sequence no longer uses")
+
+    # ---------------------------------------------------------------- private
+    def _lay_out_tables(self, width: int) -> None:
+        flat: list[int] = []
+        for seq in self.seqs:
+            flat.extend(seq.block_table)
+            flat.extend([BLOCK_TABLE_FILLER] * (width - len(seq.block_table)))
+        self.block_tables = array("i", flat)
+        self.width = width
+
+    def _rows_changed(self) -> None:
+        self.cu_seqlens_k = array("i", accumulate(self.context_lens, initial=0))
+        self.max_context_len = max(self.context_lens, default=0)
+        if self._rows.num_rows != len(self.seqs):
+            self._rows = _RowConstants(len(self.seqs))
+        self.version += 1
+
+
+def _slot(table: list[int], position: int, block_size: int) -> int:
+    """The KV slot of ``position``; ``PADDING_SLOT`` if its block is not in ``table`` yet."""
+    index, offset = divmod(position, block_size)
+    return table[index] * block_size + offset if index < len(table) else PADDING_SLOT
