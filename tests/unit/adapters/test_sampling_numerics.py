@@ -9,14 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
-from typing import cast
 
 import pytest
 import torch
 
 from pagedinfer.adapters.sampler import Sampler, SamplingBatch
-from pagedinfer.domain import BatchPlan, SamplingParams
+from pagedinfer.domain import SamplingParams
 from pagedinfer.domain.sampling import GREEDY_TEMPERATURE_EPSILON
 
 from .runner_helpers import generate, make_runner, random_prompts
@@ -25,22 +23,16 @@ CPU = torch.device("cpu")
 TINY = [1e-40, 1e-50, 5e-324, 1e-300, 9.99e-6, 0.0]
 
 
-def plan_with(temperatures: list[float]) -> BatchPlan:
-    n = len(temperatures)
-    fields = {
-        "temperatures": temperatures,
-        "top_ks": [0] * n,
-        "top_ps": [1.0] * n,
-        "seeds": [None] * n,
-        "sample_steps": [0] * n,
-    }
-    return cast(BatchPlan, SimpleNamespace(**fields))
+def batch_with(temperatures: list[float]) -> SamplingBatch:
+    """The sampling batch of rows whose requests differ only in temperature."""
+    params = [SamplingParams(temperature=t) for t in temperatures]
+    return SamplingBatch.from_rows(params, [0] * len(params), CPU)
 
 
 @pytest.mark.parametrize("temperature", TINY)
 def test_a_tiny_temperature_is_argmax_alone(temperature: float) -> None:
     logits = torch.randn(8, 500, generator=torch.Generator().manual_seed(0)) * 30
-    sampling = SamplingBatch.from_plan(plan_with([temperature] * 8), CPU)
+    sampling = batch_with([temperature] * 8)
     assert sampling.all_greedy
     assert torch.equal(Sampler(CPU)(logits, sampling), logits.argmax(dim=-1))
 
@@ -48,7 +40,7 @@ def test_a_tiny_temperature_is_argmax_alone(temperature: float) -> None:
 def test_tiny_temperatures_are_argmax_in_a_batch_that_samples() -> None:
     temperatures = [*TINY, 1.0, GREEDY_TEMPERATURE_EPSILON, 2.0]
     logits = torch.randn(len(temperatures), 500, generator=torch.Generator().manual_seed(1)) * 30
-    sampling = SamplingBatch.from_plan(plan_with(temperatures), CPU)
+    sampling = batch_with(temperatures)
     assert sampling.any_greedy and not sampling.all_greedy
     # Host and device agree: the rows the host calls greedy are temperature 0 on the device.
     device_greedy = (sampling.temperatures < GREEDY_TEMPERATURE_EPSILON).tolist()
@@ -81,7 +73,7 @@ def test_small_temperatures_above_the_epsilon_stay_finite() -> None:
     # 1e-5 is the smallest sampled temperature: logits / 1e-5 must not overflow float32.
     logits = torch.randn(64, 1000, generator=torch.Generator().manual_seed(3)) * 50
     for temperature in (GREEDY_TEMPERATURE_EPSILON, 2e-5, 1e-3):
-        sampling = SamplingBatch.from_plan(plan_with([temperature] * 64), CPU)
+        sampling = batch_with([temperature] * 64)
         assert not sampling.any_greedy
         tokens = Sampler(CPU)(logits, sampling)
         # Such a cold distribution is argmax unless two logits are within ~1e-4 of each other.
