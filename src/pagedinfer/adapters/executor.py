@@ -18,7 +18,7 @@ class Executor(Protocol):
     num_kv_blocks: int
 
     def execute(self, plan: BatchPlan) -> list[int]:
-        """Run one step; return one sampled token id per ``plan.sampled_seq_ids``."""
+        """Run one step; return one sampled token id per sampled row (``plan.sample_indices``)."""
         ...
 
     def close(self) -> None:

@@ -117,7 +117,7 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ steps
     def execute(self, plan: BatchPlan) -> list[int]:
-        """Run one step; return one sampled token id per ``plan.sampled_seq_ids`` (rank 0)."""
+        """Run one step; return one sampled token id per sampled row (rank 0; others: [])."""
         if self._closed:
             raise EngineClosedError("the model runner was used after close()")
         inputs = self.prepare(plan)
