@@ -3,8 +3,8 @@
 Decoding the whole completion after every token costs O(n) per step; instead we keep two
 offsets into the token list (the approach of Hugging Face's text-generation-inference and
 vLLM): decode a short window that starts a few tokens back, and emit only the text that the
-newest tokens added. A window whose text ends in U+FFFD is an unfinished multi-byte
-character, so nothing is emitted until the next token completes it.
+newest tokens added. A window whose text ends in U+FFFD ends in an unfinished multi-byte
+character: the text before it is emitted, the character once a later token completes it.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["IncrementalDetokenizer", "StopStringMatcher"]
+__all__ = ["CompletionText", "IncrementalDetokenizer", "StopStringMatcher"]
 
 # Tokens of the prompt kept as left context: some tokenizers (SentencePiece) decode a token
 # differently at the start of a string than after other text.
@@ -20,27 +20,55 @@ _CONTEXT_TOKENS = 5
 
 
 class IncrementalDetokenizer:
+    """Turns a growing list of token ids into text, returning only what each append adds.
+
+    Text is returned as soon as it is final: a token that completes some characters and
+    starts another (a multi-byte character split across tokens) returns the complete
+    characters at once and holds back only the unfinished one, which decodes to U+FFFD
+    until the token that completes it arrives. :meth:`flush` returns what is still held
+    back when no token will follow.
+    """
+
     def __init__(self, tokenizer: Any, prompt_token_ids: list[int]) -> None:
         self._tokenizer = tokenizer
         self._ids = list(prompt_token_ids[-_CONTEXT_TOKENS:])
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
+        # Characters of the window past read_offset already returned (the final part of a
+        # text that still ends in an unfinished character).
+        self._emitted = 0
 
     def append(self, token_ids: list[int]) -> str:
         """Add generated tokens; return the text they complete (possibly empty)."""
         self._ids.extend(token_ids)
         prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
         full_text = self._decode(self._ids[self._prefix_offset :])
-        if len(full_text) <= len(prefix_text) or full_text.endswith("\ufffd"):
-            return ""
+        start = len(prefix_text) + self._emitted
+        final_text = full_text.rstrip("\ufffd")
+        if len(final_text) < len(full_text) or len(full_text) <= len(prefix_text):
+            # An unfinished character at the end (or nothing new yet): return what precedes
+            # it and keep the window open until the character is complete.
+            new_text = final_text[start:]
+            self._emitted += len(new_text)
+            return new_text
+        new_text = full_text[start:]
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._ids)
+        self._emitted = 0
         # Keep the token list short: only the window from prefix_offset is ever decoded.
         if self._prefix_offset > 64:
             del self._ids[: self._prefix_offset]
             self._read_offset -= self._prefix_offset
             self._prefix_offset = 0
-        return full_text[len(prefix_text) :]
+        return new_text
+
+    def flush(self) -> str:
+        """The text still held back (an unfinished character at the very end, as U+FFFD)."""
+        prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        full_text = self._decode(self._ids[self._prefix_offset :])
+        new_text = full_text[len(prefix_text) + self._emitted :]
+        self._emitted += len(new_text)
+        return new_text
 
     def _decode(self, token_ids: list[int]) -> str:
         text: str = self._tokenizer.decode(token_ids, skip_special_tokens=True)
@@ -68,3 +96,35 @@ class StopStringMatcher:
             return False
         self.text = self.text[:found]
         return True
+
+
+class CompletionText:
+    """A completion's text, grown token by token, cut at the first stop string.
+
+    A stop string matches as soon as the text that completes it is final, even when that
+    text spans several tokens or shares a token with the start of an unfinished character.
+    """
+
+    __slots__ = ("_detokenizer", "_matcher", "stopped")
+
+    def __init__(self, tokenizer: Any, prompt_token_ids: list[int], stop: tuple[str, ...]) -> None:
+        self._detokenizer = IncrementalDetokenizer(tokenizer, prompt_token_ids)
+        self._matcher = StopStringMatcher(stop)
+        self.stopped = False
+
+    @property
+    def text(self) -> str:
+        """The text so far (final), ending before a matched stop string."""
+        return self._matcher.text
+
+    def append(self, token_ids: list[int]) -> bool:
+        """Add generated tokens; True once a stop string has matched."""
+        if not self.stopped:
+            self.stopped = self._matcher.feed(self._detokenizer.append(token_ids))
+        return self.stopped
+
+    def flush(self) -> bool:
+        """No token follows: take the held-back text too; True once a stop string matched."""
+        if not self.stopped:
+            self.stopped = self._matcher.feed(self._detokenizer.flush())
+        return self.stopped
