@@ -15,14 +15,23 @@ from pagedinfer.domain.sequence import FinishReason
 if TYPE_CHECKING:
     from pagedinfer.engine.engine import Engine
     from pagedinfer.engine.outputs import RequestOutput, StreamDelta
+    from pagedinfer.engine.streams import RequestStream
 
-__all__ = ["Engine", "FinishReason", "RequestOutput", "SamplingParams", "StreamDelta"]
+__all__ = [
+    "Engine",
+    "FinishReason",
+    "RequestOutput",
+    "RequestStream",
+    "SamplingParams",
+    "StreamDelta",
+]
 __version__ = "0.1.0"
 
 _LAZY = {
     "Engine": "pagedinfer.engine.engine",
     "RequestOutput": "pagedinfer.engine.outputs",
     "StreamDelta": "pagedinfer.engine.outputs",
+    "RequestStream": "pagedinfer.engine.streams",
 }
 
 

@@ -1,17 +1,29 @@
 """``Engine``: the public entry point. Tokenize, schedule, run, sample, detokenize, repeat.
 
-One step reads top to bottom in :meth:`Engine.step`: the scheduler plans, the executor runs
+One step reads top to bottom in :meth:`Engine._step`: the scheduler plans, the executor runs
 the plan and samples, the scheduler records the samples; the engine then detokenizes, checks
-stop strings and reports. Requests are validated completely before anything is queued, so a
-rejected request leaves the engine exactly as it was.
+stop strings and hands each request's news to whoever waits for it (its stream, the
+``generate`` call that submitted it, or ``step``; see ``requests.py``). Requests are validated
+completely before anything is queued, so a rejected request leaves the engine as it was.
+
+Threads: one lock guards the engine's state, and one thread at a time runs a step. The lock
+is released while the model runs, so ``add_request``, ``abort`` and ``stats`` from other
+threads return at once; ``generate`` and ``stream`` either run the next step themselves or
+wait for the thread that is running it (an ``AsyncEngine`` loop, another ``generate``), and
+return as soon as their own requests are done. Ctrl-C is held back while the bookkeeping
+changes and raised at the next safe point (``interrupts.py``), and a step that fails halfway
+is completed by the next call (:meth:`Engine._catch_up`): nothing is orphaned, nothing is
+reported twice.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,14 +32,17 @@ from pagedinfer.adapters.attention import resolve_backend_name
 from pagedinfer.adapters.executor import Executor, create_executor
 from pagedinfer.adapters.models.registry import read_model_config
 from pagedinfer.adapters.runner_config import RunnerConfig
+from pagedinfer.domain.plan import BatchPlan
 from pagedinfer.domain.sampling import SamplingParams
 from pagedinfer.domain.scheduler import Scheduler, SchedulerConfig
 from pagedinfer.domain.sequence import FinishReason
 from pagedinfer.domain.sequence import Sequence as DomainSequence
 from pagedinfer.engine.config import EngineConfig, resolve_device, resolve_dtype
-from pagedinfer.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from pagedinfer.engine.interrupts import InterruptDeferral
 from pagedinfer.engine.outputs import RequestOutput, StreamDelta
 from pagedinfer.engine.progress import ProgressBar
+from pagedinfer.engine.requests import CompletionState, OutputSink, RequestState
+from pagedinfer.engine.streams import RequestStream
 from pagedinfer.errors import EngineClosedError, InvalidRequestError
 
 __all__ = ["Engine", "EngineStats"]
@@ -61,42 +76,6 @@ class EngineStats:
     num_preemptions: int
 
 
-class _Request:
-    """The engine's bookkeeping for one request (the scheduler owns the Sequence state).
-
-    Requests with stop strings, and streamed requests, are detokenized incrementally every
-    step; the others are decoded once, when they finish.
-    """
-
-    __slots__ = (
-        "detokenizer",
-        "emitted_chars",
-        "emitted_tokens",
-        "holdback",
-        "prompt",
-        "seq",
-        "stop_matcher",
-        "stopped_by_string",
-    )
-
-    def __init__(
-        self, seq: DomainSequence, prompt: str | None, tokenizer: Any, *, streamed: bool
-    ) -> None:
-        self.seq = seq
-        self.prompt = prompt
-        stop = seq.params.stop
-        incremental = tokenizer is not None and (streamed or bool(stop))
-        self.detokenizer = (
-            IncrementalDetokenizer(tokenizer, seq.prompt_token_ids) if incremental else None
-        )
-        self.stop_matcher = StopStringMatcher(stop) if incremental else None
-        self.stopped_by_string = False
-        # A streamed delta holds back text that could still turn out to start a stop string.
-        self.holdback = max((len(text) for text in stop), default=1) - 1
-        self.emitted_tokens = 0
-        self.emitted_chars = 0
-
-
 class Engine:
     """Offline LLM inference on a paged KV cache.
 
@@ -107,6 +86,8 @@ class Engine:
     (``gpu_memory_utilization`` of the GPU, a fraction of free RAM on the CPU).
     ``attention_backend`` is ``"auto"``, ``"torch"``, ``"triton"`` or ``"flash"``.
     Unknown keyword arguments raise ``TypeError``.
+
+    Every method may be called from any thread (see docs/api.md, "Threads").
     """
 
     def __init__(
@@ -129,6 +110,9 @@ class Engine:
     ) -> None:
         self._executor: Executor | None = None
         self._closed = True  # until construction succeeds
+        self._lock = threading.Lock()
+        # Notified when a step ends, a request is finalized outside a step, or the engine closes.
+        self._changed = threading.Condition(self._lock)
         config = EngineConfig(
             model_path=os.fspath(model_path),
             device=device,
@@ -188,9 +172,15 @@ class Engine:
             executor.close()
             raise
         self._executor = executor
-        self._closed = False
-        self._requests: dict[int, _Request] = {}
-        self._deferred: list[RequestOutput] = []
+        self._requests: dict[int, RequestState] = {}  # unfinished requests by id
+        self._completions: dict[int, CompletionState] = {}  # their sequences, by sequence id
+        self._step_sink = OutputSink(wants_progress=True)  # requests queued with add_request
+        self._stepping = False  # a thread is running a step (possibly with the lock released)
+        self._deferral = InterruptDeferral.inactive()  # of the thread that holds the lock
+        # Streams dropped unfinished; aborted at the next call (see RequestStream.__del__).
+        self._abandoned: deque[int] = deque()
+        # A step's bookkeeping stopped halfway (an exception): the next call completes it.
+        self._needs_catch_up = False
         self._next_request_id = 0
         self._num_finished = 0
         self._prompt_tokens = 0
@@ -198,77 +188,147 @@ class Engine:
         self._prefill_seconds = 0.0
         self._decode_seconds = 0.0
         self._last_step = (False, 0, 0.0)  # (is_prefill, tokens, seconds) of the latest step
+        self._closed = False
 
     # ------------------------------------------------------------------ requests
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None) -> int:
-        """Queue one request and return its id. Raises ``ValueError`` for bad input."""
-        self._check_open()
-        token_ids, text = self._encode(prompt)
-        return self._enqueue(token_ids, text, self._check_params(params))
+        """Queue one request and return its id; :meth:`step` returns its outputs.
+
+        Raises ``ValueError`` for bad input (and then queues nothing).
+        """
+        with self._locked():
+            self._check_open()
+            token_ids, text = self._encode(prompt)
+            request = self._enqueue(token_ids, text, self._check_params(params), self._step_sink)
+            return request.request_id
 
     def abort(self, request_id: int) -> bool:
-        """Stop a request and free its KV blocks. False if it is unknown or already done."""
-        self._check_open()
-        request = self._requests.pop(request_id, None)
-        if request is None:
-            return False
-        self.scheduler.abort(request_id)
-        self._num_finished += 1
-        return True
+        """Finish a request now with ``finish_reason="abort"`` and free its KV blocks.
+
+        Works in any state and from any thread; the final output goes to whoever waits for
+        the request (its stream, its ``generate`` call, or :meth:`step`). False if the
+        request is unknown or already finished.
+        """
+        with self._locked():
+            self._check_open()
+            self._catch_up()
+            found = self._abort(request_id)
+            if found:
+                self._changed.notify_all()
+            return found
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._requests)
+        """Whether any request (queued by any caller) has not finished yet."""
+        with self._locked():
+            if not self._closed:
+                self._catch_up()
+            return bool(self._requests)
 
     def step(self) -> list[RequestOutput]:
-        """Run one scheduler step; return the requests that progressed or finished.
+        """Run one scheduler step; return the news of requests queued with :meth:`add_request`.
 
-        Outputs of requests that finished while :meth:`generate` or :meth:`stream` drove the
-        engine for other requests are delivered by the next call.
+        That is one output per such request that got tokens or finished since the previous
+        ``step()`` returned, however the engine was driven meanwhile (outputs are cumulative:
+        the latest state of each). Every request's final output is returned exactly once.
+        If another thread is running a step, this waits for it first.
         """
-        self._check_open()
-        outputs, self._deferred = self._deferred, []
-        outputs.extend(self._step())
-        return outputs
+        with self._locked():
+            self._check_open()
+            while self._stepping:
+                self._wait_for_change()
+                self._check_open()
+            self._step()
+            self._deferral.suspend()  # a held-back Ctrl-C surfaces now, before delivery
+            return self._step_sink.take_outputs()
 
-    def _step(self) -> list[RequestOutput]:
-        plan = self.scheduler.schedule()
-        if plan is None:
-            if self.scheduler.has_unfinished():  # cannot happen with an engine-owned pool
-                raise RuntimeError("the scheduler could not schedule any unfinished request")
-            return []
+    def _step(self) -> bool:
+        """One step, called with the lock held and no other step running.
+
+        False if nothing could run. The lock is released while the model runs.
+        """
+        self._stepping = True
+        try:
+            self._catch_up()
+            plan = self.scheduler.schedule()
+            if plan is None:
+                return False
+            sampled, seconds = self._execute(plan)
+            self._record(plan, sampled, seconds)
+            return True
+        finally:
+            self._stepping = False
+            self._changed.notify_all()
+
+    def _execute(self, plan: BatchPlan) -> tuple[list[int], float]:
         assert self._executor is not None
-        started = time.perf_counter()
-        sampled = self._executor.execute(plan)
-        seconds = time.perf_counter() - started
-        if plan.is_prefill:
-            self._prompt_tokens += plan.num_tokens
-            self._prefill_seconds += seconds
-        else:
-            self._decode_seconds += seconds
-        self._generated_tokens += len(sampled)
-        self._last_step = (plan.is_prefill, plan.num_tokens, seconds)
-        outputs = []
-        for seq in self.scheduler.postprocess(plan, sampled):
-            request = self._requests[seq.seq_id]
-            self._check_stop_strings(request)
-            outputs.append(self._output(request))
-            if seq.is_finished:
-                del self._requests[seq.seq_id]
-                self._num_finished += 1
-        return outputs
+        with self._lock_released():
+            started = time.perf_counter()
+            sampled = self._executor.execute(plan)
+            return sampled, time.perf_counter() - started
 
-    def _check_stop_strings(self, request: _Request) -> None:
-        if request.detokenizer is None or request.stop_matcher is None:
-            return
-        seq = request.seq
-        delta = request.detokenizer.append([seq.last_token_id])
-        if not request.stop_matcher.feed(delta):
-            return
-        request.stopped_by_string = True
-        if seq.is_finished:  # finished by length in the same step: the stop string wins
-            seq.finish_reason = FinishReason.STOP
+    def _record(self, plan: BatchPlan, sampled: list[int], seconds: float) -> None:
+        self._account(plan, len(sampled), seconds)
+        with self._bookkeeping():
+            for seq in self.scheduler.postprocess(plan, sampled):
+                self._update(self._completions[seq.seq_id])
+
+    def _update(self, completion: CompletionState) -> None:
+        """After new tokens: stop strings, then news for the sink (or the final output)."""
+        seq = completion.seq
+        if completion.catch_up():  # a stop string matched in the text
+            if not seq.is_finished:
+                self.scheduler.finish(seq.seq_id, FinishReason.STOP)
+            elif seq.finish_reason is FinishReason.LENGTH:  # in the same step: the stop wins
+                seq.finish_reason = FinishReason.STOP
+        request = completion.request
+        if request.is_finished:
+            self._finalize(request)
         else:
-            self.scheduler.finish(seq.seq_id, FinishReason.STOP)
+            request.sink.progressed(request)
+
+    def _finalize(self, request: RequestState) -> None:
+        """Hand the request's final output to its sink (once), then forget the request."""
+        if request.final is None:
+            request.finalize(self.tokenizer)
+        if self._requests.pop(request.request_id, None) is not None:
+            for completion in request.completions:
+                del self._completions[completion.seq.seq_id]
+            self._num_finished += 1
+
+    def _abort(self, request_id: int) -> bool:
+        request = self._requests.get(request_id)
+        if request is None:
+            return False
+        with self._bookkeeping():
+            for completion in request.completions:
+                if not completion.seq.is_finished:
+                    self.scheduler.abort(completion.seq.seq_id)
+            self._finalize(request)
+        return True
+
+    @contextlib.contextmanager
+    def _bookkeeping(self) -> Iterator[None]:
+        """Marks changes that belong together: if one raises halfway, ``_catch_up`` ends it."""
+        outer = self._needs_catch_up
+        self._needs_catch_up = True
+        yield
+        self._needs_catch_up = outer  # not reached if the body raised
+
+    def _catch_up(self) -> None:
+        """Complete what an earlier call left undone: abort dropped streams, and finish
+        bookkeeping that raised halfway (every request sees its tokens; requests that the
+        scheduler finished are finalized and forgotten)."""
+        if self._needs_catch_up:
+            for completion in list(self._completions.values()):
+                if completion.seq.seq_id not in self._completions:
+                    continue  # forgotten with a sibling earlier in this loop
+                if completion.request.final is not None:
+                    self._finalize(completion.request)  # only forgetting it was left
+                else:
+                    self._update(completion)
+            self._needs_catch_up = False
+        while self._abandoned:
+            self._abort(self._abandoned.popleft())
 
     # ----------------------------------------------------------------- generate
     def generate(
@@ -281,92 +341,133 @@ class Engine:
 
         ``prompts`` is a list of strings or a list of token-id lists (a single prompt is also
         accepted). ``sampling_params`` is one ``SamplingParams`` for all or one per prompt.
-        Every prompt is validated before any is queued.
+        Every prompt is validated before any is queued. Returns as soon as these requests
+        are done (requests aborted meanwhile come back with ``finish_reason="abort"``); if
+        it raises (Ctrl-C, a failing step), its unfinished requests are aborted.
         """
-        self._check_open()
         batch = _as_prompt_list(prompts)
-        params = self._params_for(batch, sampling_params)
-        encoded = [self._encode(prompt) for prompt in batch]
-        ids = [
-            self._enqueue(tokens, text, p)
-            for (tokens, text), p in zip(encoded, params, strict=True)
-        ]
-        pending = set(ids)
-        results: dict[int, RequestOutput] = {}
-        progress = ProgressBar(total=len(ids), enabled=use_tqdm)
-        try:
-            while pending:
-                for output in self._step():
-                    if output.request_id in pending and output.finished:
-                        pending.discard(output.request_id)
-                        results[output.request_id] = output
-                        progress.advance()
-                    elif output.finished:
-                        self._deferred.append(output)
-                is_prefill, tokens, seconds = self._last_step
-                progress.report_step(is_prefill, tokens, seconds)
-        except BaseException:
-            for request_id in pending:
-                self.abort(request_id)
-            raise
-        finally:
-            progress.close()
-        return [results[request_id] for request_id in ids]
+        sink = OutputSink(wants_progress=False)
+        with self._locked():
+            self._check_open()
+            params = self._params_for(batch, sampling_params)
+            encoded = [self._encode(prompt) for prompt in batch]
+            requests = self._enqueue_all(encoded, params, sink)
+            progress = ProgressBar(total=len(requests), enabled=use_tqdm)
 
-    def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[StreamDelta]:
-        """Yield the new tokens (and text) of one request after every step that adds some.
+            def report_step() -> None:
+                progress.update(len(requests) - sink.num_unfinished, *self._last_step)
 
-        Other queued requests advance meanwhile; their final outputs are returned by the next
-        :meth:`step`. Closing the iterator early aborts the request.
+            try:
+                self._drive(lambda: sink.num_unfinished == 0, on_step=report_step)
+            except BaseException:
+                for request in requests:
+                    self._abort(request.request_id)
+                raise
+            finally:
+                progress.close()
+            self._deferral.suspend()  # a held-back Ctrl-C surfaces now, before delivery
+            return [request.output() for request in requests]
+
+    def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> RequestStream:
+        """Queue one request and return an iterator over its :class:`StreamDelta` s.
+
+        Each delta holds the tokens (and text) added since the previous one; the last has
+        ``finished=True`` and the finish reason (``"abort"`` if the request was aborted).
+        Iterating steps the engine (or waits for the thread that does); other requests
+        advance meanwhile. ``close()`` or dropping the iterator early aborts the request.
         """
-        self._check_open()
-        token_ids, text = self._encode(prompt)
-        request_id = self._enqueue(token_ids, text, self._check_params(params), streamed=True)
-        request = self._requests[request_id]
-        finished = False
-        try:
-            while not finished:
-                for output in self._step():
-                    if output.request_id != request_id:
-                        if output.finished:
-                            self._deferred.append(output)
-                        continue
-                    finished = output.finished
-                    yield self._stream_delta(request, output)
-        finally:
-            if not finished and not self._closed:
-                self.abort(request_id)
+        with self._locked():
+            self._check_open()
+            token_ids, text = self._encode(prompt)
+            sink = OutputSink(wants_progress=True)
+            request = self._enqueue(
+                token_ids, text, self._check_params(params), sink, streamed=True
+            )
+            return RequestStream(self, request)
+
+    def _next_stream_delta(self, request: RequestState) -> StreamDelta:
+        with self._locked():
+            sink = request.sink
+            self._drive(lambda: bool(sink.updated))
+            self._deferral.suspend()  # a held-back Ctrl-C surfaces now, before delivery
+            delta = request.stream_delta()
+            sink.updated.clear()
+            return delta
+
+    def _abandon(self, request_id: int) -> None:
+        self._abandoned.append(request_id)  # thread-safe without the lock
+
+    def _drive(self, done: Callable[[], bool], on_step: Callable[[], None] | None = None) -> None:
+        """Run steps, or wait while another thread runs them, until ``done()``.
+
+        Raises instead of looping when nothing can run and ``done()`` is still false.
+        """
+        while not done():
+            self._check_open()
+            if self._stepping:
+                self._wait_for_change()
+            elif self._step():
+                if on_step is not None:
+                    on_step()
+            elif not done():
+                raise RuntimeError(
+                    "the engine has nothing left to run but a caller still waits for a "
+                    "request: this is a bug in pagedinfer, please report it."
+                )
 
     # -------------------------------------------------------------------- stats
     def stats(self) -> EngineStats:
-        self._check_open()
-        pool = self.scheduler.pool.stats()
-        scheduler = self.scheduler.stats()
-        return EngineStats(
-            num_requests_finished=self._num_finished,
-            num_waiting=scheduler.num_waiting,
-            num_running=scheduler.num_running,
-            num_prompt_tokens=self._prompt_tokens,
-            num_generated_tokens=self._generated_tokens,
-            prefill_throughput=_rate(self._prompt_tokens, self._prefill_seconds),
-            decode_throughput=_rate(self._generated_tokens, self._decode_seconds),
-            prefix_cache_hit_rate=pool.prefix_hit_rate,
-            kv_cache_usage=pool.usage,
-            num_kv_blocks=pool.num_blocks,
-            num_preemptions=scheduler.num_preemptions,
-        )
+        with self._locked():
+            self._check_open()
+            self._catch_up()
+            pool = self.scheduler.pool.stats()
+            scheduler = self.scheduler.stats()
+            return EngineStats(
+                num_requests_finished=self._num_finished,
+                num_waiting=scheduler.num_waiting,
+                num_running=scheduler.num_running,
+                num_prompt_tokens=self._prompt_tokens,
+                num_generated_tokens=self._generated_tokens,
+                prefill_throughput=_rate(self._prompt_tokens, self._prefill_seconds),
+                decode_throughput=_rate(self._generated_tokens, self._decode_seconds),
+                prefix_cache_hit_rate=pool.prefix_hit_rate,
+                kv_cache_usage=pool.usage,
+                num_kv_blocks=pool.num_blocks,
+                num_preemptions=scheduler.num_preemptions,
+            )
 
     def reset_prefix_cache(self) -> None:
-        self._check_open()
-        self.scheduler.pool.reset_prefix_cache()
+        """Forget every cached block (blocks in use stay allocated)."""
+        with self._locked():
+            self._check_open()
+            self.scheduler.pool.reset_prefix_cache()
+
+    def _account(self, plan: BatchPlan, num_sampled: int, seconds: float) -> None:
+        if plan.is_prefill:
+            self._prompt_tokens += plan.num_tokens
+            self._prefill_seconds += seconds
+        else:
+            self._decode_seconds += seconds
+        self._generated_tokens += num_sampled
+        self._last_step = (plan.is_prefill, plan.num_tokens, seconds)
 
     # -------------------------------------------------------------------- close
     def close(self) -> None:
-        """Release the model, the KV cache and any worker processes. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        executor, self._executor = self._executor, None
+        """Release the model, the KV cache and any worker processes. Idempotent.
+
+        A step running in another thread finishes first. Unfinished requests end with
+        ``finish_reason="abort"``; their streams and ``generate`` calls return them.
+        """
+        with self._locked():
+            if self._closed:
+                return
+            self._closed = True
+            while self._stepping:
+                self._wait_for_change()
+            for request_id in list(self._requests):
+                self._abort(request_id)
+            executor, self._executor = self._executor, None
+            self._changed.notify_all()
         if executor is not None:
             executor.close()
 
@@ -379,6 +480,42 @@ class Engine:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.close()
+
+    # ------------------------------------------------------------------ locking
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the lock, with Ctrl-C held back until the end (or the next wait)."""
+        with self._lock:
+            deferral = InterruptDeferral()
+            self._deferral = deferral
+            try:
+                yield
+            except BaseException:
+                deferral.end(raise_pending=False)
+                raise
+            deferral.end()
+
+    @contextlib.contextmanager
+    def _lock_released(self) -> Iterator[None]:
+        """Let other threads in (and Ctrl-C through) while this thread runs the model."""
+        deferral = self._deferral
+        deferral.suspend()
+        self._lock.release()
+        try:
+            yield
+        finally:
+            deferral.resume()  # before acquiring, so Ctrl-C cannot break off the acquire
+            self._lock.acquire()
+            self._deferral = deferral
+
+    def _wait_for_change(self) -> None:
+        deferral = self._deferral
+        deferral.suspend()
+        try:
+            self._changed.wait()
+        finally:
+            self._deferral = deferral
+            deferral.resume()
 
     # ------------------------------------------------------------------ helpers
     def _check_open(self) -> None:
@@ -455,57 +592,39 @@ class Engine:
         token_ids: list[int],
         text: str | None,
         params: SamplingParams,
+        sink: OutputSink,
         *,
         streamed: bool = False,
-    ) -> int:
+    ) -> RequestState:
         request_id = self._next_request_id
+        # One sequence per request (until n > 1); it shares the request's id.
         seq = DomainSequence(request_id, token_ids, params)
         self.scheduler.add(seq)  # validates again; raises before anything is recorded
         self._next_request_id += 1
-        self._requests[request_id] = _Request(seq, text, self.tokenizer, streamed=streamed)
-        return request_id
+        request = RequestState(request_id, text, sink)
+        completion = CompletionState(request, seq, self.tokenizer, streamed=streamed)
+        request.completions.append(completion)
+        self._requests[request_id] = request
+        self._completions[seq.seq_id] = completion
+        sink.num_unfinished += 1
+        return request
 
-    def _output(self, request: _Request) -> RequestOutput:
-        seq = request.seq
-        finished = seq.is_finished
-        if self.tokenizer is None:
-            text = ""
-        elif request.stopped_by_string and request.stop_matcher is not None:
-            text = request.stop_matcher.text
-        elif finished:
-            text = self.tokenizer.decode(seq.completion_token_ids, skip_special_tokens=True)
-        elif request.stop_matcher is not None:
-            text = request.stop_matcher.text
-        else:
-            text = ""  # decoded once the request finishes
-        reason = seq.finish_reason
-        return RequestOutput(
-            request_id=seq.seq_id,
-            prompt=request.prompt,
-            prompt_token_ids=seq.prompt_token_ids,
-            token_ids=seq.completion_token_ids,
-            text=text,
-            finished=finished,
-            finish_reason=reason.value if reason is not None else None,
-            num_cached_tokens=seq.num_cached_tokens,
-        )
-
-    @staticmethod
-    def _stream_delta(request: _Request, output: RequestOutput) -> StreamDelta:
-        tokens = output.token_ids[request.emitted_tokens :]
-        request.emitted_tokens = len(output.token_ids)
-        text = output.text
-        end = len(text) if output.finished else max(len(text) - request.holdback, 0)
-        end = max(end, request.emitted_chars)
-        delta_text = text[request.emitted_chars : end]
-        request.emitted_chars = end
-        return StreamDelta(
-            request_id=output.request_id,
-            token_ids=tokens,
-            text=delta_text,
-            finished=output.finished,
-            finish_reason=output.finish_reason,
-        )
+    def _enqueue_all(
+        self,
+        encoded: list[tuple[list[int], str | None]],
+        params: list[SamplingParams],
+        sink: OutputSink,
+    ) -> list[RequestState]:
+        """Queue a validated batch: all of it, or (if the scheduler refuses one) none."""
+        requests: list[RequestState] = []
+        try:
+            for (token_ids, text), request_params in zip(encoded, params, strict=True):
+                requests.append(self._enqueue(token_ids, text, request_params, sink))
+        except BaseException:
+            for request in requests:
+                self._abort(request.request_id)
+            raise
+        return requests
 
 
 # SamplingParams fields the engine does not serve yet (issue #12 wires them through), with the

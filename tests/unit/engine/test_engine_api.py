@@ -124,10 +124,14 @@ def test_step_loop_and_abort(engine: Engine) -> None:
     finished: dict[int, RequestOutput] = {}
     while engine.has_unfinished_requests():
         for output in engine.step():
-            assert output.request_id == keep
             if output.finished:
+                assert output.request_id not in finished  # a final output comes once
                 finished[output.request_id] = output
+            else:
+                assert output.request_id == keep
     assert len(finished[keep].token_ids) == 16
+    # The abort's final output reaches step(), with the token generated before it.
+    assert finished[drop].finish_reason == "abort" and len(finished[drop].token_ids) == 1
     assert engine.stats().kv_cache_usage == 0.0
 
 
