@@ -107,7 +107,7 @@ class CompletionText:
 
     __slots__ = ("_detokenizer", "_matcher", "stopped")
 
-    def __init__(self, tokenizer: Any, prompt_token_ids: list[int], stop: tuple[str, ...]) -> None:
+    def __init__(self, tokenizer: Any, prompt_token_ids: list[int], stop: Sequence[str]) -> None:
         self._detokenizer = IncrementalDetokenizer(tokenizer, prompt_token_ids)
         self._matcher = StopStringMatcher(stop)
         self.stopped = False
