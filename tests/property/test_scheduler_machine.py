@@ -58,9 +58,11 @@ def oracle(
         token = fake_sample(tokens)
         tokens.append(token)
         completion = tokens[len(prompt) :]
-        if (token == EOS and not params.ignore_eos) or token in params.stop_token_ids:
+        stops = (token == EOS and not params.ignore_eos) or token in params.stop_token_ids
+        if stops and len(completion) > params.min_tokens:  # min_tokens hold stops back
             return completion, FinishReason.STOP
-        if len(completion) >= params.max_tokens or len(tokens) >= max_model_len:
+        max_tokens = params.max_tokens if params.max_tokens is not None else max_model_len
+        if len(completion) >= max_tokens or len(tokens) >= max_model_len:
             return completion, FinishReason.LENGTH
 
 
@@ -116,7 +118,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         which=st.integers(0, 2),
         prefix_len=st.integers(0, 40),
         suffix=st.lists(TOKEN, max_size=10),
-        max_tokens=st.integers(1, 12),
+        max_tokens=st.none() | st.integers(1, 12),
+        min_tokens=st.sampled_from([0, 0, 0, 2]),
         ignore_eos=st.booleans(),
         stop_token=st.none() | TOKEN,
         extra_key=st.sampled_from([None, None, None, 0]),
@@ -127,7 +130,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         which: int,
         prefix_len: int,
         suffix: list[int],
-        max_tokens: int,
+        max_tokens: int | None,
+        min_tokens: int,
         ignore_eos: bool,
         stop_token: int | None,
         extra_key: int | None,
@@ -137,7 +141,14 @@ class SchedulerMachine(RuleBasedStateMachine):
         if fit:  # most requests should be servable; the others test the rejection
             prompt = prompt[: self.config.max_model_len - 1]
         stops = () if stop_token is None else (stop_token,)
-        params = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos, stop_token_ids=stops)
+        if max_tokens is not None:
+            min_tokens = min(min_tokens, max_tokens)
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            min_tokens=min_tokens,
+            ignore_eos=ignore_eos,
+            stop_token_ids=stops,
+        )
         seq = Sequence(self.next_id, prompt, params, extra_key=extra_key)
         if not prompt or len(prompt) + 1 > self.config.max_model_len:
             with pytest.raises(InvalidRequestError):
