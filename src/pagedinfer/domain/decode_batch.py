@@ -6,10 +6,10 @@ and KV slot grow by one, its input token is the one just sampled, its block tabl
 sampling slot stay. :class:`DecodeBatch` keeps those arrays between steps and moves every row
 on at once (:meth:`DecodeBatch.advance`), so a decode step costs a few C-level passes over
 arrays instead of Python work per sequence. Rows change individually only when a sequence
-leaves (:meth:`~DecodeBatch.remove`) or opens a new block (:meth:`~DecodeBatch.grew`); when
-sequences start decoding (after a prefill step) the scheduler rebuilds the rows from scratch
-(:meth:`~DecodeBatch.rebuild`), which is also the reference the incremental state is checked
-against (:meth:`~DecodeBatch.check`).
+starts decoding (:meth:`~DecodeBatch.extend`, after a prefill step), leaves
+(:meth:`~DecodeBatch.remove`) or opens a new block (:meth:`~DecodeBatch.grew`).
+:meth:`~DecodeBatch.rebuild` lays the rows out from scratch: the scheduler's fallback, and the
+reference the incremental state is checked against (:meth:`~DecodeBatch.check`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import sys
 from array import array
 from collections import deque
-from collections.abc import Iterable
 from itertools import accumulate
 
 from pagedinfer.domain.plan import BLOCK_TABLE_FILLER, PADDING_SLOT, BatchPlan, NewRequest
@@ -28,13 +27,14 @@ __all__ = ["DecodeBatch"]
 _BYTE_ORDER = sys.byteorder  # arrays are in native byte order
 
 
-def _pack(typecode: str, addends: Iterable[int]) -> int:
-    """``addends`` laid out like an array of ``typecode``, read as one unsigned integer."""
-    return int.from_bytes(array(typecode, addends), _BYTE_ORDER)
+def _pack(addends: array[int]) -> int:
+    """The array's bytes read as one unsigned integer: addends for :func:`_add_lanes`."""
+    return int.from_bytes(addends, _BYTE_ORDER)
 
 
 def _add_lanes(values: array[int], lanes: int) -> array[int]:
-    """A new array: ``values[i]`` plus entry ``i`` of ``lanes`` (made by :func:`_pack`).
+    """A new array: ``values[i]`` plus entry ``i`` of ``lanes``, the packed addends
+    (:func:`_pack` of an array of ``values``' type and length).
 
     Read as one unsigned integer, an array's bytes hold each entry in its own bit field (a
     "lane"); adding the packed addends adds to every entry at once, in one big-integer
@@ -47,17 +47,18 @@ def _add_lanes(values: array[int], lanes: int) -> array[int]:
 
 
 class _RowConstants:
-    """What depends only on the number of rows ``n``; recomputed when it changes."""
+    """What depends only on the number of rows ``n``; rebuilt (cheaply) when it changes."""
 
     __slots__ = ("arange_i", "arange_q", "num_rows", "ones_i", "ones_q", "ramp_i")
 
-    def __init__(self, num_rows: int) -> None:
+    def __init__(self, num_rows: int, count_q: array[int], count_i: array[int]) -> None:
+        # count_q / count_i count 0, 1, 2, ... far enough: slicing them is a memcpy.
         self.num_rows = num_rows
-        self.arange_q = array("q", range(num_rows))  # sample_indices of a decode step
-        self.arange_i = array("i", range(num_rows + 1))  # cu_seqlens_q of a decode step
-        self.ones_q = _pack("q", [1] * num_rows)  # +1 for every int64 row entry
-        self.ones_i = _pack("i", [1] * num_rows)  # +1 for every int32 row entry
-        self.ramp_i = _pack("i", range(num_rows + 1))  # +i for prefix-sum entry i
+        self.arange_q = count_q[:num_rows]  # sample_indices of a decode step
+        self.arange_i = count_i[: num_rows + 1]  # cu_seqlens_q of a decode step
+        self.ones_q = _pack(array("q", [1]) * num_rows)  # +1 for every int64 row entry
+        self.ones_i = _pack(array("i", [1]) * num_rows)  # +1 for every int32 row entry
+        self.ramp_i = _pack(self.arange_i)  # +i for prefix-sum entry i
 
 
 class DecodeBatch:
@@ -89,7 +90,9 @@ class DecodeBatch:
         self.block_tables = array("i")
         self.width = 0
         self._row_blocks = array("i")
-        self._rows = _RowConstants(0)
+        self._count_q = array("q", range(64))
+        self._count_i = array("i", range(65))
+        self._rows = _RowConstants(0, self._count_q, self._count_i)
         self.version = 0  # changes whenever rows are added or removed
 
     def __len__(self) -> int:
@@ -97,29 +100,49 @@ class DecodeBatch:
 
     # ------------------------------------------------------------ whole batch
     def rebuild(self, seqs: list[Sequence]) -> None:
-        """Rows for ``seqs`` (decoding sequences, in running order).
+        """Rows for ``seqs`` (decoding sequences, in running order), from scratch."""
+        self.seqs = []
+        self._token_lists = []
+        self.seq_ids = array("q")
+        self.sample_slots = array("i")
+        self.input_ids = array("q")
+        self.positions = array("q")
+        self.context_lens = array("i")
+        self.slot_mapping = array("q")
+        self.block_tables = array("i")
+        self.width = 0
+        self._row_blocks = array("i")
+        self.extend(seqs)
+
+    def extend(self, seqs: list[Sequence]) -> None:
+        """Rows for ``seqs`` (decoding sequences, in running order) after the existing rows.
 
         A row whose next token opens a block it does not hold yet gets ``PADDING_SLOT``; the
         scheduler gives it the block (and calls :meth:`grew`) before the step is planned.
         """
         size = self.block_size
-        self.seqs = list(seqs)
-        self._token_lists = [seq.token_ids for seq in seqs]
-        lengths = [len(tokens) for tokens in self._token_lists]
-        self.seq_ids = array("q", [seq.seq_id for seq in seqs])
-        self.sample_slots = array("i", [seq.slot for seq in seqs])
-        self.input_ids = array("q", [tokens[-1] for tokens in self._token_lists])
-        self.positions = array("q", [length - 1 for length in lengths])
-        self.context_lens = array("i", lengths)
-        self.slot_mapping = array(
-            "q",
-            [
-                _slot(seq.block_table, length - 1, size)
-                for seq, length in zip(seqs, lengths, strict=True)
-            ],
+        tokens = [seq.token_ids for seq in seqs]
+        lengths = list(map(len, tokens))
+        positions = [length - 1 for length in lengths]
+        self.seqs += seqs
+        self._token_lists += tokens
+        self.seq_ids.fromlist([seq.seq_id for seq in seqs])
+        self.sample_slots.fromlist([seq.slot for seq in seqs])
+        self.input_ids.fromlist([row[-1] for row in tokens])
+        self.positions.fromlist(positions)
+        self.context_lens.fromlist(lengths)
+        self.slot_mapping.fromlist(
+            [_slot(seq.block_table, p, size) for seq, p in zip(seqs, positions, strict=True)]
         )
-        self._row_blocks = array("i", [len(seq.block_table) for seq in seqs])
-        self._lay_out_tables(max(self._row_blocks, default=0))
+        counts = [len(seq.block_table) for seq in seqs]
+        self._row_blocks.fromlist(counts)
+        if max(counts, default=0) > self.width:
+            self._lay_out_tables(max(counts))
+        else:
+            width = self.width
+            for seq, count in zip(seqs, counts, strict=True):
+                self.block_tables.fromlist(seq.block_table)
+                self.block_tables.fromlist([BLOCK_TABLE_FILLER] * (width - count))
         self._rows_changed()
 
     def advance(self, tokens: list[int]) -> None:
@@ -250,8 +273,13 @@ class DecodeBatch:
     def _rows_changed(self) -> None:
         self.cu_seqlens_k = array("i", accumulate(self.context_lens, initial=0))
         self.max_context_len = max(self.context_lens, default=0)
-        if self._rows.num_rows != len(self.seqs):
-            self._rows = _RowConstants(len(self.seqs))
+        num_rows = len(self.seqs)
+        if self._rows.num_rows != num_rows:
+            if num_rows >= len(self._count_q):
+                size = 2 * num_rows
+                self._count_q = array("q", range(size))
+                self._count_i = array("i", range(size + 1))
+            self._rows = _RowConstants(num_rows, self._count_q, self._count_i)
         self.version += 1
 
 

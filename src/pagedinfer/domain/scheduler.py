@@ -101,7 +101,8 @@ class Scheduler:
         # Running sequences split by phase: prefilling (in running order) or decoding (rows).
         self._prefilling: list[Sequence] = []
         self._batch = DecodeBatch(config.block_size)
-        self._batch_stale = False  # sequences started decoding: rebuild the rows first
+        self._joining: list[Sequence] = []  # started decoding; rows from the next decode step
+        self._batch_stale = False  # the rows must be rebuilt before the next decode step
         self._decode_stop_ids: frozenset[int] = frozenset()  # any row's stop tokens
         # Decode steps recorded so far, and the sequences to look at after step N.
         self._decode_steps_done = 0
@@ -251,13 +252,15 @@ class Scheduler:
             needs = [seq for seq in self.running if seq.decoding and self._opens_block(seq)]
         else:
             needs = self._needs_block
-            if len(needs) > 1:
-                needs.sort(key=self.running.index)  # the order a pass over the rows would take
+            needs.extend(seq for seq in self._joining if self._opens_block(seq))
+            self._sort_in_running_order(needs)  # the order a pass over the rows would take
         self._needs_block = []
         for seq in needs:
             # Preempted earlier in this loop, or already given its block.
             if seq.decoding and self._opens_block(seq):
                 self._give_block(seq, upcoming)
+        if self._joining and not self._batch_stale:
+            self._join(upcoming)
         if self._batch_stale:
             self._rebuild_batch(upcoming)
         if not self._batch.seqs:
@@ -274,7 +277,7 @@ class Scheduler:
             if victim is None:
                 return
         seq.block_table.append(self.pool.allocate(1)[0].block_id)
-        if not self._batch_stale:
+        if not self._batch_stale and seq not in self._joining:
             self._batch.grew(seq)
         self._file(seq, upcoming + self.block_size - 1)  # when this block is full in turn
 
@@ -286,23 +289,51 @@ class Scheduler:
             return newest
         return self._prefilling[-1] if self._prefilling else None
 
+    def _join(self, upcoming: int) -> None:
+        """Rows for the sequences that started decoding, after the existing rows when they
+        come later in running order (the usual case); otherwise rebuild the rows."""
+        joining = self._joining
+        self._sort_in_running_order(joining)
+        rows = self._batch.seqs
+        if rows and self.running.index(rows[-1]) > self.running.index(joining[0]):
+            self._batch_stale = True  # an older chunked prefill finished after newer ones
+            return
+        self._batch.extend(joining)
+        self._start_rows(joining, upcoming)
+        self._joining = []
+
     def _rebuild_batch(self, upcoming: int) -> None:
         """Rows for every decoding sequence, and their calendar entries from now on."""
         rows = [seq for seq in self.running if seq.decoding]
         self._batch.rebuild(rows)
         self._batch_stale = False
-        eos = self.config.eos_token_ids
-        stop_ids: set[int] = set()
+        self._joining = []
+        self._decode_stop_ids = frozenset()
+        self._start_rows(rows, upcoming)
+
+    def _start_rows(self, rows: list[Sequence], upcoming: int) -> None:
+        """File new rows in the calendar; add their stop tokens to the rows' union."""
+        stop_ids = set(self._decode_stop_ids)
+        if any(not seq.params.ignore_eos for seq in rows):
+            stop_ids.update(self.config.eos_token_ids)
+        size = self.block_size
         for seq in rows:
             stop_ids.update(seq.params.stop_token_ids)
-            if not seq.params.ignore_eos:
-                stop_ids.update(eos)
-            # The step computing position p is `upcoming + p - position`: file the step that
-            # fills the last block and the step that reaches the length limit.
-            position = seq.num_computed_tokens
-            self._file(seq, upcoming + len(seq.block_table) * self.block_size - 1 - position)
-            self._file(seq, upcoming + self._length_limit(seq) - 2 - position)
+            # The step computing position p is `upcoming + p - position` (position: that of
+            # the next token): file the step that fills the last block and the step that
+            # reaches the length limit.
+            start = upcoming - len(seq.token_ids) + 1
+            self._file(seq, start + len(seq.block_table) * size - 1)
+            self._file(seq, start + self._length_limit(seq) - 2)
         self._decode_stop_ids = frozenset(stop_ids)
+
+    def _sort_in_running_order(self, seqs: list[Sequence]) -> None:
+        if len(seqs) <= 8:
+            if len(seqs) > 1:
+                seqs.sort(key=self.running.index)
+            return
+        order = {id(seq): index for index, seq in enumerate(self.running)}
+        seqs.sort(key=lambda seq: order[id(seq)])
 
     def _file(self, seq: Sequence, step: int) -> None:
         """Look at ``seq`` after decode step ``step`` (duplicates and stale entries are
@@ -423,7 +454,7 @@ class Scheduler:
                 # Prompt done (or one prompt token left over): one token per step from now.
                 seq.decoding = True
                 self._prefilling.remove(seq)
-                self._batch_stale = True
+                self._joining.append(seq)
         return updated
 
     def _confirm_deltas(self, plan: BatchPlan) -> None:
@@ -506,7 +537,9 @@ class Scheduler:
     def _stop_running(self, seq: Sequence) -> None:
         """Take a sequence that leaves ``running`` out of its phase's bookkeeping."""
         if seq.decoding:
-            if not self._batch_stale:
+            if seq in self._joining:
+                self._joining.remove(seq)
+            elif not self._batch_stale:
                 self._batch.remove(seq)
             if seq in self._needs_block:
                 self._needs_block.remove(seq)
@@ -570,7 +603,10 @@ class Scheduler:
         if self._batch_stale:
             return
         batch = self._batch
-        if batch.seqs != [seq for seq in running if seq.decoding]:
+        joining = set(map(id, self._joining))
+        if len(joining) != len(self._joining) or any(not seq.decoding for seq in self._joining):
+            raise AssertionError(f"joining {self._joining} holds duplicates or non-decoders")
+        if batch.seqs != [seq for seq in running if seq.decoding and id(seq) not in joining]:
             raise AssertionError("the decode rows are not the running decoders in order")
         batch.check()
         opening = [seq for seq in batch.seqs if self._opens_block(seq)]

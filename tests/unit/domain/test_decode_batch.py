@@ -28,10 +28,10 @@ def rows() -> list[Sequence]:
 
 def test_adding_lanes_adds_to_every_entry_at_once() -> None:
     values = array("q", [0, 5, 2**40, 7])
-    assert _add_lanes(values, _pack("q", [1, 1, 1, 1])).tolist() == [1, 6, 2**40 + 1, 8]
-    assert _add_lanes(values, _pack("q", [0, 1, 2, 3])).tolist() == [0, 6, 2**40 + 2, 10]
+    assert _add_lanes(values, _pack(array("q", [1, 1, 1, 1]))).tolist() == [1, 6, 2**40 + 1, 8]
+    assert _add_lanes(values, _pack(array("q", [0, 1, 2, 3]))).tolist() == [0, 6, 2**40 + 2, 10]
     small = array("i", [2**31 - 2, 0, 9])
-    assert _add_lanes(small, _pack("i", [1, 1, 1])).tolist() == [2**31 - 1, 1, 10]
+    assert _add_lanes(small, _pack(array("i", [1, 1, 1]))).tolist() == [2**31 - 1, 1, 10]
     assert _add_lanes(array("q"), 0).tolist() == []
     assert _add_lanes(values, 0) is not values  # a new array; plans may hold the old one
 
@@ -157,3 +157,30 @@ def test_check_finds_a_corrupted_row() -> None:
     batch.slot_mapping[0] += 1
     with pytest.raises(AssertionError, match="row 0: slot"):
         batch.check()
+
+
+def test_extend_appends_rows_like_a_rebuild() -> None:
+    a, b, c = rows()
+    batch = DecodeBatch(BLOCK)
+    batch.rebuild([a])
+    batch.extend([b])  # narrower than the existing rows: padded to their width
+    batch.check()
+    batch.extend([c])  # wider: every row is laid out again
+    assert batch.seq_ids.tolist() == [0, 1, 2] and batch.width == 3
+    batch.check()
+    fresh = DecodeBatch(BLOCK)
+    fresh.rebuild([a, b, c])
+    plan = batch.plan(released_slots=(), new_requests=())
+    assert plan == fresh.plan(released_slots=(), new_requests=())
+
+
+def test_the_row_count_can_grow_past_the_counting_arrays() -> None:
+    batch = DecodeBatch(BLOCK)
+    seqs = [decoding(i, 3, [i]) for i in range(150)]
+    batch.extend(seqs[:70])
+    batch.extend(seqs[70:])
+    plan = batch.plan(released_slots=(), new_requests=())
+    assert plan.sample_indices.tolist() == list(range(150))
+    assert plan.cu_seqlens_q.tolist() == list(range(151))
+    batch.advance([1] * 150)
+    batch.check()
