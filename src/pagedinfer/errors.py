@@ -14,6 +14,7 @@ __all__ = [
     "CheckpointNotFoundError",
     "ConfigurationError",
     "EngineClosedError",
+    "EngineDeadError",
     "InvalidRequestError",
     "InvalidSamplingParamsError",
     "KVCacheMemoryError",
@@ -69,3 +70,8 @@ class EngineClosedError(PagedInferError, RuntimeError):
 
 class MissingDependencyError(PagedInferError, ImportError):
     """An optional feature needs a package that is not installed; the message names the extra."""
+
+
+class EngineDeadError(PagedInferError, RuntimeError):
+    """An ``AsyncEngine`` step failed: every waiting request raises this, and so does every
+    later request. The cause is chained (``__cause__``); close the engine and build a new one."""
