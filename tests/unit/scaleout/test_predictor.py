@@ -6,7 +6,9 @@ batch format) or a pandas DataFrame; its columns must equal one Engine's outputs
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -189,8 +191,18 @@ def test_bad_batches_raise_invalid_request(
     assert not predictor.engine.has_unfinished_requests()
 
 
-def test_messages_without_a_chat_template(make_checkpoint: Callable[..., Path]) -> None:
-    predictor = EnginePredictor(make_checkpoint("tiny", with_tokenizer=True), GREEDY, ENGINE_KWARGS)
+def test_messages_without_a_chat_template(
+    make_checkpoint: Callable[..., Path], tmp_path: Path
+) -> None:
+    # The random checkpoints' tokenizer has a chat template: a copy without one.
+    checkpoint = tmp_path / "no-template"
+    shutil.copytree(make_checkpoint("tiny", with_tokenizer=True), checkpoint)
+    (checkpoint / "chat_template.jinja").unlink(missing_ok=True)
+    config_path = checkpoint / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config.pop("chat_template", None)
+    config_path.write_text(json.dumps(config))
+    predictor = EnginePredictor(checkpoint, GREEDY, ENGINE_KWARGS)
     try:
         with pytest.raises(InvalidRequestError, match="no chat template"):
             predictor({"messages": np.array([CONVERSATIONS[0]], dtype=object)})

@@ -18,6 +18,7 @@ import torch
 
 __all__ = [
     "ARCHITECTURE_FIELDS",
+    "CHAT_TEMPLATE",
     "PRESETS",
     "RandomModelSpec",
     "build_random_checkpoint",
@@ -218,9 +219,21 @@ def build_tokenizer(vocab_size: int = 1024) -> Any:
     )
     tokenizer.train_from_iterator([_CORPUS] * 4, trainer=trainer)
     fast_tokenizer: Any = PreTrainedTokenizerFast  # untyped constructor
-    return fast_tokenizer(
+    result = fast_tokenizer(
         tokenizer_object=tokenizer,
         eos_token="<|endoftext|>",
         pad_token="<|endoftext|>",
         bos_token="<|endoftext|>",
     )
+    result.chat_template = CHAT_TEMPLATE
+    return result
+
+
+# ChatML, as Qwen's checkpoints use it, so that chat() and /v1/chat/completions work on the
+# random checkpoints. The markers are plain text to this small vocabulary.
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
