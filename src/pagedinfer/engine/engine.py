@@ -191,15 +191,22 @@ class Engine:
         self._closed = False
 
     # ------------------------------------------------------------------ requests
-    def add_request(self, prompt: Prompt, params: SamplingParams | None = None) -> int:
+    def add_request(
+        self, prompt: Prompt, params: SamplingParams | None = None, *, stream: bool = False
+    ) -> int:
         """Queue one request and return its id; :meth:`step` returns its outputs.
 
-        Raises ``ValueError`` for bad input (and then queues nothing).
+        ``stream=True`` detokenizes the request every step, so that the outputs ``step()``
+        returns while it runs carry its text so far (otherwise the text arrives when it
+        finishes, or every step if it has stop strings). Raises ``ValueError`` for bad input
+        (and then queues nothing).
         """
         with self._locked():
             self._check_open()
             token_ids, text = self._encode(prompt)
-            request = self._enqueue(token_ids, text, self._check_params(params), self._step_sink)
+            request = self._enqueue(
+                token_ids, text, self._check_params(params), self._step_sink, streamed=stream
+            )
             return request.request_id
 
     def abort(self, request_id: int) -> bool:
