@@ -13,11 +13,13 @@ from pagedinfer.domain.sampling import SamplingParams
 from pagedinfer.domain.sequence import FinishReason
 
 if TYPE_CHECKING:
+    from pagedinfer.engine.async_engine import AsyncEngine
     from pagedinfer.engine.engine import Engine
     from pagedinfer.engine.outputs import RequestOutput, StreamDelta
     from pagedinfer.engine.streams import RequestStream
 
 __all__ = [
+    "AsyncEngine",
     "Engine",
     "FinishReason",
     "RequestOutput",
@@ -28,6 +30,7 @@ __all__ = [
 __version__ = "0.1.0"
 
 _LAZY = {
+    "AsyncEngine": "pagedinfer.engine.async_engine",
     "Engine": "pagedinfer.engine.engine",
     "RequestOutput": "pagedinfer.engine.outputs",
     "StreamDelta": "pagedinfer.engine.outputs",

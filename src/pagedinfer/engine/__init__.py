@@ -1,6 +1,14 @@
 """The public engine: tokenizer, request loop, progress and metrics on top of the adapters."""
 
+from pagedinfer.engine.async_engine import AsyncEngine, AsyncRequestStream
 from pagedinfer.engine.engine import Engine, EngineStats
 from pagedinfer.engine.outputs import RequestOutput, StreamDelta
 
-__all__ = ["Engine", "EngineStats", "RequestOutput", "StreamDelta"]
+__all__ = [
+    "AsyncEngine",
+    "AsyncRequestStream",
+    "Engine",
+    "EngineStats",
+    "RequestOutput",
+    "StreamDelta",
+]

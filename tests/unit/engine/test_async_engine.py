@@ -1,0 +1,293 @@
+"""AsyncEngine: outputs as tokens arrive, batching across coroutines, cancellation, abort,
+a failing step, close."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pagedinfer import AsyncEngine, Engine, RequestOutput, SamplingParams
+from pagedinfer.errors import EngineClosedError, EngineDeadError, InvalidRequestError
+
+ENGINE_KWARGS: dict[str, Any] = {
+    "device": "cpu",
+    "kv_block_size": 16,
+    "num_kv_blocks": 256,
+    "max_model_len": 1024,
+}
+GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+LONG = SamplingParams(temperature=0.0, max_tokens=1000, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(make_checkpoint: Callable[..., Path]) -> Path:
+    return make_checkpoint("tiny", with_tokenizer=True)
+
+
+@pytest.fixture(scope="module")
+def shared(checkpoint: Path) -> Iterator[AsyncEngine]:
+    """One engine for the tests that leave it healthy (each test runs its own event loop)."""
+    engine = AsyncEngine(checkpoint, **ENGINE_KWARGS)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def offline(checkpoint: Path) -> Iterator[Engine]:
+    with Engine(checkpoint, **ENGINE_KWARGS) as engine:
+        yield engine
+
+
+def _run(coroutine: Any, timeout: float = 120) -> Any:
+    return asyncio.run(asyncio.wait_for(coroutine, timeout))
+
+
+async def _last(stream: Any) -> RequestOutput:
+    output = None
+    async for output in stream:
+        pass
+    assert output is not None
+    return output
+
+
+def _idle(engine: AsyncEngine) -> bool:
+    stats = engine.engine.stats()
+    return stats.num_running == 0 and stats.num_waiting == 0 and stats.kv_cache_usage == 0
+
+
+def _wait_idle(engine: AsyncEngine, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not _idle(engine):
+        assert time.monotonic() < deadline, engine.engine.stats()
+        time.sleep(0.01)
+
+
+def test_outputs_arrive_as_tokens_do_and_are_cumulative(
+    shared: AsyncEngine, offline: Engine
+) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop=["zz"])
+    (want,) = offline.generate(["Hello, world!"], params, use_tqdm=False)
+
+    async def main() -> list[RequestOutput]:
+        return [output async for output in shared.generate("Hello, world!", params)]
+
+    outputs = _run(main())
+    assert len(outputs) > 1  # streamed: more than the final output
+    for before, after in zip(outputs, outputs[1:], strict=False):
+        assert after.token_ids[: len(before.token_ids)] == before.token_ids
+        assert after.text.startswith(before.text)  # text only grows
+    assert [o.finished for o in outputs] == [False] * (len(outputs) - 1) + [True]
+    final = outputs[-1]
+    assert (final.token_ids, final.text, final.finish_reason) == (
+        want.token_ids,
+        want.text,
+        want.finish_reason,
+    )
+
+
+def test_many_coroutines_batch_together(
+    shared: AsyncEngine, offline: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prompts = [f"prompt number {i}" for i in range(16)]
+    expected = offline.generate(prompts, GREEDY, use_tqdm=False)
+    batch_sizes: list[int] = []
+    link = shared._link
+    step = link.step
+
+    def counting_step() -> list[RequestOutput]:
+        batch_sizes.append(shared.engine.stats().num_running)
+        return step()
+
+    monkeypatch.setattr(link, "step", counting_step)
+
+    async def main() -> list[RequestOutput]:
+        return await asyncio.gather(*(_last(shared.generate(p, GREEDY)) for p in prompts))
+
+    outputs = _run(main())
+    assert [o.token_ids for o in outputs] == [o.token_ids for o in expected]
+    assert [o.text for o in outputs] == [o.text for o in expected]
+    assert max(batch_sizes) >= 12, batch_sizes  # one batch, not one request after another
+    assert len(batch_sizes) < 16 * 16
+
+
+def test_cancelling_the_consumer_aborts_its_request(shared: AsyncEngine) -> None:
+    async def main() -> None:
+        first = asyncio.Event()
+
+        async def consume() -> None:
+            async for _ in shared.generate("cancel me", LONG, request_id="to-cancel"):
+                first.set()
+
+        task = asyncio.create_task(consume())
+        await first.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    before = shared.engine.stats()
+    _run(main())
+    _wait_idle(shared)
+    after = shared.engine.stats()
+    assert after.num_requests_finished == before.num_requests_finished + 1
+    assert after.num_generated_tokens - before.num_generated_tokens < LONG.max_tokens  # type: ignore[operator]
+    assert not shared._ids and not shared._streams  # the id may be used again
+
+
+def test_leaving_the_loop_early_aborts(shared: AsyncEngine) -> None:
+    async def main() -> None:
+        stream = shared.generate("break out", LONG)
+        async for _ in stream:
+            break
+        del stream
+        gc.collect()
+
+    before = shared.engine.stats()
+    _run(main())
+    _wait_idle(shared)
+    after = shared.engine.stats()
+    assert after.num_generated_tokens - before.num_generated_tokens < LONG.max_tokens  # type: ignore[operator]
+    assert not shared._ids
+
+
+def test_abort_from_another_coroutine_ends_the_stream(shared: AsyncEngine) -> None:
+    async def main() -> RequestOutput:
+        stream = shared.generate("abort me", LONG, request_id="victim")
+        first = await anext(stream)
+        assert not first.finished
+        assert await shared.abort("victim")
+        final = await _last(stream)
+        assert not await shared.abort("victim")  # finished: unknown now
+        assert not await shared.abort("never-existed")
+        return final
+
+    final = _run(main())
+    assert final.finished and final.finish_reason == "abort"
+    assert 0 < len(final.token_ids) < LONG.max_tokens  # type: ignore[operator]
+    _wait_idle(shared)
+
+
+def test_bad_input_raises_at_the_call_and_the_engine_keeps_serving(shared: AsyncEngine) -> None:
+    async def main() -> RequestOutput:
+        with pytest.raises(InvalidRequestError):
+            shared.generate("", GREEDY)
+        with pytest.raises(InvalidRequestError):
+            shared.generate([1, 10**6], GREEDY)
+        with pytest.raises(InvalidRequestError):
+            shared.generate([1] * 2000, GREEDY)
+        stream = shared.generate("x", GREEDY, request_id="dup")
+        with pytest.raises(InvalidRequestError, match="already in use"):
+            shared.generate("y", GREEDY, request_id="dup")
+        return await _last(stream)
+
+    assert _run(main()).finish_reason == "length"
+
+
+def test_chat_equals_generate_on_the_templates_tokens(shared: AsyncEngine, offline: Engine) -> None:
+    messages = [{"role": "user", "content": "Hi!"}]
+    text = offline.tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    )
+    (want,) = offline.generate(
+        [offline.tokenizer.encode(text, add_special_tokens=False)], GREEDY, use_tqdm=False
+    )
+
+    async def main() -> RequestOutput:
+        return await _last(shared.chat(messages, GREEDY))
+
+    got = _run(main())
+    assert (got.prompt_token_ids, got.token_ids) == (want.prompt_token_ids, want.token_ids)
+
+
+def test_stats(shared: AsyncEngine) -> None:
+    stats = _run(shared.stats())
+    assert stats.num_kv_blocks == ENGINE_KWARGS["num_kv_blocks"]
+
+
+def test_a_failing_step_raises_in_every_consumer_and_the_engine_is_dead(
+    checkpoint: Path,
+) -> None:
+    engine = AsyncEngine(checkpoint, **ENGINE_KWARGS)
+    executor = engine.engine._executor
+    assert executor is not None
+    execute = executor.execute
+    calls = 0
+
+    def failing_execute(plan: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 4:
+            raise RuntimeError("injected device failure")
+        return execute(plan)
+
+    executor.execute = failing_execute  # type: ignore[method-assign]
+
+    async def main() -> list[BaseException]:
+        streams = [engine.generate(f"consumer {i}", LONG) for i in range(4)]
+        results = await asyncio.gather(*(_last(s) for s in streams), return_exceptions=True)
+        assert engine.is_dead and not engine.is_running
+        with pytest.raises(EngineDeadError):
+            engine.generate("after death", GREEDY)
+        return [r for r in results if isinstance(r, BaseException)]
+
+    try:
+        errors = _run(main())
+        assert len(errors) == 4
+        for error in errors:
+            assert isinstance(error, EngineDeadError)
+            assert isinstance(error.__cause__, RuntimeError)
+            assert "injected device failure" in str(error)
+    finally:
+        engine.close()
+
+
+def test_close_ends_streams_with_abort_and_refuses_new_requests(checkpoint: Path) -> None:
+    async def main() -> RequestOutput:
+        async with AsyncEngine(checkpoint, **ENGINE_KWARGS) as engine:
+            stream = engine.generate("closing", LONG)
+            await anext(stream)
+            await asyncio.to_thread(engine.close)
+            final = await _last(stream)
+            with pytest.raises(EngineClosedError):
+                engine.generate("after close", GREEDY)
+            with pytest.raises(EngineClosedError):
+                await engine.stats()
+            return final
+
+    final = _run(main())
+    assert final.finished and final.finish_reason == "abort"
+
+
+def test_from_engine_wraps_an_existing_engine(checkpoint: Path) -> None:
+    engine = Engine(checkpoint, **ENGINE_KWARGS)
+
+    async def main() -> RequestOutput:
+        async with AsyncEngine.from_engine(engine) as wrapped:
+            assert wrapped.engine is engine
+            return await _last(wrapped.generate("wrapped", GREEDY))
+
+    assert _run(main()).finish_reason == "length"
+    with pytest.raises(EngineClosedError):
+        engine.stats()
+
+
+def test_add_request_stream_true_carries_text_while_running(offline: Engine) -> None:
+    """What AsyncEngine builds on: step() outputs of a streamed request carry its text."""
+    plain = offline.add_request("Hello, world!", GREEDY)
+    streamed = offline.add_request("Hello, world!", GREEDY, stream=True)
+    texts: dict[int, list[str]] = {plain: [], streamed: []}
+    finals: dict[int, RequestOutput] = {}
+    while len(finals) < 2:
+        for output in offline.step():
+            if output.finished:
+                finals[output.request_id] = output
+            else:
+                texts[output.request_id].append(output.text)
+    assert finals[plain].text == finals[streamed].text
+    assert all(text == "" for text in texts[plain])  # decoded once, at the end
+    assert texts[streamed][-1] and finals[streamed].text.startswith(texts[streamed][-1])
