@@ -1,4 +1,4 @@
-"""Command line: ``pagedinfer generate``, ``pagedinfer demo``, ``pagedinfer bench``.
+"""Command line: ``pagedinfer generate``, ``demo``, ``bench`` and ``serve``.
 
 Also reachable as ``python -m pagedinfer``.
 """
@@ -83,6 +83,23 @@ def _build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--input-len", type=int, nargs=2, default=(16, 256), metavar=("MIN", "MAX"))
     bench.add_argument("--output-len", type=int, nargs=2, default=(16, 128), metavar=("MIN", "MAX"))
     _engine_arguments(bench)
+
+    serve = commands.add_parser(
+        "serve",
+        help="OpenAI-compatible HTTP server (needs pip install 'pagedinfer[serve]')",
+        description="Serve /v1/completions, /v1/chat/completions, /v1/models, /health and "
+        "/metrics (see docs/serving.md).",
+    )
+    serve.add_argument("model_dir", metavar="MODEL_DIR", help="local Hugging Face checkpoint")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default %(default)s)")
+    serve.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the model name clients send (default: MODEL_DIR as given)",
+    )
+    serve.add_argument("--log-level", default="info", help="uvicorn's log level")
+    _engine_arguments(serve)
     return parser
 
 
@@ -204,12 +221,35 @@ def _run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_serve(args: argparse.Namespace) -> int:
+    try:
+        from pagedinfer.serving.server import run_server
+    except ImportError as error:
+        print(
+            f"error: pagedinfer serve needs the serve extra ({error.name or error} is missing): "
+            "pip install 'pagedinfer[serve]'",
+            file=sys.stderr,
+        )
+        return 2
+    run_server(
+        args.model_dir,
+        host=args.host,
+        port=args.port,
+        served_model_name=args.served_model_name,
+        log_level=args.log_level,
+        engine_kwargs=_engine_kwargs(args),
+    )
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     if args.command == "generate":
         return _run_generate(args)
     if args.command == "demo":
         return _run_demo(args)
+    if args.command == "serve":
+        return _run_serve(args)
     return _run_bench(args)
 
 

@@ -1,0 +1,340 @@
+"""The OpenAI-compatible FastAPI app around one :class:`~pagedinfer.AsyncEngine`.
+
+Routes: ``GET /health``, ``GET /metrics``, ``GET /v1/models``, ``POST /v1/completions``,
+``POST /v1/chat/completions``. A request is validated and queued before the response
+starts, so bad input gets a 4xx (OpenAI's error JSON) and never a half-sent stream. A
+client that disconnects gets its requests aborted (their KV blocks freed) at once: streamed
+responses by Starlette's disconnect listener, the others by :func:`_until_disconnected`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from typing import Any, TypeVar
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from pagedinfer.engine.async_engine import AsyncEngine, AsyncRequestStream
+from pagedinfer.engine.outputs import RequestOutput
+from pagedinfer.errors import EngineDeadError
+from pagedinfer.serving.errors import (
+    OpenAIError,
+    error_body,
+    from_exception,
+    install_error_handlers,
+)
+from pagedinfer.serving.metrics import CONTENT_TYPE, RequestTimer, ServerMetrics
+from pagedinfer.serving.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    chat_messages,
+    chat_sampling_params,
+    completion_prompts,
+    completion_sampling_params,
+)
+from pagedinfer.serving.responses import (
+    ChoiceCursor,
+    ResponseContext,
+    chat_chunk,
+    chat_response,
+    completion_chunk,
+    completion_response,
+    completions_of,
+    sse,
+    usage_chunk,
+)
+
+__all__ = ["build_app"]
+
+_DONE = "data: [DONE]\n\n"
+_T = TypeVar("_T")
+
+
+def build_app(engine: AsyncEngine, *, served_model_name: str) -> FastAPI:
+    """The app serving ``engine`` under the model name ``served_model_name``.
+
+    The app does not own the engine: whoever built it closes it (``pagedinfer serve`` does,
+    after the server stops).
+    """
+    app = FastAPI(title="pagedinfer", docs_url=None, redoc_url=None, openapi_url=None)
+    metrics = ServerMetrics()
+    app.state.engine = engine
+    app.state.metrics = metrics
+    created = int(time.time())
+
+    def rejected(status: int) -> None:
+        metrics.requests_rejected.labels(status=str(status)).inc()
+
+    install_error_handlers(app, on_error=rejected)
+
+    def check_model(name: str | None) -> None:
+        if name is not None and name != served_model_name:
+            raise OpenAIError(
+                404,
+                f"The model `{name}` does not exist: this server serves "
+                f"`{served_model_name}` (GET /v1/models).",
+                param="model",
+                code="model_not_found",
+            )
+
+    def context(prefix: str, num_logprobs: int | None, token_ids: bool) -> ResponseContext:
+        return ResponseContext(
+            response_id=f"{prefix}-{uuid.uuid4().hex}",
+            model=served_model_name,
+            created=int(time.time()),
+            token_text=_token_text(engine),
+            num_logprobs=num_logprobs,
+            return_token_ids=token_ids,
+        )
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not engine.is_running:
+            reason = repr(engine.dead_error) if engine.is_dead else "closed"
+            return JSONResponse(
+                error_body(f"the engine is not running ({reason})", "server_error"),
+                status_code=503,
+            )
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        stats = await engine.stats() if engine.is_running else None
+        return Response(metrics.render(stats), media_type=CONTENT_TYPE)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": served_model_name,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "pagedinfer",
+                    "root": served_model_name,
+                    "max_model_len": engine.max_model_len,
+                }
+            ],
+        }
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        check_model(body.model)
+        params = completion_sampling_params(body)
+        streams = _submit_all(engine, completion_prompts(body), params)
+        ctx = context("cmpl", params.logprobs, body.return_token_ids)
+        timers = [metrics.timer() for _ in streams]
+        if body.stream:
+            events = _stream_completions(ctx, streams, timers, params.n, body.include_usage)
+            return _event_stream(events)
+        outputs = await _until_disconnected(
+            request, asyncio.gather(*(_final(s, t) for s, t in zip(streams, timers, strict=True)))
+        )
+        return JSONResponse(completion_response(ctx, outputs, params.n))
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        check_model(body.model)
+        params = chat_sampling_params(body)
+        stream = engine.chat(
+            chat_messages(body),
+            params,
+            chat_template_kwargs=body.chat_template_kwargs,
+            add_generation_prompt=body.add_generation_prompt,
+        )
+        ctx = context("chatcmpl", params.logprobs, body.return_token_ids)
+        timer = metrics.timer()
+        if body.stream:
+            return _event_stream(_stream_chat(ctx, stream, timer, body.include_usage))
+        output = await _until_disconnected(request, _final(stream, timer))
+        return JSONResponse(chat_response(ctx, output))
+
+    return app
+
+
+# ------------------------------------------------------------------------------ helpers
+def _submit_all(
+    engine: AsyncEngine, prompts: Sequence[str | list[int]], params: Any
+) -> list[AsyncRequestStream]:
+    """Queue every prompt, or (if one is refused) none: the others are aborted."""
+    streams: list[AsyncRequestStream] = []
+    try:
+        for prompt in prompts:
+            streams.append(engine.generate(prompt, params))
+    except BaseException:
+        for stream in streams:
+            stream.close()
+        raise
+    return streams
+
+
+async def _final(stream: AsyncRequestStream, timer: RequestTimer) -> RequestOutput:
+    """Read a stream to its final output, timing its tokens."""
+    output: RequestOutput | None = None
+    try:
+        async for output in stream:
+            timer.tokens(_num_tokens(output))
+    except asyncio.CancelledError:
+        timer.finished("abort")
+        raise
+    assert output is not None and output.finished
+    timer.finished(_finish_reason(output))
+    return output
+
+
+async def _until_disconnected(request: Request, work: Awaitable[_T]) -> _T:
+    """Await ``work``; if the client disconnects first, cancel it (which aborts its
+    requests) and answer 499 to nobody."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise OpenAIError(499, "the client closed the connection")
+    return task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def _event_stream(events: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(
+        events,
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _stream_completions(
+    ctx: ResponseContext,
+    streams: list[AsyncRequestStream],
+    timers: list[RequestTimer],
+    n: int,
+    include_usage: bool,
+) -> AsyncIterator[str]:
+    cursors: dict[int, ChoiceCursor] = {}
+    finals: dict[int, RequestOutput] = {}
+    try:
+        async for prompt_index, output in _merge(streams):
+            timers[prompt_index].tokens(_num_tokens(output))
+            for completion in completions_of(output):
+                index = prompt_index * n + completion.index
+                cursor = cursors.setdefault(index, ChoiceCursor())
+                chunk = completion_chunk(ctx, index, completion, cursor, output.prompt_token_ids)
+                if chunk is not None:
+                    yield sse(chunk)
+            if output.finished:
+                finals[prompt_index] = output
+                timers[prompt_index].finished(_finish_reason(output))
+        if include_usage:
+            ordered = [finals[index] for index in sorted(finals)]
+            yield sse(usage_chunk(ctx, "text_completion", ordered))
+    except EngineDeadError as error:
+        yield sse(from_exception(error).body())
+    except BaseException:
+        for index, timer in enumerate(timers):
+            if index not in finals:
+                timer.finished("abort")
+        raise
+    finally:
+        for stream in streams:
+            stream.close()  # no-op for finished streams; aborts the rest
+    yield _DONE
+
+
+async def _stream_chat(
+    ctx: ResponseContext, stream: AsyncRequestStream, timer: RequestTimer, include_usage: bool
+) -> AsyncIterator[str]:
+    cursors: dict[int, ChoiceCursor] = {}
+    final: RequestOutput | None = None
+    try:
+        async for output in stream:
+            timer.tokens(_num_tokens(output))
+            for completion in completions_of(output):
+                cursor = cursors.setdefault(completion.index, ChoiceCursor())
+                chunk = chat_chunk(ctx, completion, cursor)
+                if chunk is not None:
+                    yield sse(chunk)
+            if output.finished:
+                final = output
+                timer.finished(_finish_reason(output))
+        if include_usage and final is not None:
+            yield sse(usage_chunk(ctx, "chat.completion.chunk", [final]))
+    except EngineDeadError as error:
+        yield sse(from_exception(error).body())
+    except BaseException:
+        if final is None:
+            timer.finished("abort")
+        raise
+    finally:
+        stream.close()
+    yield _DONE
+
+
+async def _merge(
+    streams: list[AsyncRequestStream],
+) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """The outputs of several streams as they come, tagged with the stream's index."""
+    if len(streams) == 1:
+        async for output in streams[0]:
+            yield 0, output
+        return
+    queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncRequestStream) -> None:
+        try:
+            async for output in stream:
+                queue.put_nowait((index, output))
+        except Exception as error:
+            queue.put_nowait((index, error))
+        else:
+            queue.put_nowait((index, None))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            index, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+def _num_tokens(output: RequestOutput) -> int:
+    return max((len(c.token_ids) for c in completions_of(output)), default=0)
+
+
+def _finish_reason(output: RequestOutput) -> str | None:
+    reasons = {c.finish_reason for c in completions_of(output)}
+    return "abort" if "abort" in reasons else next(iter(sorted(r for r in reasons if r)), None)
+
+
+def _token_text(engine: AsyncEngine) -> Any:
+    tokenizer = engine.tokenizer
+
+    def token_text(token_id: int) -> str:
+        if tokenizer is None:
+            return f"token_id:{token_id}"
+        text: str = tokenizer.decode([token_id])
+        return text
+
+    return token_text

@@ -1,0 +1,160 @@
+"""``/metrics``: the server's Prometheus metrics, in one registry per app (no global state).
+
+Engine gauges and counters (requests running and waiting, tokens, prefix-cache hit rate, KV
+usage, preemptions) are read from ``Engine.stats()`` when Prometheus scrapes; latencies are
+observed by the request handlers as tokens reach them: time to first token, the gap between
+consecutive tokens (inter-token latency), and the whole request.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from pagedinfer.engine.engine import EngineStats
+
+__all__ = ["CONTENT_TYPE", "RequestTimer", "ServerMetrics"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_PREFIX = "pagedinfer_"
+# Seconds. TTFT spans queueing and prefill; inter-token latency one decode step.
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
+                0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)  # fmt: skip
+_E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                60.0, 120.0, 240.0, 480.0, 960.0)  # fmt: skip
+
+
+class _EngineStatsCollector(Collector):
+    """Reports the latest ``EngineStats`` snapshot (taken by the ``/metrics`` handler)."""
+
+    def __init__(self) -> None:
+        self.stats: EngineStats | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.stats
+        if stats is None:
+            return
+        yield _gauge("num_requests_running", "Requests in the running batch.", stats.num_running)
+        yield _gauge(
+            "num_requests_waiting", "Requests queued, waiting to be admitted.", stats.num_waiting
+        )
+        yield _gauge(
+            "kv_cache_usage_ratio",
+            "Fraction of KV-cache blocks in use (0 to 1).",
+            stats.kv_cache_usage,
+        )
+        yield _gauge("num_kv_blocks", "KV-cache blocks in the pool.", stats.num_kv_blocks)
+        yield _gauge(
+            "prefix_cache_hit_rate",
+            "Fraction of looked-up prompt tokens served from the prefix cache (0 to 1).",
+            stats.prefix_cache_hit_rate,
+        )
+        yield _counter(
+            "prompt_tokens", "Prompt tokens computed (prefill).", stats.num_prompt_tokens
+        )
+        yield _counter("generation_tokens", "Tokens generated.", stats.num_generated_tokens)
+        yield _counter(
+            "num_preemptions", "Requests preempted to free KV blocks.", stats.num_preemptions
+        )
+        yield _counter(
+            "engine_requests_finished",
+            "Requests the engine finished (any reason).",
+            stats.num_requests_finished,
+        )
+
+
+def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(_PREFIX + name, documentation, value=value)
+
+
+def _counter(name: str, documentation: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(_PREFIX + name, documentation, value=value)
+
+
+class ServerMetrics:
+    """The registry of one server and the metrics its handlers observe."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self._engine = _EngineStatsCollector()
+        self.registry.register(self._engine)
+        self.time_to_first_token = Histogram(
+            _PREFIX + "time_to_first_token_seconds",
+            "Time from a request's arrival to its first generated token.",
+            buckets=_TTFT_BUCKETS,
+            registry=self.registry,
+        )
+        self.inter_token_latency = Histogram(
+            _PREFIX + "inter_token_latency_seconds",
+            "Time between consecutive generated tokens of a request.",
+            buckets=_ITL_BUCKETS,
+            registry=self.registry,
+        )
+        self.request_latency = Histogram(
+            _PREFIX + "e2e_request_latency_seconds",
+            "Time from a request's arrival to its last token.",
+            buckets=_E2E_BUCKETS,
+            registry=self.registry,
+        )
+        self.requests_finished = Counter(
+            _PREFIX + "requests_finished",
+            "HTTP generation requests the server finished, by finish reason "
+            "(abort: the client disconnected or the server shut down).",
+            ["finish_reason"],
+            registry=self.registry,
+        )
+        self.requests_rejected = Counter(
+            _PREFIX + "requests_rejected",
+            "HTTP requests answered with an error status.",
+            ["status"],
+            registry=self.registry,
+        )
+
+    def render(self, stats: EngineStats | None) -> bytes:
+        self._engine.stats = stats
+        return generate_latest(self.registry)
+
+    def timer(self) -> RequestTimer:
+        return RequestTimer(self)
+
+
+class RequestTimer:
+    """Observes the latencies of one request (one completion) as its tokens arrive."""
+
+    __slots__ = ("_arrival", "_last", "_metrics", "_tokens")
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self._metrics = metrics
+        self._arrival = time.perf_counter()
+        self._last: float | None = None
+        self._tokens = 0
+
+    def tokens(self, num_tokens: int) -> None:
+        """``num_tokens`` (the total so far) have arrived by now.
+
+        The first arrival is the time to first token; after that, ``k`` tokens that arrive
+        together after a gap ``t`` count as ``k`` inter-token latencies of ``t / k``.
+        """
+        new = num_tokens - self._tokens
+        if new <= 0:
+            return
+        now = time.perf_counter()
+        if self._last is None:
+            self._metrics.time_to_first_token.observe(now - self._arrival)
+        else:
+            gap = (now - self._last) / new
+            for _ in range(new):
+                self._metrics.inter_token_latency.observe(gap)
+        self._last = now
+        self._tokens = num_tokens
+
+    def finished(self, reason: str | None) -> None:
+        self._metrics.request_latency.observe(time.perf_counter() - self._arrival)
+        self._metrics.requests_finished.labels(finish_reason=reason or "unknown").inc()

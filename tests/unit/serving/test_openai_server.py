@@ -1,0 +1,359 @@
+"""``pagedinfer serve`` driven by the official ``openai`` client (and raw HTTP where the client
+hides what is tested): completions and chat, streamed and not, equal to ``Engine.generate``;
+64 concurrent streams; bad input; a client that disconnects; metrics; shutdown.
+
+One server process serves the whole module (starting one costs seconds); the shutdown test
+runs last and stops it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import psutil
+import pytest
+
+from pagedinfer import Engine, RequestOutput, SamplingParams
+from tests.unit.serving.conftest import MODEL_NAME, ServerProcess
+
+PROMPTS = ["Hello, world!", "The quick brown fox", "paged attention", "Once upon a time"]
+MAX_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def reference_engine(server: ServerProcess) -> Iterator[Engine]:
+    """The same checkpoint and settings as the server, driven offline."""
+    with Engine(server.checkpoint, **server.engine_kwargs) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.api_url, api_key="unused", max_retries=0, timeout=60)
+
+
+def _greedy(**fields: Any) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, **fields)
+
+
+def _offline(engine: Engine, prompts: list[Any], **fields: Any) -> list[RequestOutput]:
+    return engine.generate(prompts, _greedy(**fields), use_tqdm=False)
+
+
+def _chat_ids(engine: Engine, content: str) -> list[int]:
+    text = engine.tokenizer.apply_chat_template(
+        [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+    )
+    return list(engine.tokenizer.encode(text, add_special_tokens=False))
+
+
+GREEDY_BODY: dict[str, Any] = {
+    "temperature": 0.0,
+    "max_tokens": MAX_TOKENS,
+    "extra_body": {"ignore_eos": True, "return_token_ids": True},
+}
+
+
+# ------------------------------------------------------------------------- basics
+def test_health_and_models(server: ServerProcess, client: openai.OpenAI) -> None:
+    assert httpx.get(server.base_url + "/health").status_code == 200
+    models = client.models.list()
+    assert [model.id for model in models.data] == [MODEL_NAME]
+
+
+def test_completions_equal_engine_generate(client: openai.OpenAI, reference_engine: Engine) -> None:
+    expected = _offline(reference_engine, [*PROMPTS, [5, 6, 7, 8]])
+    response = client.completions.create(model=MODEL_NAME, prompt=PROMPTS, **GREEDY_BODY)
+    assert [choice.index for choice in response.choices] == list(range(len(PROMPTS)))
+    for choice, want in zip(response.choices, expected, strict=False):
+        assert choice.text == want.text
+        assert choice.model_extra["token_ids"] == want.token_ids
+        assert choice.finish_reason == "length"
+    assert response.usage.prompt_tokens == sum(len(o.prompt_token_ids) for o in expected[:4])
+    assert response.usage.completion_tokens == 4 * MAX_TOKENS
+    by_ids = client.completions.create(model=MODEL_NAME, prompt=[5, 6, 7, 8], **GREEDY_BODY)
+    assert by_ids.choices[0].model_extra["token_ids"] == expected[4].token_ids
+
+
+def test_streamed_completion_equals_the_whole(
+    client: openai.OpenAI, reference_engine: Engine
+) -> None:
+    (want,) = _offline(reference_engine, [PROMPTS[1]])
+    chunks = list(
+        client.completions.create(
+            model=MODEL_NAME,
+            prompt=PROMPTS[1],
+            stream=True,
+            stream_options={"include_usage": True},
+            **GREEDY_BODY,
+        )
+    )
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == MAX_TOKENS
+    text_chunks = [chunk for chunk in chunks if chunk.choices]
+    assert "".join(chunk.choices[0].text for chunk in text_chunks) == want.text
+    tokens = [t for chunk in text_chunks for t in chunk.choices[0].model_extra["token_ids"]]
+    assert tokens == want.token_ids
+    assert [chunk.choices[0].finish_reason for chunk in text_chunks][-1] == "length"
+    assert all(chunk.choices[0].finish_reason is None for chunk in text_chunks[:-1])
+
+
+def test_chat_equals_engine_generate_on_the_template(
+    client: openai.OpenAI, reference_engine: Engine
+) -> None:
+    (want,) = _offline(reference_engine, [_chat_ids(reference_engine, "Hi there")])
+    messages = [{"role": "user", "content": "Hi there"}]
+    response = client.chat.completions.create(model=MODEL_NAME, messages=messages, **GREEDY_BODY)
+    choice = response.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.message.content == want.text
+    assert choice.model_extra["token_ids"] == want.token_ids
+    assert response.usage.prompt_tokens == len(want.prompt_token_ids)
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL_NAME, messages=messages, stream=True, **GREEDY_BODY
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == want.text
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_stop_string_streamed_and_whole_agree(
+    client: openai.OpenAI, reference_engine: Engine
+) -> None:
+    (free,) = _offline(reference_engine, [PROMPTS[0]])
+    stop = free.text[len(free.text) // 2 : len(free.text) // 2 + 2]
+    assert stop, free.text
+    (want,) = _offline(reference_engine, [PROMPTS[0]], stop=[stop])
+    body = {**GREEDY_BODY, "stop": [stop]}
+    whole = client.completions.create(model=MODEL_NAME, prompt=PROMPTS[0], **body)
+    assert whole.choices[0].text == want.text and whole.choices[0].finish_reason == "stop"
+    streamed = client.completions.create(model=MODEL_NAME, prompt=PROMPTS[0], stream=True, **body)
+    assert "".join(chunk.choices[0].text for chunk in streamed) == want.text
+
+
+# ---------------------------------------------------------------------- concurrency
+def test_64_concurrent_streaming_clients(server: ServerProcess, reference_engine: Engine) -> None:
+    """Text prompts, token-id prompts and chats at once; each equals its offline result."""
+    texts = [f"{PROMPTS[i % 4]} {i}" for i in range(64)]
+    prompts: list[Any] = [
+        _chat_ids(reference_engine, text) if i % 3 == 0 else text for i, text in enumerate(texts)
+    ]
+    expected = _offline(reference_engine, prompts)
+
+    async def one(client: openai.AsyncOpenAI, i: int) -> tuple[str, list[int], str | None]:
+        text, tokens, reason = "", [], None
+        if i % 3 == 0:
+            messages = [{"role": "user", "content": texts[i]}]
+            chat = await client.chat.completions.create(
+                model=MODEL_NAME, messages=messages, stream=True, **GREEDY_BODY
+            )
+            async for chunk in chat:
+                text += chunk.choices[0].delta.content or ""
+                tokens += chunk.choices[0].model_extra["token_ids"]
+                reason = chunk.choices[0].finish_reason or reason
+            return text, tokens, reason
+        prompt = texts[i] if i % 3 == 1 else reference_engine.tokenizer.encode(texts[i])
+        completion = await client.completions.create(
+            model=MODEL_NAME, prompt=prompt, stream=True, **GREEDY_BODY
+        )
+        async for chunk in completion:
+            text += chunk.choices[0].text
+            tokens += chunk.choices[0].model_extra["token_ids"]
+            reason = chunk.choices[0].finish_reason or reason
+        return text, tokens, reason
+
+    async def main() -> list[tuple[str, list[int], str | None]]:
+        http = openai.DefaultAsyncHttpxClient(
+            limits=httpx.Limits(max_connections=128, max_keepalive_connections=128)
+        )
+        async with openai.AsyncOpenAI(
+            base_url=server.api_url, api_key="unused", max_retries=0, timeout=120, http_client=http
+        ) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(64)))
+
+    results = asyncio.run(main())
+    for (text, tokens, reason), want in zip(results, expected, strict=True):
+        assert tokens == want.token_ids
+        assert text == want.text
+        assert reason == "length"
+    metrics = server.metrics()
+    assert metrics["pagedinfer_num_requests_running"] == 0
+    assert metrics["pagedinfer_kv_cache_usage_ratio"] == 0
+
+
+# ------------------------------------------------------------------------- bad input
+def _post(server: ServerProcess, path: str, body: Any) -> httpx.Response:
+    content = body if isinstance(body, (str, bytes)) else json.dumps(body)
+    return httpx.post(
+        server.api_url + path,
+        content=content,
+        headers={"Content-Type": "application/json"},
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "param"),
+    [
+        ("/completions", '{"prompt": "hi", "max_tokens": 4', 400, None),
+        ("/completions", "[1, 2]", 400, None),
+        ("/completions", {"max_tokens": 4}, 400, "prompt"),
+        ("/completions", {"prompt": "hi", "top_p": 3.0}, 400, "top_p"),
+        ("/completions", {"prompt": "hi", "temperature": -1}, 400, "temperature"),
+        ("/completions", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+        ("/completions", {"prompt": "hi", "logprobs": 50}, 400, "logprobs"),
+        ("/completions", {"prompt": "hi", "echo": True}, 400, "echo"),
+        ("/completions", {"prompt": [1, 99999]}, 400, None),
+        ("/completions", {"prompt": ""}, 400, None),
+        ("/completions", {"prompt": [1] * 3000}, 400, None),
+        ("/completions", {"prompt": "hi", "model": "gpt-4"}, 404, "model"),
+        ("/chat/completions", {"messages": []}, 400, "messages"),
+        ("/chat/completions", {"messages": [{"content": "no role"}]}, 400, "messages"),
+        (
+            "/chat/completions",
+            {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+            400,
+            "messages",
+        ),
+        (
+            "/chat/completions",
+            {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3},
+            400,
+            "top_logprobs",
+        ),
+        (
+            "/chat/completions",
+            {"messages": [{"role": "user", "content": "x"}], "model": "m"},
+            404,
+            "model",
+        ),
+    ],
+)
+def test_bad_input_gets_openai_error_and_server_keeps_serving(
+    server: ServerProcess, path: str, body: Any, status: int, param: str | None
+) -> None:
+    response = _post(server, path, body)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"] and error["type"]
+    if param is not None:
+        assert error["param"] == param, error
+    ok = _post(server, "/completions", {"prompt": "hi", "max_tokens": 2})
+    assert ok.status_code == 200, ok.text
+
+
+def test_openai_client_raises_its_own_errors(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="gpt-4", prompt="hi")
+    with pytest.raises(openai.BadRequestError, match="top_p"):
+        client.completions.create(model=MODEL_NAME, prompt="hi", top_p=5.0)
+    with pytest.raises(openai.BadRequestError, match="max_model_len"):
+        client.completions.create(model=MODEL_NAME, prompt=[1] * 4000)
+
+
+# --------------------------------------------------------------------- disconnects
+def _wait_for(predicate: Any, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_client_that_disconnects_gets_its_request_aborted(
+    server: ServerProcess, stream: bool
+) -> None:
+    before = server.metrics().get('pagedinfer_requests_finished_total{finish_reason="abort"}', 0)
+    body = {
+        "prompt": "a long story",
+        "max_tokens": 2000,
+        "ignore_eos": True,
+        "stream": stream,
+    }
+    if stream:
+        with (
+            httpx.Client(timeout=60) as http,
+            http.stream("POST", server.api_url + "/completions", json=body) as response,
+        ):
+            assert response.status_code == 200
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data:"))
+            assert server.metrics()["pagedinfer_kv_cache_usage_ratio"] > 0
+        # Leaving the block closed the connection mid-stream.
+    else:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(server.api_url + "/completions", json=body, timeout=0.5)
+
+    def aborted() -> bool:
+        metrics = server.metrics()
+        return (
+            metrics.get('pagedinfer_requests_finished_total{finish_reason="abort"}', 0)
+            == before + 1
+            and metrics["pagedinfer_num_requests_running"] == 0
+            and metrics["pagedinfer_kv_cache_usage_ratio"] == 0
+        )
+
+    _wait_for(aborted)
+    assert server.metrics()["pagedinfer_generation_tokens_total"] > 0
+
+
+# ------------------------------------------------------------------------- metrics
+def test_metrics_report_the_engine_and_latencies(server: ServerProcess) -> None:
+    metrics = server.metrics()
+    for name in (
+        "pagedinfer_num_requests_running",
+        "pagedinfer_num_requests_waiting",
+        "pagedinfer_kv_cache_usage_ratio",
+        "pagedinfer_prefix_cache_hit_rate",
+        "pagedinfer_num_preemptions_total",
+        "pagedinfer_prompt_tokens_total",
+        "pagedinfer_generation_tokens_total",
+    ):
+        assert name in metrics, sorted(metrics)
+    assert metrics["pagedinfer_time_to_first_token_seconds_count"] > 0
+    assert metrics["pagedinfer_inter_token_latency_seconds_count"] > 0
+    assert metrics["pagedinfer_e2e_request_latency_seconds_count"] > 0
+    assert metrics['pagedinfer_requests_rejected_total{status="400"}'] > 0
+    assert 0 < metrics["pagedinfer_prefix_cache_hit_rate"] <= 1  # prompts repeat in this module
+
+
+# ------------------------------------------------------------------------ shutdown
+def test_shutdown_with_a_stream_in_flight_leaves_no_process(server: ServerProcess) -> None:
+    process = psutil.Process(server.process.pid)
+    family = [process, *process.children(recursive=True)]
+    received: list[str] = []
+
+    def read_stream() -> None:
+        body = {"prompt": "shutdown", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+        try:
+            with httpx.stream(
+                "POST", server.api_url + "/completions", json=body, timeout=60
+            ) as response:
+                received.extend(line for line in response.iter_lines() if line)
+        except httpx.HTTPError:
+            received.append("<disconnected>")
+
+    reader = threading.Thread(target=read_stream)
+    reader.start()
+    _wait_for(lambda: len(received) > 0)
+    started = time.monotonic()
+    assert server.stop(signal.SIGTERM, timeout=60) == 0, server.log()
+    reader.join(timeout=60)
+    assert not reader.is_alive()
+    # The in-flight request was aborted at once, not run to its end: its stream ended
+    # properly, with the abort as finish reason, well within the grace period.
+    assert time.monotonic() - started < 5, server.log()
+    assert received[-1] == "data: [DONE]", received[-3:]
+    assert '"finish_reason":"abort"' in received[-2], received[-3:]
+    for member in family:
+        assert not member.is_running() or member.status() == psutil.STATUS_ZOMBIE, member
