@@ -38,6 +38,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from pagedinfer.domain.sampling import SamplingParams
+from pagedinfer.engine.chat import render_chat
 from pagedinfer.engine.engine import Engine, EngineStats, Prompt
 from pagedinfer.engine.outputs import RequestOutput
 from pagedinfer.errors import EngineClosedError, EngineDeadError, InvalidRequestError
@@ -326,29 +327,22 @@ class AsyncEngine:
         add_generation_prompt: bool = True,
     ) -> list[int]:
         """The prompt token ids of a conversation (what :meth:`chat` generates from)."""
-        tokenizer = self.engine.tokenizer
-        if tokenizer is None:
+        rendered = render_chat(
+            self.engine.tokenizer,
+            messages,
+            chat_template=chat_template,
+            chat_template_kwargs=chat_template_kwargs,
+            add_generation_prompt=add_generation_prompt,
+            model_path=self.engine.config.model_path,
+        )
+        if len(rendered) != 1:
             raise InvalidRequestError(
-                "the checkpoint has no tokenizer files, so chat messages cannot be rendered."
+                f"chat() takes one conversation (a list of messages), got {len(rendered)}: "
+                "call it once per conversation."
             )
-        if chat_template is None and not getattr(tokenizer, "chat_template", None):
-            raise InvalidRequestError(
-                "the tokenizer has no chat template: pass chat_template=JINJA_TEMPLATE, or use "
-                "generate() with a plain prompt."
-            )
-        try:
-            text = tokenizer.apply_chat_template(
-                list(messages),
-                chat_template=chat_template,
-                add_generation_prompt=add_generation_prompt,
-                tokenize=False,
-                **dict(chat_template_kwargs or {}),
-            )
-        except Exception as error:  # jinja2 errors, raise_exception() in the template
-            raise InvalidRequestError(
-                f"the chat template could not render the messages: {error}"
-            ) from error
-        return list(tokenizer.encode(text, add_special_tokens=False))
+        token_ids = rendered[0].token_ids
+        assert token_ids is not None
+        return token_ids
 
     async def abort(self, request_id: str) -> bool:
         """Abort a request: its stream yields a final output with ``finish_reason="abort"``.
