@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -49,11 +50,10 @@ def _run(coroutine: Any, timeout: float = 120) -> Any:
 
 
 async def _last(stream: Any) -> RequestOutput:
-    output = None
-    async for output in stream:
-        pass
-    assert output is not None
-    return output
+    outputs = [output async for output in stream]
+    assert outputs
+    final: RequestOutput = outputs[-1]
+    return final
 
 
 def _idle(engine: AsyncEngine) -> bool:
@@ -79,7 +79,7 @@ def test_outputs_arrive_as_tokens_do_and_are_cumulative(
 
     outputs = _run(main())
     assert len(outputs) > 1  # streamed: more than the final output
-    for before, after in zip(outputs, outputs[1:], strict=False):
+    for before, after in itertools.pairwise(outputs):
         assert after.token_ids[: len(before.token_ids)] == before.token_ids
         assert after.text.startswith(before.text)  # text only grows
     assert [o.finished for o in outputs] == [False] * (len(outputs) - 1) + [True]

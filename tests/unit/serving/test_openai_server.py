@@ -20,9 +20,9 @@ import httpx
 import openai
 import psutil
 import pytest
+from tests.unit.serving.conftest import MODEL_NAME, ServerProcess
 
 from pagedinfer import Engine, RequestOutput, SamplingParams
-from tests.unit.serving.conftest import MODEL_NAME, ServerProcess
 
 PROMPTS = ["Hello, world!", "The quick brown fox", "paged attention", "Once upon a time"]
 MAX_TOKENS = 12
