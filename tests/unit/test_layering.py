@@ -28,6 +28,7 @@ PURE_DOMAIN_CONTRACT = "The domain layer is pure Python"
 LIGHT_ROOT_CONTRACT = "The package root imports no heavy dependency"
 MODELS_CONTRACT = "Models: the registry on top, families side by side, the decoder below"
 LIGHT_RAY_CONTRACT = "import pagedinfer.ray stays light"
+LIGHT_SERVING_CONTRACT = "import pagedinfer.serving stays light"
 
 
 def _run_python(code: str, *, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -191,6 +192,7 @@ def test_contracts_hold_on_an_unmodified_copy(tmp_path: Path) -> None:
         LIGHT_ROOT_CONTRACT,
         MODELS_CONTRACT,
         LIGHT_RAY_CONTRACT,
+        LIGHT_SERVING_CONTRACT,
     ):
         assert contract in result.stdout
 
@@ -274,6 +276,27 @@ def test_contracts_hold_on_an_unmodified_copy(tmp_path: Path) -> None:
             LIGHT_RAY_CONTRACT,
             "pagedinfer.ray -> ray",
             id="ray-package-imports-ray",
+        ),
+        pytest.param(
+            "engine/outputs.py",
+            "import pagedinfer.serving.protocol",
+            LAYERS_CONTRACT,
+            "pagedinfer.engine.outputs -> pagedinfer.serving.protocol",
+            id="engine-imports-serving-layer",
+        ),
+        pytest.param(
+            "serving/protocol.py",
+            "import pagedinfer.ray.columns",
+            LAYERS_CONTRACT,
+            "pagedinfer.serving.protocol -> pagedinfer.ray.columns",
+            id="serving-imports-its-sibling-ray",
+        ),
+        pytest.param(
+            "serving/__init__.py",
+            "import fastapi",
+            LIGHT_SERVING_CONTRACT,
+            "pagedinfer.serving -> fastapi",
+            id="serving-package-imports-fastapi",
         ),
     ],
 )
