@@ -4,10 +4,11 @@ offline ``Engine.generate`` on the same requests, in the same run.
 The workload is nano-vLLM's shape (random token-id prompts, ``ignore_eos``, temperature 0.6,
 output lengths drawn per request), at the scale chosen with ``--scale`` (``cpu`` is the CPU
 throughput benchmark's: 64 requests, prompts U[16, 256], outputs U[16, 128], small Qwen3).
-Each client (asyncio + httpx) sends one ``/v1/completions`` request with ``stream=true`` and
-reads its server-sent events; up to ``--concurrency`` requests are in flight (default: all
-at once, i.e. saturation). The server is a real ``pagedinfer serve`` subprocess with the same
-engine settings as the offline engine; it is warmed up before timing.
+Each client (asyncio; a lean HTTP/1.1 reader by default, ``--client httpx`` for httpx) sends
+one ``/v1/completions`` request with ``stream=true`` and reads its server-sent events; up to
+``--concurrency`` requests are in flight (default: all at once, i.e. saturation). The server
+is a real ``pagedinfer serve`` subprocess with the same engine settings as the offline
+engine; it is warmed up before timing.
 
 Reported per system: request throughput, output tokens/s, and for the server the
 client-side time to first token, inter-token latency (a chunk of k tokens after a gap t
@@ -201,10 +202,8 @@ class _Timing:
     tokens: int = 0
 
 
-async def _one_request(
-    client: httpx.AsyncClient, prompt: list[int], max_tokens: int, temperature: float
-) -> _Timing:
-    body = {
+def _request_body(prompt: list[int], max_tokens: int, temperature: float) -> dict[str, Any]:
+    return {
         "model": "bench",
         "prompt": prompt,
         "max_tokens": max_tokens,
@@ -213,37 +212,96 @@ async def _one_request(
         "stream": True,
         "return_token_ids": True,
     }
-    timing = _Timing()
-    started = time.perf_counter()
-    last = started
+
+
+class _Clock:
+    """Client-side timing of one streamed request."""
+
+    def __init__(self) -> None:
+        self.timing = _Timing()
+        self.started = self.last = time.perf_counter()
+
+    def event(self, data: bytes) -> None:
+        """One server-sent event's payload (after ``data: ``)."""
+        if data == b"[DONE]":
+            return
+        chunk = json.loads(data)
+        new = len(chunk["choices"][0].get("token_ids", ())) if chunk["choices"] else 0
+        if not new:
+            return
+        now = time.perf_counter()
+        timing = self.timing
+        if timing.tokens == 0:
+            timing.ttft = now - self.started
+        else:
+            timing.itl.extend([(now - self.last) / new] * new)
+        timing.tokens += new
+        self.last = now
+
+    def done(self) -> _Timing:
+        self.timing.e2e = time.perf_counter() - self.started
+        return self.timing
+
+
+async def _stream_raw(port: int, body: dict[str, Any]) -> _Timing:
+    """One request over a plain asyncio connection: HTTP/1.1, chunked SSE response.
+
+    The clients share the machine with the server, so they are kept lean: httpx costs
+    several times more CPU per event than the server spends producing it (``--client
+    httpx`` to compare).
+    """
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    payload = json.dumps(body).encode()
+    clock = _Clock()
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(payload) + payload
+    )
+    try:
+        status = await reader.readline()
+        if b" 200 " not in status:
+            raise RuntimeError(f"the server answered {status!r}")
+        while await reader.readline() not in (b"\r\n", b""):
+            pass  # headers (the body is chunked: uvicorn streams without a length)
+        pending = b""
+        while True:
+            size = int((await reader.readline()).strip() or b"0", 16)
+            if size == 0:
+                break
+            pending += await reader.readexactly(size + 2)  # the chunk and its CRLF
+            pending = pending[:-2]
+            *events, pending = pending.split(b"\n\n")
+            for event in events:
+                if event.startswith(b"data: "):
+                    clock.event(event[6:])
+    finally:
+        writer.close()
+    return clock.done()
+
+
+async def _stream_httpx(client: Any, body: dict[str, Any]) -> _Timing:
+    clock = _Clock()
     async with client.stream("POST", "/v1/completions", json=body) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            new = len(chunk["choices"][0].get("token_ids", ())) if chunk["choices"] else 0
-            if not new:
-                continue
-            now = time.perf_counter()
-            if timing.tokens == 0:
-                timing.ttft = now - started
-            else:
-                timing.itl.extend([(now - last) / new] * new)
-            timing.tokens += new
-            last = now
-    timing.e2e = time.perf_counter() - started
-    return timing
+            if line.startswith("data: "):
+                clock.event(line[6:].encode())
+    return clock.done()
 
 
-async def _drive(url: str, workload: Workload, concurrency: int) -> tuple[float, list[_Timing]]:
+async def _drive(
+    server: Server, workload: Workload, concurrency: int, client_kind: str
+) -> tuple[float, list[_Timing]]:
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     gate = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=None) as client:
+    async with httpx.AsyncClient(base_url=server.url, limits=limits, timeout=None) as client:
 
         async def one(prompt: list[int], max_tokens: int) -> _Timing:
+            body = _request_body(prompt, max_tokens, workload.temperature)
             async with gate:
-                return await _one_request(client, prompt, max_tokens, workload.temperature)
+                if client_kind == "httpx":
+                    return await _stream_httpx(client, body)
+                return await _stream_raw(server.port, body)
 
         await one([1, 2, 3], 4)  # warm-up (connection, first step)
         started = time.perf_counter()
@@ -253,9 +311,9 @@ async def _drive(url: str, workload: Workload, concurrency: int) -> tuple[float,
         return time.perf_counter() - started, list(timings)
 
 
-def _drive_measured(server: Server, workload: Workload, concurrency: int) -> tuple[Any, ...]:
+def _drive_measured(server: Server, workload: Workload, args: Any) -> tuple[Any, ...]:
     server_cpu, client_cpu = _cpu_seconds(server.process.pid), _cpu_seconds()
-    seconds, timings = asyncio.run(_drive(server.url, workload, concurrency))
+    seconds, timings = asyncio.run(_drive(server, workload, args.concurrency, args.client))
     server_cpu = _cpu_seconds(server.process.pid) - server_cpu
     return seconds, timings, server_cpu, _cpu_seconds() - client_cpu
 
@@ -263,13 +321,11 @@ def _drive_measured(server: Server, workload: Workload, concurrency: int) -> tup
 def run_server(model: str, workload: Workload, kwargs: dict[str, Any], args: Any) -> Run:
     server = Server(model, kwargs, args.threads)
     try:
-        seconds, timings, server_cpu, client_cpu = _drive_measured(
-            server, workload, args.concurrency
-        )
+        seconds, timings, server_cpu, client_cpu = _drive_measured(server, workload, args)
     finally:
         server.stop()
     run = Run(
-        f"pagedinfer serve, {args.concurrency} concurrent streams",
+        f"pagedinfer serve, {args.concurrency} concurrent streams ({args.client} client)",
         seconds,
         sum(t.tokens for t in timings),
         len(timings),
@@ -361,6 +417,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--input-len", type=int, nargs=2, metavar=("MIN", "MAX"))
     parser.add_argument("--output-len", type=int, nargs=2, metavar=("MIN", "MAX"))
     parser.add_argument("--concurrency", type=int, help="requests in flight (default: all)")
+    parser.add_argument(
+        "--client",
+        choices=("raw", "httpx"),
+        default="raw",
+        help="raw: lean HTTP/1.1 over asyncio streams (default); httpx: httpx.AsyncClient",
+    )
     parser.add_argument("--temperature", type=float, default=0.6)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=1)
