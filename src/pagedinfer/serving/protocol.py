@@ -36,6 +36,14 @@ __all__ = [
 MAX_LOGPROBS = 20
 
 
+class RequestFieldError(InvalidRequestError):
+    """A request field the server cannot serve; ``param`` names it for the error JSON."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -151,11 +159,11 @@ def completion_prompts(request: CompletionRequest) -> list[str | list[int]]:
 
 def completion_sampling_params(request: CompletionRequest) -> SamplingParams:
     if request.echo:
-        raise _unsupported("echo", "echo=true is not supported: the response holds the completion")
+        raise _bad("echo", "echo=true is not supported: the response holds the completion")
     if request.suffix is not None:
-        raise _unsupported("suffix", "suffix is not supported (no insertion models)")
+        raise _bad("suffix", "suffix is not supported (no insertion models)")
     if request.best_of is not None and request.best_of != request.n:
-        raise _unsupported("best_of", "best_of must equal n (or be left out)")
+        raise _bad("best_of", "best_of must equal n (or be left out)")
     logprobs = request.logprobs
     if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
         raise _bad("logprobs", f"logprobs must be in [0, {MAX_LOGPROBS}], got {logprobs}")
@@ -191,7 +199,7 @@ def chat_messages(request: ChatCompletionRequest) -> list[dict[str, Any]]:
 
 def _text_part(part: dict[str, Any]) -> str:
     if part.get("type") != "text" or not isinstance(part.get("text"), str):
-        raise _unsupported(
+        raise _bad(
             "messages", f"only text content parts are supported, got type {part.get('type')!r}"
         )
     text: str = part["text"]
@@ -205,16 +213,5 @@ def _logit_bias(bias: dict[str, float]) -> dict[int, float]:
         raise _bad("logit_bias", "logit_bias keys must be token ids (integers)") from error
 
 
-class RequestFieldError(InvalidRequestError):
-    """A request field the server cannot serve; ``param`` names it for the error JSON."""
-
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(message)
-        self.param = param
-
-
 def _bad(param: str, message: str) -> RequestFieldError:
     return RequestFieldError(param, message + ".")
-
-
-_unsupported = _bad
