@@ -60,12 +60,14 @@ import torch
 import throughput  # the workload and the transformers baseline (benchmarks/throughput.py)
 from pagedinfer import Engine, SamplingParams
 
-# The fast subset of the GPU tests: kernels, fused kernels, compile-once, CUDA graphs.
+# The fast subset of the GPU tests: kernels, fused kernels, compile-once, CUDA graphs, the
+# one-copy step inputs.
 FAST_TESTS = (
     "tests/gpu/test_kernels_gpu.py",
     "tests/gpu/test_fused_kernels_gpu.py",
     "tests/gpu/test_no_recompile_gpu.py",
     "tests/gpu/test_cuda_graph.py",
+    "tests/gpu/test_step_inputs_gpu.py",
 )
 
 

@@ -63,7 +63,7 @@ def test_one_graph_per_bucket_and_tables_cover_max_model_len(
     graphs = graphs_of(runner)
     assert graphs.layout.buckets == (1, 2, 4, 8, 16, 20) == tuple(decode_graph_buckets(20))
     assert graphs.layout.table_width == 63  # cdiv(1000, 16)
-    assert graphs.inputs.block_tables.shape == (20, 63)
+    assert graphs.static.block_tables.shape == (20, 63)
     runner.close()
 
 
@@ -108,10 +108,11 @@ def test_replay_matches_the_eager_forward_pass_at_every_step(
         if not plan.is_prefill:
             assert graphs.can_replay(plan)
             batch_sizes.append(plan.num_seqs)
-            inputs = runner.prepare(plan)
+            inputs = runner.prepare(plan)  # written straight into the graph's static inputs
+            assert inputs.graph_batch is not None
             with torch.inference_mode():
                 eager = runner.model(inputs.input_ids, inputs.positions, inputs.meta).float()
-                replayed = graphs.replay(inputs).float()
+                replayed = graphs.replay(inputs.graph_batch, plan.num_seqs).float()
             assert replayed.shape == eager.shape == (plan.num_seqs, runner.model_config.hidden_size)
             torch.testing.assert_close(replayed, eager, **TOLERANCE[dtype])
         scheduler.postprocess(plan, runner.execute(plan))

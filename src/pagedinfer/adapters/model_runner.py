@@ -4,21 +4,20 @@ Construction: read the checkpoint's config, build the model on the target device
 target dtype, load the weights, size the KV cache (CUDA: after a warm-up pass, from the memory
 budget; CPU: ``num_kv_blocks`` or a share of free RAM), allocate it and bind one view per
 attention layer. :meth:`ModelRunner.execute` then turns each plan into tensors in one place
-(:meth:`ModelRunner.prepare`), runs the model, computes logits only for the sampled rows and
-samples on rank 0.
+(:meth:`ModelRunner.prepare`: one host-to-device copy, see ``adapters/step_inputs.py``), runs
+the model (or replays a captured CUDA graph), computes logits only for the sampled rows and
+samples on rank 0, with the parameters of the persistent per-slot sampling table.
 """
 
 from __future__ import annotations
 
 import gc
 from array import array
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
 from pagedinfer.adapters.attention import create_backend
-from pagedinfer.adapters.attention.base import AttentionMetadata
 from pagedinfer.adapters.distributed.parallel import SINGLE_PROCESS, ParallelContext
 from pagedinfer.adapters.kv_cache import (
     allocate_kv_cache,
@@ -31,36 +30,26 @@ from pagedinfer.adapters.kv_cache import (
 from pagedinfer.adapters.layers.linear import divide
 from pagedinfer.adapters.models.loader import load_weights
 from pagedinfer.adapters.models.registry import build_model, read_model_config
-from pagedinfer.adapters.plan_arrays import plan_tensor
 from pagedinfer.adapters.runner_config import RunnerConfig
-from pagedinfer.adapters.sampler import Sampler, SamplingBatch, SamplingTable
+from pagedinfer.adapters.sampler import Sampler
+from pagedinfer.adapters.sampling_table import SamplingTable
+from pagedinfer.adapters.step_inputs import StepInputs, StepPacker
 from pagedinfer.domain.plan import PADDING_SLOT, BatchPlan, NewRequest
 from pagedinfer.domain.sampling import SamplingParams
 from pagedinfer.errors import ConfigurationError, EngineClosedError
 
-__all__ = ["DecodeGraphRunner", "ModelRunner", "StepInputs"]
-
-
-@dataclass(frozen=True, slots=True)
-class StepInputs:
-    """A plan as device tensors: everything the model and the sampler read in one step."""
-
-    input_ids: torch.Tensor  # [T] int64
-    positions: torch.Tensor  # [T] int64
-    meta: AttentionMetadata
-    sample_indices: torch.Tensor | None  # [n] int64; None when every row is sampled in order
-    sampling: SamplingBatch | None  # None on ranks that do not sample
+__all__ = ["DecodeGraphRunner", "ModelRunner"]
 
 
 class DecodeGraphRunner(Protocol):
     """Replays captured CUDA graphs for decode steps (implemented in ``adapters/cuda_graph``)."""
 
-    def can_replay(self, plan: BatchPlan) -> bool:
-        """True when a captured graph covers this decode step (batch size, table width)."""
+    def bucket_for(self, plan: BatchPlan) -> int | None:
+        """The bucket whose graph replays this decode step; None when it runs eagerly."""
         ...
 
-    def replay(self, inputs: StepInputs) -> torch.Tensor:
-        """Copy ``inputs`` into the graph's static tensors, replay, return ``[T, hidden]``."""
+    def replay(self, bucket: int, num_seqs: int) -> torch.Tensor:
+        """Replay ``bucket``'s graph (its static inputs hold the step); ``[num_seqs, hidden]``."""
         ...
 
     def close(self) -> None: ...
@@ -105,7 +94,11 @@ class ModelRunner:
         )
         self.sampler = Sampler(self.device, config.seed)
         # Rank 0 samples: it keeps every request's sampling parameters by slot.
-        self.sampling_table = SamplingTable() if parallel.is_driver else None
+        self.sampling_table = self._new_sampling_table()
+        # The CPU reads the plan's arrays in place; CUDA packs them into one copy per step.
+        self.packer = StepPacker(
+            self.device, sampled=parallel.is_driver, zero_copy=self.device.type == "cpu"
+        )
         self._closed = False
         # Decode steps go through graph_runner when it is set; the warm-up pass that sizes
         # the cache runs eagerly, and graphs are captured once the cache is bound.
@@ -121,42 +114,51 @@ class ModelRunner:
         if self._closed:
             raise EngineClosedError("the model runner was used after close()")
         inputs = self.prepare(plan)
+        table = self.sampling_table
         with torch.inference_mode():
-            hidden = self._run_model(plan, inputs)
+            if table is not None and inputs.table_rows is not None:
+                table.write_rows(*inputs.table_rows)
+            hidden = self._run_model(inputs)
             if plan.num_samples == 0:  # only partial prefill chunks this step
                 return []
             if inputs.sample_indices is not None:
                 hidden = hidden.index_select(0, inputs.sample_indices)
             logits = self.model.compute_logits(hidden)
-            if logits is None or inputs.sampling is None:
+            if logits is None or table is None:
                 return []
-            token_ids = self.sampler(logits, inputs.sampling)
-        return [int(token) for token in token_ids.tolist()]
+            positions = inputs.sample_positions() if table.any_seeded else None
+            token_ids = self.sampler(logits, table.rows(inputs.sample_slots, positions))
+            # The step's one device-to-host wait.
+            sampled: list[int] = token_ids.tolist()
+        return sampled
 
     def prepare(self, plan: BatchPlan) -> StepInputs:
-        """The only place a plan becomes tensors (and its sampling deltas are applied)."""
-        device = self.device
-        every_row_sampled = plan.num_samples == plan.num_tokens  # decode: rows in order
-        sampling = None
-        if self.sampling_table is not None:
-            self.sampling_table.update(plan)
-            sampling = self.sampling_table.batch(plan, device)
-        return StepInputs(
-            input_ids=plan_tensor(plan.input_ids, torch.int64, device),
-            positions=plan_tensor(plan.positions, torch.int64, device),
-            meta=AttentionMetadata.from_plan(plan, device),
-            sample_indices=None
-            if every_row_sampled
-            else plan_tensor(plan.sample_indices, torch.int64, device),
-            sampling=sampling,
-        )
-
-    def _run_model(self, plan: BatchPlan, inputs: StepInputs) -> torch.Tensor:
+        """The only place a plan becomes tensors (and its sampling deltas reach the table)."""
+        table = self.sampling_table
+        delta = table.apply(plan.released_slots, plan.new_requests) if table is not None else None
         graphs = self.graph_runner
-        if graphs is not None and not plan.is_prefill and graphs.can_replay(plan):
-            return graphs.replay(inputs)
+        bucket = graphs.bucket_for(plan) if graphs is not None else None
+        if bucket is not None:  # straight into the graph's static inputs
+            return self.packer.pack_graph_decode(plan, bucket, delta)
+        return self.packer.pack(plan, delta)
+
+    def _run_model(self, inputs: StepInputs) -> torch.Tensor:
+        if inputs.graph_batch is not None:
+            assert self.graph_runner is not None
+            return self.graph_runner.replay(inputs.graph_batch, int(inputs.input_ids.shape[0]))
         hidden: torch.Tensor = self.model(inputs.input_ids, inputs.positions, inputs.meta)
         return hidden
+
+    def _new_sampling_table(self) -> SamplingTable | None:
+        if not self.parallel.is_driver:
+            return None
+        config = self.config
+        return SamplingTable(
+            # The scheduler's slots are below its max_running.
+            min(config.max_num_seqs, config.max_num_batched_tokens),
+            self.model_config.vocab_size,
+            self.device,
+        )
 
     def close(self) -> None:
         """Free the KV cache and the model. Safe to call twice."""
@@ -209,8 +211,7 @@ class ModelRunner:
         self._bind_kv_cache(self._allocate_kv_cache(1))  # slots are -1: nothing is stored
         self.execute(self._warm_up_plan())
         self._unbind_kv_cache()
-        if self.sampling_table is not None:  # forget the warm-up's request
-            self.sampling_table = SamplingTable()
+        self.sampling_table = self._new_sampling_table()  # forget the warm-up's request
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(device)
@@ -293,15 +294,17 @@ class ModelRunner:
             or not self.backend.supports_cuda_graphs
         ):
             return None
-        from pagedinfer.adapters.cuda_graph import capture_decode_graphs
+        from pagedinfer.adapters.cuda_graph import DecodeGraphLayout, capture_decode_graphs
 
         config = self.config
-        return capture_decode_graphs(
-            self.model,
-            self.backend,
-            # The scheduler never runs more sequences in a step than tokens fit in one.
-            max_num_seqs=min(config.max_num_seqs, config.max_num_batched_tokens),
+        # The scheduler never runs more sequences in a step than tokens fit in one.
+        max_running = min(config.max_num_seqs, config.max_num_batched_tokens)
+        layout = DecodeGraphLayout.for_limits(
+            max_num_seqs=max_running,
             max_model_len=config.max_model_len,
             block_size=config.block_size,
-            device=self.device,
+        )
+        static = self.packer.attach_graph_inputs(layout.largest, layout.table_width, max_running)
+        return capture_decode_graphs(
+            self.model, self.backend, layout=layout, static=static, device=self.device
         )

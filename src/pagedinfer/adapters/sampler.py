@@ -3,121 +3,106 @@
 Sampling uses the "exponential race" form of the Gumbel-max trick: with independent
 ``E_i ~ Exp(1)``, ``argmax_i p_i / E_i`` is distributed as ``Categorical(p)``. It needs no
 cumulative sum or search, so a whole batch samples in a few vectorised passes. The only
-randomness is the noise tensor, so a request with a seed draws its noise row from a generator
-keyed by ``(seed, sample_step)`` and gets the same token whatever else is in the batch and
-however often it was preempted and recomputed.
+randomness is the noise tensor (:mod:`pagedinfer.adapters.sampling_noise`): unseeded rows take
+it from the engine's generator, seeded rows from a counter-based hash of ``(seed, sample step,
+token)``, so a seeded request gets the same tokens whatever else is in the batch and however
+often it was preempted and recomputed, with no generator object per row.
+
+A step's parameters arrive as a :class:`SamplingBatch`, gathered from the persistent per-slot
+table (:mod:`pagedinfer.adapters.sampling_table`) together with host-side flags saying which
+passes any row needs; nothing here reads a device value on the host.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from pagedinfer.domain.plan import BatchPlan
+from pagedinfer.adapters.sampling_noise import exponential_noise
 from pagedinfer.domain.sampling import GREEDY_TEMPERATURE_EPSILON, SamplingParams
 
-__all__ = ["Sampler", "SamplingBatch", "SamplingTable", "derive_seed"]
+__all__ = ["NO_SEED", "Sampler", "SamplingBatch"]
 
 _MASK64 = (1 << 64) - 1
-
-
-def derive_seed(seed: int, step: int) -> int:
-    """A well-mixed 64-bit generator seed for sample ``step`` of a request seeded ``seed``.
-
-    splitmix64 finalisers over both inputs: nearby seeds and steps give unrelated streams.
-    """
-
-    def mix(value: int) -> int:
-        value = (value + 0x9E3779B97F4A7C15) & _MASK64
-        value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-        value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
-        return value ^ (value >> 31)
-
-    return mix(mix(seed & _MASK64) ^ step)
+NO_SEED = -1
+"""A row's seed when its request has none (seeds are in ``[0, 2**63 - 1]``)."""
 
 
 @dataclass(frozen=True, slots=True)
 class SamplingBatch:
-    """The per-row sampling parameters of one step, as tensors plus host-side summaries."""
+    """The sampled rows' parameters for one step, and which sampler passes they need.
 
-    temperatures: torch.Tensor  # [n] float32, below GREEDY_TEMPERATURE_EPSILON = greedy
-    top_ks: torch.Tensor  # [n] int64, 0 = off
-    top_ps: torch.Tensor  # [n] float32, 1 = off
-    seeds: list[int | None]
-    sample_steps: list[int]
-    all_greedy: bool
-    any_greedy: bool
-    any_top_k: bool
-    any_top_p: bool
-
-    @classmethod
-    def from_rows(
-        cls, params: list[SamplingParams], sample_steps: list[int], device: torch.device
-    ) -> SamplingBatch:
-        """One row per sample: its request's parameters and the sample's index in it."""
-        # The host decides which rows are greedy and the device mask follows (temperature
-        # 0.0), so the two can never disagree about a temperature near the epsilon.
-        temperatures = [
-            0.0 if p.temperature < GREEDY_TEMPERATURE_EPSILON else float(p.temperature)
-            for p in params
-        ]
-        top_ks = [p.top_k for p in params]
-        top_ps = [float(p.top_p) for p in params]
-        sampled_rows = [i for i, t in enumerate(temperatures) if t != 0.0]
-        return cls(
-            temperatures=torch.tensor(temperatures, dtype=torch.float32, device=device),
-            top_ks=torch.tensor(top_ks, dtype=torch.int64, device=device),
-            top_ps=torch.tensor(top_ps, dtype=torch.float32, device=device),
-            seeds=[p.seed for p in params],
-            sample_steps=sample_steps,
-            all_greedy=not sampled_rows,
-            any_greedy=len(sampled_rows) < len(params),
-            any_top_k=any(top_ks[i] > 0 for i in sampled_rows),
-            any_top_p=any(top_ps[i] < 1.0 for i in sampled_rows),
-        )
-
-
-class SamplingTable:
-    """Every live request's sampling parameters by slot, kept current by the plans' deltas.
-
-    The host-side form of the per-slot table of ``domain/plan.py``: each plan's
-    ``released_slots`` and ``new_requests`` are applied (:meth:`update`), then the step's
-    per-row :class:`SamplingBatch` is looked up from ``plan.sample_slots`` (:meth:`batch`),
-    the one place per-row parameter lists are built. Lives on the rank that samples.
+    The tensors are ``None`` when every row is greedy (the sampler then only takes the
+    argmax). The flags may be a superset of what this step's rows need (the table counts live
+    requests, not rows): a pass a row does not need leaves that row unchanged. ``max_top_k``
+    bounds every row's k (the vocabulary when some row has top-k off), known on the host so
+    ``topk`` needs no device read. ``slots`` name each row's table row (for per-request state
+    beyond these parameters).
     """
 
-    def __init__(self) -> None:
-        self._params: dict[int, SamplingParams] = {}
-        self._prompt_lens: dict[int, int] = {}
+    all_greedy: bool
+    any_greedy: bool = False
+    any_top_k: bool = False
+    any_top_p: bool = False
+    any_seeded: bool = False
+    max_top_k: int = 0
+    slots: torch.Tensor | None = None  # [n] int32
+    temperatures: torch.Tensor | None = None  # [n] float32, 0 = greedy
+    top_ks: torch.Tensor | None = None  # [n] int64, 0 = off
+    top_ps: torch.Tensor | None = None  # [n] float32, 1 = off
+    seeds: torch.Tensor | None = None  # [n] int64, NO_SEED = unseeded
+    sample_steps: torch.Tensor | None = None  # [n] int64, set when any_seeded
 
-    def __len__(self) -> int:
-        return len(self._params)
-
-    def update(self, plan: BatchPlan) -> None:
-        """Apply the plan's deltas: releases first, then new requests (idempotent)."""
-        for slot in plan.released_slots:
-            self._params.pop(slot, None)
-            self._prompt_lens.pop(slot, None)
-        for request in plan.new_requests:
-            self._params[request.slot] = request.params
-            self._prompt_lens[request.slot] = request.num_prompt_tokens
-
-    def batch(self, plan: BatchPlan, device: torch.device) -> SamplingBatch:
-        """The sampled rows' parameters; the sample index of row ``j`` in its request is
-        ``positions[sample_indices[j]] + 1 - num_prompt_tokens``."""
-        params = self._params
-        prompt_lens = self._prompt_lens
-        positions = plan.positions
-        rows = zip(plan.sample_indices, plan.sample_slots, strict=True)
-        steps = [positions[index] + 1 - prompt_lens[slot] for index, slot in rows]
-        return SamplingBatch.from_rows([params[slot] for slot in plan.sample_slots], steps, device)
+    @classmethod
+    def from_params(
+        cls,
+        params: Sequence[SamplingParams],
+        device: torch.device,
+        sample_steps: Sequence[int] | None = None,
+        *,
+        vocab_size: int = 1 << 31,
+    ) -> SamplingBatch:
+        """A batch with one row per ``params`` entry (tests and one-off steps; the engine's
+        steps gather their rows from the :class:`~pagedinfer.adapters.sampling_table.
+        SamplingTable`). ``sample_steps`` key the seeded rows' noise (default 0)."""
+        sampled = [p for p in params if not p.is_greedy]
+        if not sampled:
+            return cls(all_greedy=True)
+        top_ks = [p.top_k for p in sampled]
+        steps = list(sample_steps) if sample_steps is not None else [0] * len(params)
+        any_seeded = any(p.seed is not None for p in sampled)
+        return cls(
+            all_greedy=False,
+            any_greedy=len(sampled) < len(params),
+            any_top_k=any(k > 0 for k in top_ks),
+            any_top_p=any(p.top_p < 1.0 for p in sampled),
+            any_seeded=any_seeded,
+            max_top_k=min(vocab_size if 0 in top_ks else max(top_ks), vocab_size),
+            temperatures=torch.tensor(
+                [0.0 if p.is_greedy else p.temperature for p in params],
+                dtype=torch.float32,
+                device=device,
+            ),
+            top_ks=torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device),
+            top_ps=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
+            seeds=torch.tensor(
+                [NO_SEED if p.seed is None else p.seed for p in params],
+                dtype=torch.int64,
+                device=device,
+            ),
+            sample_steps=torch.tensor(steps, dtype=torch.int64, device=device)
+            if any_seeded
+            else None,
+        )
 
 
 class Sampler:
     """Samples one token per row of ``logits``; greedy rows are exactly argmax.
 
-    A row is greedy when its temperature is below ``GREEDY_TEMPERATURE_EPSILON`` (0 included).
+    A row is greedy when its request's temperature is below ``GREEDY_TEMPERATURE_EPSILON``
+    (0 included): the table stores such rows with temperature 0.0.
     """
 
     def __init__(self, device: torch.device, seed: int = 0) -> None:
@@ -128,48 +113,50 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """``logits [n, vocab]`` -> token ids ``[n]`` (int64)."""
-        logits = logits.float()
         if batch.all_greedy:
             return logits.argmax(dim=-1)
         temperatures = batch.temperatures
-        # Below the epsilon a division would overflow to inf and the softmax to NaN.
-        is_greedy = temperatures < GREEDY_TEMPERATURE_EPSILON
-        greedy = logits.argmax(dim=-1) if batch.any_greedy else None
-        # Greedy rows are divided by 1 and their sample discarded below.
-        scaled = logits / torch.where(is_greedy, 1.0, temperatures).unsqueeze(1)
+        assert temperatures is not None
+        logits = logits.float()
+        greedy = None
+        if batch.any_greedy:
+            # The table stores greedy rows as 0.0; comparing with the epsilon also keeps a
+            # batch built elsewhere from dividing by a tiny temperature (inf, then NaN).
+            is_greedy = temperatures < GREEDY_TEMPERATURE_EPSILON
+            greedy = logits.argmax(dim=-1)
+            # Greedy rows are divided by 1 and their sample discarded below.
+            temperatures = temperatures.masked_fill(is_greedy, 1.0)
+        scaled = logits / temperatures.unsqueeze(1)
         if batch.any_top_k or batch.any_top_p:
             scaled = _filter_top_k_top_p(scaled, batch)
         probs = scaled.softmax(dim=-1)
-        sampled = probs.div_(self._exponential_noise(probs, batch)).argmax(dim=-1)
+        noise = self._noise(probs.shape, batch)
+        sampled = probs.div_(noise).argmax(dim=-1)
         return sampled if greedy is None else torch.where(is_greedy, greedy, sampled)
 
-    def _exponential_noise(self, probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        """``Exp(1)`` noise shaped like ``probs``: seeded rows from their own generators.
-
-        Drawn as ``-log(U)``, ``U ~ Uniform[0, 1)``: several times faster on CPU than
-        ``Tensor.exponential_``, and never exactly 0 (``U < 1``), so ``p / E`` is never NaN;
-        ``U = 0`` gives ``E = inf`` and that token simply loses.
-        """
-        uniform = torch.empty_like(probs)
-        seeded = [i for i, seed in enumerate(batch.seeds) if seed is not None]
-        if len(seeded) < len(batch.seeds):
-            uniform.uniform_(generator=self.generator)
-        for row in seeded:
-            seed = batch.seeds[row]
-            assert seed is not None
-            generator = torch.Generator(device=probs.device)
-            generator.manual_seed(derive_seed(seed, batch.sample_steps[row]))
-            uniform[row].uniform_(generator=generator)
-        return uniform.log_().neg_()
+    def _noise(self, shape: torch.Size, batch: SamplingBatch) -> torch.Tensor:
+        rows, vocab = int(shape[0]), int(shape[1])
+        if not batch.any_seeded:
+            return exponential_noise((rows, vocab), generator=self.generator)
+        assert batch.seeds is not None and batch.sample_steps is not None
+        return exponential_noise(
+            (rows, vocab),
+            generator=self.generator,
+            seeds=batch.seeds,
+            steps=batch.sample_steps,
+            seeded=batch.seeds != NO_SEED,
+        )
 
 
 def _filter_top_k_top_p(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """Set logits outside each row's top-k, then outside its top-p nucleus, to -inf."""
     vocab = logits.shape[-1]
+    assert batch.top_ks is not None and batch.top_ps is not None
     if not batch.any_top_p:
-        # top-k only: the k-th largest value is a threshold; no full sort needed.
+        # top-k only: the k-th largest value is a threshold; no full sort needed. The host
+        # knows the largest k any row may have, so topk needs no device read.
         ks = torch.where((batch.top_ks > 0) & (batch.top_ks < vocab), batch.top_ks, vocab)
-        max_k = int(ks.max().item())
+        max_k = min(batch.max_top_k or vocab, vocab)
         top_values = logits.topk(max_k, dim=-1).values
         threshold = top_values.gather(1, (ks - 1).unsqueeze(1))
         return logits.masked_fill_(logits < threshold, float("-inf"))

@@ -1,6 +1,6 @@
-"""The CPU-testable half of CUDA-graph decode: buckets, which steps replay, how a step is
-written into the static inputs (padding rows, narrow block tables), and the whole replay
-path driven by the Engine with an eager stand-in for the captured graphs.
+"""The CPU-testable half of CUDA-graph decode: buckets, which steps replay, how the step
+packer writes a step into the static inputs (padding rows, narrow block tables), and the
+whole replay path driven by the Engine with an eager stand-in for the captured graphs.
 
 The stand-in re-runs the model over the static buffers on ``replay()``, which is what a
 captured graph does; only the capture itself needs a GPU (``tests/gpu/test_cuda_graph.py``).
@@ -10,6 +10,7 @@ The warm-up pass that sizes the CUDA KV cache is checked here too, on a one-bloc
 from __future__ import annotations
 
 import os
+from array import array
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,17 +19,17 @@ import torch
 
 from hf_reference import hf_greedy
 from pagedinfer import Engine, SamplingParams
-from pagedinfer.adapters.attention.base import AttentionMetadata
 from pagedinfer.adapters.cuda_graph import (
     MAX_GRAPH_BATCH_SIZE,
     CudaGraphDecodeRunner,
     DecodeGraphLayout,
     Replayable,
-    StaticDecodeInputs,
     decode_graph_buckets,
+    graph_metadata,
 )
 from pagedinfer.adapters.model_runner import ModelRunner
 from pagedinfer.adapters.models.base import CausalLM
+from pagedinfer.adapters.step_inputs import GraphInputs, StepPacker
 from pagedinfer.domain import BatchPlan, Scheduler, SchedulerConfig, Sequence
 from pagedinfer.domain.plan import PADDING_SLOT
 from pagedinfer.errors import ConfigurationError
@@ -131,62 +132,71 @@ def test_a_step_wider_than_the_captured_tables_runs_eagerly() -> None:
 # -------------------------------------------------------------------- static inputs
 
 
-def _decode_inputs(
-    num_seqs: int, width: int, *, seed: int
-) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+def decode_plan(num_seqs: int, width: int, *, seed: int, block_size: int = 16) -> BatchPlan:
+    """A decode plan of random but consistent rows (one query token per sequence)."""
     generator = torch.Generator().manual_seed(seed)
-    context_lens = torch.randint(1, width * 16 + 1, (num_seqs,), generator=generator)
+    context_lens = torch.randint(1, width * block_size + 1, (num_seqs,), generator=generator)
     tables = torch.randint(1, 1000, (num_seqs, width), generator=generator, dtype=torch.int32)
-    cu_k = torch.zeros(num_seqs + 1, dtype=torch.int32)
-    cu_k[1:] = context_lens.cumsum(0)
-    meta = AttentionMetadata(
+    cu_k = [0, *context_lens.cumsum(0).tolist()]
+    return BatchPlan(
         is_prefill=False,
-        block_size=16,
-        slot_mapping=torch.randint(0, 16000, (num_seqs,), generator=generator),
-        cu_seqlens_q=torch.arange(num_seqs + 1, dtype=torch.int32),
-        cu_seqlens_k=cu_k,
-        context_lens=context_lens.int(),
-        block_tables=tables,
+        block_size=block_size,
+        seq_ids=array("q", range(num_seqs)),
+        query_lens=array("i", [1] * num_seqs),
+        context_lens=array("i", context_lens.tolist()),
+        cu_seqlens_q=array("i", range(num_seqs + 1)),
+        cu_seqlens_k=array("i", cu_k),
         max_seqlen_q=1,
         max_seqlen_k=int(context_lens.max()),
-        has_cached_prefix=True,
-        query_lens_host=[1] * num_seqs,
-        context_lens_host=context_lens.tolist(),
+        block_tables=array("i", tables.flatten().tolist()),
+        block_table_width=width,
+        input_ids=array("q", torch.randint(0, 512, (num_seqs,), generator=generator).tolist()),
+        positions=array("q", (context_lens - 1).tolist()),
+        slot_mapping=array("q", torch.randint(0, 16000, (num_seqs,), generator=generator).tolist()),
+        sample_indices=array("q", range(num_seqs)),
+        sample_slots=array("i", range(num_seqs)),
     )
-    input_ids = torch.randint(0, 512, (num_seqs,), generator=generator)
-    return input_ids, context_lens.long() - 1, meta
 
 
-def test_loading_a_step_pads_the_bucket_and_fills_left_columns() -> None:
+def graph_packer(rows: int, table_width: int) -> tuple[StepPacker, GraphInputs]:
+    """A packer that copies (as on CUDA), with the static inputs of the graphs attached."""
+    packer = StepPacker(CPU, sampled=True, zero_copy=False)
+    return packer, packer.attach_graph_inputs(rows, table_width, num_slots=rows)
+
+
+def test_packing_a_step_pads_the_bucket_and_fills_left_columns() -> None:
     layout = DecodeGraphLayout.for_limits(max_num_seqs=20, max_model_len=160, block_size=16)
-    static = StaticDecodeInputs(layout, CPU)
     assert layout.table_width == 10
+    packer, static = graph_packer(layout.largest, layout.table_width)
     # A full, wide step first, so that the next one lands on stale values.
-    static.load(*_decode_inputs(20, 10, seed=0), batch=20)
-    before = {name: getattr(static, name).clone() for name in ("block_tables", "input_ids")}
-    ids, positions, meta = _decode_inputs(3, 4, seed=1)
+    packer.pack_graph_decode(decode_plan(20, 10, seed=0), bucket=20)
+    before = static.block_tables.clone()
+    plan = decode_plan(3, 4, seed=1)
 
-    static.load(ids, positions, meta, batch=4)
+    inputs = packer.pack_graph_decode(plan, bucket=4)
 
-    assert torch.equal(static.input_ids[:3], ids)
-    assert torch.equal(static.positions[:3], positions)
-    assert torch.equal(static.slot_mapping[:3], meta.slot_mapping)
-    assert torch.equal(static.context_lens[:3], meta.context_lens)
-    assert torch.equal(static.block_tables[:3, :4], meta.block_tables)
-    assert torch.equal(static.cu_seqlens_k[:4], meta.cu_seqlens_k)
+    assert inputs.graph_batch == 4
+    assert static.input_ids[:3].tolist() == plan.input_ids.tolist()
+    assert static.positions[:3].tolist() == plan.positions.tolist()
+    assert static.slot_mapping[:3].tolist() == plan.slot_mapping.tolist()
+    assert static.context_lens[:3].tolist() == plan.context_lens.tolist()
+    assert static.block_tables[:3, :4].flatten().tolist() == plan.block_tables.tolist()
+    assert static.cu_seqlens_k[:4].tolist() == plan.cu_seqlens_k.tolist()
     # The padding row of bucket 4: nothing stored, no keys, an empty key range.
     assert static.slot_mapping[3] == PADDING_SLOT
     assert static.context_lens[3] == 0
     assert static.cu_seqlens_k[4] == static.cu_seqlens_k[3]
-    # Stale columns and rows past the bucket are left alone (kernels stop at context_len).
-    assert torch.equal(static.block_tables[:3, 4:], before["block_tables"][:3, 4:])
-    assert torch.equal(static.block_tables[4:], before["block_tables"][4:])
-    assert torch.equal(static.input_ids[4:], before["input_ids"][4:])
+    # Table rows past the bucket are not even copied (kernels stop at context_len, and
+    # the bucket's graph reads none of them).
+    assert torch.equal(static.block_tables[4:], before[4:])
+    # The step's tensors are the static inputs themselves, cut to its sequences.
+    assert inputs.input_ids.data_ptr() == static.input_ids.data_ptr()
+    assert inputs.sample_slots.tolist() == [0, 1, 2]
 
 
 def test_fresh_static_inputs_are_all_padding() -> None:
     layout = DecodeGraphLayout.for_limits(max_num_seqs=12, max_model_len=64, block_size=16)
-    static = StaticDecodeInputs(layout, CPU)
+    _, static = graph_packer(layout.largest, layout.table_width)
     assert static.slot_mapping.tolist() == [PADDING_SLOT] * 12
     assert static.context_lens.tolist() == [0] * 12
     assert static.block_tables.shape == (12, 4)
@@ -195,19 +205,35 @@ def test_fresh_static_inputs_are_all_padding() -> None:
 
 def test_bucket_metadata_views_the_static_inputs_and_has_no_host_values() -> None:
     layout = DecodeGraphLayout.for_limits(max_num_seqs=20, max_model_len=160, block_size=16)
-    static = StaticDecodeInputs(layout, CPU)
-    meta = static.metadata(8)
+    packer, static = graph_packer(layout.largest, layout.table_width)
+    meta = graph_metadata(static, 8, layout.block_size)
     assert not meta.is_prefill
     assert meta.query_lens_host is None and meta.context_lens_host is None
     assert meta.num_seqs == 8
     assert meta.block_tables.shape == (8, layout.table_width)
     assert meta.cu_seqlens_q.shape == meta.cu_seqlens_k.shape == (9,)
-    static.load(*_decode_inputs(5, 3, seed=2), batch=8)
-    # What a graph captured over `meta` reads is what load() wrote.
-    assert torch.equal(meta.context_lens, static.context_lens[:8])
+    plan = decode_plan(5, 3, seed=2)
+    packer.pack_graph_decode(plan, bucket=8)
+    # What a graph captured over `meta` reads is what the packer wrote.
+    assert meta.context_lens.tolist() == [*plan.context_lens.tolist(), 0, 0, 0]
     assert meta.context_lens.data_ptr() == static.context_lens.data_ptr()
     assert meta.block_tables.data_ptr() == static.block_tables.data_ptr()
     assert meta.slot_mapping.data_ptr() == static.slot_mapping.data_ptr()
+
+
+def test_static_inputs_start_aligned() -> None:
+    """Triton specializes on pointer alignment: every static tensor starts 64-byte aligned."""
+    _, static = graph_packer(13, 7)
+    base = static.input_ids.data_ptr()
+    for tensor in (
+        static.positions,
+        static.slot_mapping,
+        static.context_lens,
+        static.cu_seqlens_q,
+        static.cu_seqlens_k,
+        static.block_tables,
+    ):
+        assert (tensor.data_ptr() - base) % 64 == 0
 
 
 # ----------------------------------------------- the replay path with an eager stand-in
@@ -216,27 +242,27 @@ def test_bucket_metadata_views_the_static_inputs_and_has_no_host_values() -> Non
 class EagerReplay:
     """Stands in for a captured graph: replay() re-runs the model over the static buffers."""
 
-    def __init__(
-        self, model: CausalLM, static: StaticDecodeInputs, batch: int, out: torch.Tensor
-    ) -> None:
+    def __init__(self, model: CausalLM, static: GraphInputs, batch: int, out: torch.Tensor) -> None:
         self.model, self.static, self.batch, self.out = model, static, batch, out
 
     def replay(self) -> None:
         static, batch = self.static, self.batch
+        meta = graph_metadata(static, batch, 16)
         with torch.inference_mode():
-            hidden = self.model(
-                static.input_ids[:batch], static.positions[:batch], static.metadata(batch)
-            )
+            hidden = self.model(static.input_ids[:batch], static.positions[:batch], meta)
         self.out.copy_(hidden)
 
 
 def install_stand_in(runner: ModelRunner, max_num_seqs: int) -> CudaGraphDecodeRunner:
-    """Give a CPU runner a graph runner whose "graphs" are :class:`EagerReplay` s."""
+    """Give a CPU runner a graph runner whose "graphs" are :class:`EagerReplay` s, and a
+    packer that copies into their static inputs as on CUDA."""
     config = runner.config
+    assert config.block_size == 16
     layout = DecodeGraphLayout.for_limits(
         max_num_seqs=max_num_seqs, max_model_len=config.max_model_len, block_size=config.block_size
     )
-    static = StaticDecodeInputs(layout, runner.device)
+    runner.packer = StepPacker(runner.device, sampled=True, zero_copy=False)
+    static = runner.packer.attach_graph_inputs(layout.largest, layout.table_width, max_num_seqs)
     hidden_size = runner.model_config.hidden_size
     outputs = {b: torch.full((b, hidden_size), float("nan")) for b in layout.buckets}
     graphs: dict[int, Replayable] = {
@@ -319,7 +345,7 @@ def test_batches_above_the_largest_bucket_run_eagerly(make_checkpoint: Callable[
 
 def test_closed_graph_runner_replays_nothing() -> None:
     layout = DecodeGraphLayout.for_limits(max_num_seqs=4, max_model_len=64, block_size=16)
-    static = StaticDecodeInputs(layout, CPU)
+    _, static = graph_packer(layout.largest, layout.table_width)
 
     class Never:
         def replay(self) -> None:
@@ -330,10 +356,10 @@ def test_closed_graph_runner_replays_nothing() -> None:
         layout, static, graphs, {b: torch.zeros(b, 8) for b in layout.buckets}
     )
     _, decode = _plans(2, prompt_len=5)
-    assert runner.can_replay(decode)
+    assert runner.can_replay(decode) and runner.bucket_for(decode) == 2
     runner.close()
     runner.close()
-    assert not runner.can_replay(decode)
+    assert not runner.can_replay(decode) and runner.bucket_for(decode) is None
 
 
 # ------------------------------------------------------- the warm-up that sizes the cache

@@ -73,15 +73,10 @@ def test_only_allowed_tokens_are_sampled() -> None:
     step = plan(processors, list(range(n)), [0] * n)
     processors.apply(logits, step)
     sampling = SamplingBatch(
+        all_greedy=False,
         temperatures=torch.ones(n),
         top_ks=torch.zeros(n, dtype=torch.int64),
         top_ps=torch.ones(n),
-        seeds=[None] * n,
-        sample_steps=[0] * n,
-        all_greedy=False,
-        any_greedy=False,
-        any_top_k=False,
-        any_top_p=False,
     )
     assert set(Sampler(CPU)(logits, sampling).tolist()) == {5, 17, 33}
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from pagedinfer.adapters.sampler import Sampler, SamplingBatch, SamplingTable, derive_seed
+from pagedinfer.adapters.sampler import NO_SEED, Sampler, SamplingBatch
 
 CPU = torch.device("cpu")
 
@@ -24,17 +24,22 @@ def batch(
     temperatures = temperature if isinstance(temperature, list) else [temperature] * n
     top_ks = top_k if isinstance(top_k, list) else [top_k] * n
     top_ps = top_p if isinstance(top_p, list) else [top_p] * n
+    row_seeds = seeds if seeds is not None else [None] * n
     sampled = [i for i in range(n) if temperatures[i] > 0]
+    sampled_ks = [top_ks[i] for i in sampled]
+    any_seeded = any(row_seeds[i] is not None for i in sampled)
     return SamplingBatch(
+        all_greedy=not sampled,
+        any_greedy=len(sampled) < n,
+        any_top_k=any(k > 0 for k in sampled_ks),
+        any_top_p=any(top_ps[i] < 1.0 for i in sampled),
+        any_seeded=any_seeded,
+        max_top_k=0 if not sampled_ks or 0 in sampled_ks else max(sampled_ks),
         temperatures=torch.tensor(temperatures, dtype=torch.float32),
         top_ks=torch.tensor(top_ks, dtype=torch.int64),
         top_ps=torch.tensor(top_ps, dtype=torch.float32),
-        seeds=seeds if seeds is not None else [None] * n,
-        sample_steps=steps if steps is not None else [0] * n,
-        all_greedy=not sampled,
-        any_greedy=len(sampled) < n,
-        any_top_k=any(top_ks[i] > 0 for i in sampled),
-        any_top_p=any(top_ps[i] < 1.0 for i in sampled),
+        seeds=torch.tensor([NO_SEED if s is None else s for s in row_seeds]),
+        sample_steps=torch.tensor(steps if steps is not None else [0] * n) if any_seeded else None,
     )
 
 
@@ -99,10 +104,12 @@ def test_unseeded_rows_use_the_runner_generator() -> None:
     assert not torch.equal(first, other)
 
 
-def test_derive_seed_is_a_64_bit_mix() -> None:
-    seeds = {derive_seed(seed, step) for seed in (-1, 0, 1, 2**40) for step in range(50)}
-    assert len(seeds) == 200
-    assert all(0 <= value < 2**64 for value in seeds)
+def test_seeded_rows_are_reproducible_across_samplers() -> None:
+    """No generator state: the same (seed, step) draws the same token in any sampler."""
+    logits = torch.zeros(1, 1000)
+    first = [int(Sampler(CPU, seed=1)(logits, batch(1, seeds=[9], steps=[s]))[0]) for s in range(5)]
+    again = [int(Sampler(CPU, seed=2)(logits, batch(1, seeds=[9], steps=[s]))[0]) for s in range(5)]
+    assert first == again
 
 
 def test_top_k_never_leaves_the_top_k() -> None:
@@ -162,45 +169,20 @@ def test_temperature_sharpens_and_flattens() -> None:
     assert abs(warm - math.sqrt(0.6) / sum(math.sqrt(p) for p in probs)) < 0.03
 
 
-def test_sampling_table_builds_the_batch_from_slots_and_deltas() -> None:
-    from pagedinfer.domain import NewRequest, SamplingParams, Sequence, build_batch_plan
-    from pagedinfer.domain.plan import ScheduledChunk
+def test_sampling_batch_from_params_summaries() -> None:
+    from pagedinfer.domain import SamplingParams
 
-    greedy = Sequence(0, [1, 2], SamplingParams(temperature=0.0, top_k=5))
-    nucleus = Sequence(1, [3], SamplingParams(temperature=0.8, top_p=0.9, seed=4))
-    for seq, slot in ((greedy, 5), (nucleus, 2)):
-        seq.block_table = [seq.seq_id]
-        seq.slot = slot
-    new = tuple(
-        NewRequest(s.seq_id, s.slot, s.params, s.num_prompt_tokens) for s in (greedy, nucleus)
-    )
-    plan = build_batch_plan(
-        [ScheduledChunk(greedy, 2), ScheduledChunk(nucleus, 1)],
-        is_prefill=True,
-        block_size=4,
-        new_requests=new,
-    )
-    table = SamplingTable()
-    table.update(plan)
-    table.update(plan)  # deltas are repeated until confirmed: applying them twice is harmless
-    assert len(table) == 2
-    sampling = table.batch(plan, CPU)
+    params = [
+        SamplingParams(temperature=0.0, top_k=5),
+        SamplingParams(temperature=0.8, top_p=0.9, seed=4),
+    ]
+    sampling = SamplingBatch.from_params(params, CPU, [0, 3])
     assert not sampling.all_greedy
     assert sampling.any_greedy
     assert not sampling.any_top_k  # only the greedy row asks for top-k
-    assert sampling.any_top_p
-    assert sampling.seeds == [None, 4]
-    assert sampling.sample_steps == [0, 0]  # both rows sample their first completion token
+    assert sampling.any_top_p and sampling.any_seeded
+    assert sampling.seeds is not None and sampling.seeds.tolist() == [NO_SEED, 4]
+    assert sampling.sample_steps is not None and sampling.sample_steps.tolist() == [0, 3]
+    assert sampling.temperatures is not None
     assert sampling.temperatures.tolist() == pytest.approx([0.0, 0.8])
-    # A later decode step: the slots alone select the parameters; the step index follows
-    # from the position (prompt 2 tokens + 3 completion tokens -> sample 3).
-    greedy.token_ids.extend([7, 7, 7])
-    greedy.block_table.append(6)
-    greedy.num_computed_tokens = 4
-    decode = build_batch_plan(
-        [ScheduledChunk(greedy, 1)], is_prefill=False, block_size=4, released_slots=(2,)
-    )
-    table.update(decode)
-    assert len(table) == 1
-    one = table.batch(decode, CPU)
-    assert one.all_greedy and one.sample_steps == [3]
+    assert SamplingBatch.from_params([params[0]], CPU).all_greedy

@@ -23,16 +23,15 @@ CPU = torch.device("cpu")
 TINY = [1e-40, 1e-50, 5e-324, 1e-300, 9.99e-6, 0.0]
 
 
-def batch_with(temperatures: list[float]) -> SamplingBatch:
-    """The sampling batch of rows whose requests differ only in temperature."""
+def rows_with(temperatures: list[float]) -> SamplingBatch:
     params = [SamplingParams(temperature=t) for t in temperatures]
-    return SamplingBatch.from_rows(params, [0] * len(params), CPU)
+    return SamplingBatch.from_params(params, CPU)
 
 
 @pytest.mark.parametrize("temperature", TINY)
 def test_a_tiny_temperature_is_argmax_alone(temperature: float) -> None:
     logits = torch.randn(8, 500, generator=torch.Generator().manual_seed(0)) * 30
-    sampling = batch_with([temperature] * 8)
+    sampling = rows_with([temperature] * 8)
     assert sampling.all_greedy
     assert torch.equal(Sampler(CPU)(logits, sampling), logits.argmax(dim=-1))
 
@@ -40,9 +39,10 @@ def test_a_tiny_temperature_is_argmax_alone(temperature: float) -> None:
 def test_tiny_temperatures_are_argmax_in_a_batch_that_samples() -> None:
     temperatures = [*TINY, 1.0, GREEDY_TEMPERATURE_EPSILON, 2.0]
     logits = torch.randn(len(temperatures), 500, generator=torch.Generator().manual_seed(1)) * 30
-    sampling = batch_with(temperatures)
+    sampling = rows_with(temperatures)
     assert sampling.any_greedy and not sampling.all_greedy
     # Host and device agree: the rows the host calls greedy are temperature 0 on the device.
+    assert sampling.temperatures is not None
     device_greedy = (sampling.temperatures < GREEDY_TEMPERATURE_EPSILON).tolist()
     assert device_greedy == [SamplingParams(temperature=t).is_greedy for t in temperatures]
     for _ in range(20):
@@ -55,15 +55,11 @@ def test_the_device_mask_alone_never_divides_by_a_tiny_temperature() -> None:
     # normalise: the device-side mask must still treat 1e-40 as greedy (no inf, no NaN).
     logits = torch.randn(3, 200, generator=torch.Generator().manual_seed(2)) * 30
     sampling = SamplingBatch(
+        all_greedy=False,
+        any_greedy=True,
         temperatures=torch.tensor([1e-40, 1.0, 1e-6], dtype=torch.float32),
         top_ks=torch.zeros(3, dtype=torch.int64),
         top_ps=torch.ones(3),
-        seeds=[None] * 3,
-        sample_steps=[0] * 3,
-        all_greedy=False,
-        any_greedy=True,
-        any_top_k=False,
-        any_top_p=False,
     )
     tokens = Sampler(CPU)(logits, sampling)
     assert tokens[0] == logits[0].argmax() and tokens[2] == logits[2].argmax()
@@ -73,7 +69,7 @@ def test_small_temperatures_above_the_epsilon_stay_finite() -> None:
     # 1e-5 is the smallest sampled temperature: logits / 1e-5 must not overflow float32.
     logits = torch.randn(64, 1000, generator=torch.Generator().manual_seed(3)) * 50
     for temperature in (GREEDY_TEMPERATURE_EPSILON, 2e-5, 1e-3):
-        sampling = batch_with([temperature] * 64)
+        sampling = rows_with([temperature] * 64)
         assert not sampling.any_greedy
         tokens = Sampler(CPU)(logits, sampling)
         # Such a cold distribution is argmax unless two logits are within ~1e-4 of each other.

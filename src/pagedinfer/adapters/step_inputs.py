@@ -1,0 +1,403 @@
+"""A step's device inputs: one host buffer, one host-to-device copy, views for every tensor.
+
+``BatchPlan`` fields are flat ``array.array`` s of machine integers (``domain/plan.py``). The
+:class:`StepPacker` turns a plan into the :class:`StepInputs` the model and the sampler read:
+
+* **CUDA**: every field (and the sampling-table rows the plan installs) is ``memmove`` d into
+  one pinned host buffer at 64-byte-aligned offsets, the buffer is copied to one device buffer
+  with ``non_blocking=True``, and the step's tensors are views of that device buffer. One
+  transfer per step, no host wait: the only device-to-host wait of a step is reading the
+  sampled ids. Two pinned buffers alternate; before one is rewritten, the host waits for the
+  copy that last read it (an event recorded after that copy, long finished in steady state:
+  it orders the host after a copy that may still be queued behind a previous step).
+* **Decode steps a CUDA graph replays** are packed in the graph's fixed layout (sized for the
+  largest bucket, block tables ``cdiv(max_model_len, block_size)`` wide) and copied straight
+  into the graph's static input buffer (:meth:`StepPacker.attach_graph_inputs`): no second
+  copy on the device. Rows past the step's sequences up to the bucket are padding (slot -1,
+  context length 0); the copy covers only the first ``bucket`` rows of the block tables.
+* **CPU** (``zero_copy``): the tensors are views of the plan's own arrays
+  (``torch.frombuffer``): nothing is copied at all.
+
+Aligned offsets matter beyond speed: Triton specializes kernels on pointer alignment, so a
+field whose offset changed alignment from step to step would compile new variants mid-run.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from pagedinfer.adapters.attention.base import AttentionMetadata
+from pagedinfer.adapters.sampling_table import FLOAT_COLUMNS, INT_COLUMNS, TableDelta
+from pagedinfer.domain.plan import PADDING_SLOT, BatchPlan
+
+__all__ = ["GraphInputs", "StepInputs", "StepPacker", "pack_layout"]
+
+ALIGNMENT = 64  # bytes; every field starts on a multiple
+_INT64, _INT32, _FLOAT32 = torch.int64, torch.int32, torch.float32
+
+
+@dataclass(frozen=True, slots=True)
+class StepInputs:
+    """A plan as device tensors: everything the model and the sampler read in one step.
+
+    ``table_rows`` are the sampling-table rows this step installs (slots, floats, ints), on the
+    device, for :meth:`~pagedinfer.adapters.sampling_table.SamplingTable.write_rows`.
+    ``graph_batch`` is the bucket whose static inputs hold this step (a graph replays it).
+    """
+
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    meta: AttentionMetadata
+    sample_indices: torch.Tensor | None  # [S] int64; None when every row is sampled in order
+    sample_slots: torch.Tensor  # [S] int32 (empty on ranks that do not sample)
+    table_rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    graph_batch: int | None = None
+
+    def sample_positions(self) -> torch.Tensor:
+        """The position of each sampled row's query token (for seeded sampling)."""
+        if self.sample_indices is None:
+            return self.positions
+        return self.positions.index_select(0, self.sample_indices)
+
+
+# -------------------------------------------------------------------------- layouts
+@dataclass(frozen=True, slots=True)
+class _Field:
+    offset: int  # bytes from the buffer's start
+    dtype: torch.dtype
+    numel: int
+
+
+def pack_layout(
+    fields: Sequence[tuple[str, torch.dtype, int]],
+) -> tuple[dict[str, _Field], int]:
+    """Offsets of ``(name, dtype, numel)`` fields laid out in order, each aligned to
+    :data:`ALIGNMENT` bytes; returns the fields and the total size in bytes."""
+    layout: dict[str, _Field] = {}
+    offset = 0
+    for name, dtype, numel in fields:
+        layout[name] = _Field(offset, dtype, numel)
+        offset += -(-numel * dtype.itemsize // ALIGNMENT) * ALIGNMENT
+    return layout, offset
+
+
+def _plan_fields(
+    plan: BatchPlan, delta: TableDelta | None, *, sampled: bool, every_row_sampled: bool
+) -> list[tuple[str, torch.dtype, array[int] | array[float]]]:
+    """The arrays one step moves to the device, in layout order (int64 first, then int32:
+    the alignment holds either way)."""
+    fields: list[tuple[str, torch.dtype, array[int] | array[float]]] = [
+        ("input_ids", _INT64, plan.input_ids),
+        ("positions", _INT64, plan.positions),
+        ("slot_mapping", _INT64, plan.slot_mapping),
+        ("context_lens", _INT32, plan.context_lens),
+        ("cu_seqlens_q", _INT32, plan.cu_seqlens_q),
+        ("cu_seqlens_k", _INT32, plan.cu_seqlens_k),
+        ("block_tables", _INT32, plan.block_tables),
+    ]
+    if not every_row_sampled:
+        fields.append(("sample_indices", _INT64, plan.sample_indices))
+    if sampled:
+        fields.append(("sample_slots", _INT32, plan.sample_slots))
+    if delta is not None:
+        fields += [
+            ("delta_slots", _INT64, delta.slots),
+            ("delta_floats", _FLOAT32, delta.floats),
+            ("delta_ints", _INT64, delta.ints),
+        ]
+    return fields
+
+
+def _view(buffer: torch.Tensor, field: _Field) -> torch.Tensor:
+    end = field.offset + field.numel * field.dtype.itemsize
+    return buffer[field.offset : end].view(field.dtype)
+
+
+def _from_array(values: array[int] | array[float], dtype: torch.dtype) -> torch.Tensor:
+    """A CPU tensor over the array's own memory (no copy)."""
+    assert values.itemsize == dtype.itemsize, (values.typecode, dtype)
+    if not values:  # frombuffer refuses empty buffers
+        return torch.empty(0, dtype=dtype)
+    return torch.frombuffer(values, dtype=dtype)
+
+
+def _memmove(destination: int, values: array[int] | array[float]) -> None:
+    if values:
+        address, length = values.buffer_info()
+        ctypes.memmove(destination, address, length * values.itemsize)
+
+
+# --------------------------------------------------------------------- host staging
+class _HostStaging:
+    """Alternating host buffers (pinned on CUDA) and the fence of the copy that last read each."""
+
+    def __init__(self, device: torch.device, nbytes: int) -> None:
+        self.device = device
+        self._pinned = device.type == "cuda"
+        self._buffers = [self._allocate(nbytes), self._allocate(nbytes)]
+        self._events: list[torch.cuda.Event | None] = [None, None]
+        self._next = 0
+
+    def _allocate(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(max(nbytes, ALIGNMENT), dtype=torch.uint8, pin_memory=self._pinned)
+
+    def acquire(self, nbytes: int) -> tuple[int, torch.Tensor]:
+        """A host buffer of at least ``nbytes`` that no queued copy still reads."""
+        index = self._next
+        self._next ^= 1
+        event = self._events[index]
+        if event is not None:
+            event.synchronize()  # in steady state long done; orders us after the copy
+        if self._buffers[index].numel() < nbytes:
+            self._buffers[index] = self._allocate(max(nbytes, 2 * self._buffers[index].numel()))
+        return index, self._buffers[index]
+
+    def copy(self, index: int, target: torch.Tensor, nbytes: int) -> None:
+        """``target[:nbytes] <- host buffer index`` without blocking the host."""
+        if nbytes == 0:
+            return
+        target[:nbytes].copy_(self._buffers[index][:nbytes], non_blocking=True)
+        if self._pinned:
+            event = self._events[index] or torch.cuda.Event()  # type: ignore[no-untyped-call]
+            event.record()
+            self._events[index] = event
+
+
+# ---------------------------------------------------------------------- graph inputs
+@dataclass(frozen=True, slots=True)
+class GraphInputs:
+    """The static tensors captured decode graphs read: views of one device buffer sized for
+    ``rows`` sequences with ``table_width``-wide block tables. Bucket ``b`` reads rows ``:b``."""
+
+    input_ids: torch.Tensor  # [rows] int64
+    positions: torch.Tensor  # [rows] int64
+    slot_mapping: torch.Tensor  # [rows] int64
+    context_lens: torch.Tensor  # [rows] int32
+    cu_seqlens_q: torch.Tensor  # [rows + 1] int32, always 0..rows (one query per sequence)
+    cu_seqlens_k: torch.Tensor  # [rows + 1] int32
+    block_tables: torch.Tensor  # [rows, table_width] int32
+
+    @property
+    def rows(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def table_width(self) -> int:
+        return int(self.block_tables.shape[1])
+
+
+class _GraphRegion:
+    """The graph's fixed layout: host mirrors and the device buffer the graphs read."""
+
+    def __init__(self, device: torch.device, rows: int, table_width: int, num_slots: int):
+        self.rows, self.table_width = rows, table_width
+        floats, ints = len(FLOAT_COLUMNS), len(INT_COLUMNS)
+        self.layout, self.nbytes = pack_layout(
+            [
+                ("input_ids", _INT64, rows),
+                ("positions", _INT64, rows),
+                ("slot_mapping", _INT64, rows),
+                ("context_lens", _INT32, rows),
+                ("cu_seqlens_q", _INT32, rows + 1),
+                ("cu_seqlens_k", _INT32, rows + 1),
+                ("sample_slots", _INT32, rows),
+                # Block tables after every per-row field: a step copies only its bucket's rows.
+                ("block_tables", _INT32, rows * table_width),
+                ("delta_slots", _INT64, num_slots),
+                ("delta_floats", _FLOAT32, num_slots * floats),
+                ("delta_ints", _INT64, num_slots * ints),
+            ]
+        )
+        self.staging = _HostStaging(device, self.nbytes)
+        self.device_buffer = torch.zeros(self.nbytes, dtype=torch.uint8, device=device)
+        # Both host mirrors start as the device buffer will: all rows padding, fixed q offsets.
+        for buffer in self.staging._buffers:
+            buffer.zero_()
+            self._fill(buffer, "slot_mapping", 0, rows, PADDING_SLOT)
+            _view(buffer, self.layout["cu_seqlens_q"]).copy_(torch.arange(rows + 1))
+        self.staging.copy(0, self.device_buffer, self.nbytes)
+        self.tensors = GraphInputs(
+            input_ids=self.view("input_ids"),
+            positions=self.view("positions"),
+            slot_mapping=self.view("slot_mapping"),
+            context_lens=self.view("context_lens"),
+            cu_seqlens_q=self.view("cu_seqlens_q"),
+            cu_seqlens_k=self.view("cu_seqlens_k"),
+            block_tables=self.view("block_tables").view(rows, table_width),
+        )
+
+    def view(self, name: str) -> torch.Tensor:
+        return _view(self.device_buffer, self.layout[name])
+
+    def _fill(self, buffer: torch.Tensor, name: str, start: int, end: int, value: int) -> None:
+        if end > start:
+            _view(buffer, self.layout[name])[start:end].fill_(value)
+
+
+# --------------------------------------------------------------------------- packer
+class StepPacker:
+    """Turns plans into :class:`StepInputs` on ``device`` (see the module docstring).
+
+    ``sampled``: this rank samples (it needs the sample slots and the table rows).
+    ``zero_copy``: the CPU path, tensors view the plan's arrays; otherwise every step is
+    packed and copied (CUDA; also on the CPU in tests, where "device" memory is host memory).
+    """
+
+    def __init__(self, device: torch.device, *, sampled: bool, zero_copy: bool) -> None:
+        assert not (zero_copy and device.type != "cpu"), "zero-copy views need CPU tensors"
+        self.device = device
+        self.sampled = sampled
+        self.zero_copy = zero_copy
+        self._staging = _HostStaging(device, 1 << 16)
+        self._device_buffer = torch.empty(0, dtype=torch.uint8, device=device)
+        self._graph: _GraphRegion | None = None
+        self._no_slots = torch.empty(0, dtype=_INT32, device=device)  # ranks that do not sample
+
+    # ------------------------------------------------------------------ eager steps
+    def pack(self, plan: BatchPlan, delta: TableDelta | None = None) -> StepInputs:
+        """The step's tensors, in a compact layout (or, zero-copy, the plan's own memory)."""
+        every_row_sampled = plan.num_samples == plan.num_tokens  # decode: every row, in order
+        fields = _plan_fields(
+            plan, delta, sampled=self.sampled, every_row_sampled=every_row_sampled
+        )
+        if self.zero_copy:
+            tensors = {name: _from_array(values, dtype) for name, dtype, values in fields}
+        else:
+            layout, nbytes = pack_layout([(n, dtype, len(v)) for n, dtype, v in fields])
+            index, host = self._staging.acquire(nbytes)
+            base = host.data_ptr()
+            for name, _, values in fields:
+                _memmove(base + layout[name].offset, values)
+            if self._device_buffer.numel() < nbytes:
+                self._device_buffer = torch.empty(
+                    max(nbytes, 2 * self._device_buffer.numel()),
+                    dtype=torch.uint8,
+                    device=self.device,
+                )
+            device_buffer = self._device_buffer
+            self._staging.copy(index, device_buffer, nbytes)
+            tensors = {name: _view(device_buffer, field) for name, field in layout.items()}
+        width = plan.block_table_width
+        if width:
+            block_tables = tensors["block_tables"].view(-1, width)
+        else:  # no sequence holds a block: one filler column keeps the shape valid
+            block_tables = torch.zeros((plan.num_seqs, 1), dtype=_INT32, device=self.device)
+        meta = AttentionMetadata(
+            is_prefill=plan.is_prefill,
+            block_size=plan.block_size,
+            slot_mapping=tensors["slot_mapping"],
+            cu_seqlens_q=tensors["cu_seqlens_q"],
+            cu_seqlens_k=tensors["cu_seqlens_k"],
+            context_lens=tensors["context_lens"],
+            block_tables=block_tables,
+            max_seqlen_q=plan.max_seqlen_q,
+            max_seqlen_k=plan.max_seqlen_k,
+            has_cached_prefix=plan.has_cached_prefix,
+            has_padding_slots=bool(plan.slot_mapping) and min(plan.slot_mapping) < 0,
+            query_lens_host=plan.query_lens.tolist(),
+            context_lens_host=plan.context_lens.tolist(),
+        )
+        return StepInputs(
+            input_ids=tensors["input_ids"],
+            positions=tensors["positions"],
+            meta=meta,
+            sample_indices=tensors.get("sample_indices"),
+            sample_slots=tensors.get("sample_slots", self._no_slots),
+            table_rows=_table_rows(tensors),
+        )
+
+    # ------------------------------------------------------------------ graph steps
+    def attach_graph_inputs(self, rows: int, table_width: int, num_slots: int) -> GraphInputs:
+        """Allocate the static inputs of captured decode graphs (once; they never move)."""
+        assert self._graph is None, "graph inputs are allocated once"
+        assert not self.zero_copy
+        self._graph = _GraphRegion(self.device, rows, table_width, num_slots)
+        return self._graph.tensors
+
+    def pack_graph_decode(
+        self, plan: BatchPlan, bucket: int, delta: TableDelta | None = None
+    ) -> StepInputs:
+        """Write a decode step of ``n <= bucket`` sequences into the graph's static inputs:
+        rows ``:n`` from the plan, rows ``n:bucket`` padding, rows past the bucket untouched
+        (its graph does not read them)."""
+        graph = self._graph
+        assert graph is not None, "attach_graph_inputs() first"
+        num_seqs = plan.num_seqs
+        width = plan.block_table_width
+        assert 0 < num_seqs == plan.num_tokens <= bucket <= graph.rows, (num_seqs, bucket)
+        assert 0 < width <= graph.table_width, (width, graph.table_width)
+        layout = graph.layout
+        index, host = graph.staging.acquire(graph.nbytes)
+        base = host.data_ptr()
+        for name in ("input_ids", "positions", "slot_mapping", "context_lens", "cu_seqlens_k"):
+            _memmove(base + layout[name].offset, getattr(plan, name))
+        if self.sampled:
+            _memmove(base + layout["sample_slots"].offset, plan.sample_slots)
+        tables = layout["block_tables"]
+        if width == graph.table_width:
+            _memmove(base + tables.offset, plan.block_tables)
+        else:  # narrower rows go into the left columns; stale columns are never read
+            host_tables = _view(host, tables).view(graph.rows, graph.table_width)
+            host_tables[:num_seqs, :width].copy_(
+                _from_array(plan.block_tables, _INT32).view(num_seqs, width)
+            )
+        if num_seqs < bucket:
+            # Padding rows: no K/V store, no keys, an empty key range. Their ids, positions
+            # and table rows are valid leftovers of earlier steps.
+            graph._fill(host, "slot_mapping", num_seqs, bucket, PADDING_SLOT)
+            graph._fill(host, "context_lens", num_seqs, bucket, 0)
+            last = plan.cu_seqlens_k[num_seqs]
+            graph._fill(host, "cu_seqlens_k", num_seqs + 1, bucket + 1, last)
+        nbytes = tables.offset + bucket * graph.table_width * 4
+        table_rows = None
+        if delta is not None:
+            for name, values in (
+                ("delta_slots", delta.slots),
+                ("delta_floats", delta.floats),
+                ("delta_ints", delta.ints),
+            ):
+                _memmove(base + layout[name].offset, values)
+            field = layout["delta_ints"]
+            nbytes = field.offset + len(delta.ints) * 8
+            table_rows = (
+                graph.view("delta_slots")[: len(delta)],
+                graph.view("delta_floats")[: len(delta.floats)],
+                graph.view("delta_ints")[: len(delta.ints)],
+            )
+        graph.staging.copy(index, graph.device_buffer, nbytes)
+        static = graph.tensors
+        meta = AttentionMetadata(
+            is_prefill=False,
+            block_size=plan.block_size,
+            slot_mapping=static.slot_mapping[:num_seqs],
+            cu_seqlens_q=static.cu_seqlens_q[: num_seqs + 1],
+            cu_seqlens_k=static.cu_seqlens_k[: num_seqs + 1],
+            context_lens=static.context_lens[:num_seqs],
+            block_tables=static.block_tables[:num_seqs],
+            max_seqlen_q=1,
+            max_seqlen_k=plan.max_seqlen_k,
+            has_cached_prefix=True,
+            has_padding_slots=False,
+        )
+        return StepInputs(
+            input_ids=static.input_ids[:num_seqs],
+            positions=static.positions[:num_seqs],
+            meta=meta,
+            sample_indices=None,
+            sample_slots=graph.view("sample_slots")[:num_seqs] if self.sampled else self._no_slots,
+            table_rows=table_rows,
+            graph_batch=bucket,
+        )
+
+
+def _table_rows(
+    tensors: dict[str, torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    if "delta_slots" not in tensors:
+        return None
+    return tensors["delta_slots"], tensors["delta_floats"], tensors["delta_ints"]
