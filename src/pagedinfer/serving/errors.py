@@ -20,8 +20,9 @@ from pagedinfer.serving.protocol import RequestFieldError
 
 __all__ = ["OpenAIError", "error_body", "install_error_handlers"]
 
-# "SamplingParams.top_p=2.0 is invalid: ..." names the field; OpenAI's param is the same name.
-_FIELD = re.compile(r"SamplingParams\.(\w+)=")
+# "SamplingParams.top_p=2.0 is invalid: ..." (or "SamplingParams.n is not served") names the
+# field; OpenAI's param is the same name.
+_FIELD = re.compile(r"SamplingParams\.(\w+)")
 
 
 class OpenAIError(Exception):

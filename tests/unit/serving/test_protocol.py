@@ -189,3 +189,19 @@ def test_serve_without_the_extra_says_what_to_install(tmp_path: Path) -> None:
     assert "pip install 'pagedinfer[serve]'" in result.stderr
     assert "fastapi" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_library_errors_become_openai_errors() -> None:
+    from pagedinfer.errors import EngineDeadError
+    from pagedinfer.serving.errors import from_exception
+
+    bad = from_exception(InvalidSamplingParamsError("SamplingParams.top_p=2 is invalid: ..."))
+    assert (bad.status, bad.param, bad.type) == (400, "top_p", "invalid_request_error")
+    unserved = from_exception(InvalidRequestError("SamplingParams.n is not served yet: ..."))
+    assert (unserved.status, unserved.param) == (400, "n")
+    too_long = from_exception(InvalidRequestError("the prompt has 9 tokens; ... max_model_len=8"))
+    assert (too_long.status, too_long.param) == (400, None)
+    dead = from_exception(EngineDeadError("the engine failed"))
+    assert (dead.status, dead.type, dead.code) == (503, "server_error", "engine_unavailable")
+    assert from_exception(RuntimeError("boom")).status == 500
+    assert set(bad.body()["error"]) == {"message", "type", "param", "code"}
