@@ -105,6 +105,22 @@ def test_streamed_completion_equals_the_whole(
     assert all(chunk.choices[0].finish_reason is None for chunk in text_chunks[:-1])
 
 
+def test_streamed_completion_of_several_prompts_keeps_choices_apart(
+    client: openai.OpenAI, reference_engine: Engine
+) -> None:
+    expected = _offline(reference_engine, PROMPTS[:3])
+    texts = ["", "", ""]
+    reasons: list[str | None] = [None, None, None]
+    for chunk in client.completions.create(
+        model=MODEL_NAME, prompt=PROMPTS[:3], stream=True, **GREEDY_BODY
+    ):
+        (choice,) = chunk.choices
+        texts[choice.index] += choice.text
+        reasons[choice.index] = choice.finish_reason or reasons[choice.index]
+    assert texts == [want.text for want in expected]
+    assert reasons == ["length"] * 3
+
+
 def test_chat_equals_engine_generate_on_the_template(
     client: openai.OpenAI, reference_engine: Engine
 ) -> None:
