@@ -1,6 +1,8 @@
 """Command line: ``pagedinfer generate``, ``demo``, ``bench`` and ``serve``.
 
-Also reachable as ``python -m pagedinfer``.
+Also reachable as ``python -m pagedinfer``. A user error (a path that is no checkpoint, a
+value out of range, a malformed option) prints one line on stderr and exits with status 2,
+without a traceback; ``--help`` on every command shows each option's default.
 """
 
 from __future__ import annotations
@@ -9,10 +11,18 @@ import argparse
 import random
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NoReturn
 
-__all__ = ["main"]
+__all__ = ["EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_USER_ERROR", "main"]
+
+EXIT_USER_ERROR = 2
+"""Bad input: options, paths, values (argparse's convention)."""
+EXIT_FAILURE = 1
+"""The input was fine but the run failed (out of memory, a worker died)."""
+EXIT_INTERRUPTED = 130
+"""Ctrl-C (128 + SIGINT, as shells report it)."""
 
 DEMO_PROMPTS = (
     "Explain how paged attention works.",
@@ -26,76 +36,199 @@ DEMO_PROMPTS = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (its own repeat the whole usage, many lines, first)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows every option's default, but not for flags (their default is always off)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.nargs == 0 or action.default in (None, [], argparse.SUPPRESS):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _token_ids(text: str) -> list[int]:
+    """argparse type of ``--token-ids``: comma-separated non-negative integers."""
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"expected comma-separated token ids, got {text!r}")
+    try:
+        ids = [int(part) for part in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integer token ids (e.g. 1,2,3), got {text!r}"
+        ) from None
+    return ids
+
+
 def _engine_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine")
-    group.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    group.add_argument(
+        "--device", default="auto", metavar="DEVICE", help="auto, cpu, cuda or cuda:N"
+    )
     group.add_argument("--dtype", default="auto", help="auto, float32, float16 or bfloat16")
-    group.add_argument("--max-model-len", type=int, default=4096)
-    group.add_argument("--max-num-seqs", type=int, default=512)
-    group.add_argument("--max-num-batched-tokens", type=int, default=16384)
-    group.add_argument("--kv-block-size", type=int, default=256)
-    group.add_argument("--num-kv-blocks", type=int, default=None)
-    group.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    group.add_argument("--tensor-parallel-size", type=int, default=1)
-    group.add_argument("--attention-backend", default="auto", help="auto, torch, triton or flash")
+    group.add_argument(
+        "--max-model-len",
+        type=int,
+        metavar="N",
+        default=4096,
+        help="most tokens (prompt + output) per request",
+    )
+    group.add_argument(
+        "--max-num-seqs", type=int, metavar="N", default=512, help="most requests running at once"
+    )
+    group.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        metavar="N",
+        default=16384,
+        help="token budget of one step",
+    )
+    group.add_argument(
+        "--kv-block-size", type=int, metavar="N", default=256, help="tokens per KV-cache block"
+    )
+    group.add_argument(
+        "--num-kv-blocks",
+        type=int,
+        metavar="N",
+        default=None,
+        help="KV-cache size in blocks (default: sized)",
+    )
+    group.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        metavar="X",
+        default=0.9,
+        help="share of GPU memory to use",
+    )
+    group.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        metavar="N",
+        default=1,
+        help="ranks to split the model across",
+    )
+    group.add_argument(
+        "--attention-backend", default="auto", metavar="NAME", help="auto, torch, triton or flash"
+    )
     group.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
-    group.add_argument("--no-prefix-caching", action="store_true")
-    group.add_argument("--seed", type=int, default=0)
+    group.add_argument("--no-prefix-caching", action="store_true", help="no prefix caching")
+    group.add_argument(
+        "--seed", type=int, metavar="N", default=0, help="sampler seed of unseeded requests"
+    )
 
 
 def _sampling_arguments(parser: argparse.ArgumentParser, *, temperature: float) -> None:
     group = parser.add_argument_group("sampling")
-    group.add_argument("--temperature", type=float, default=temperature)
-    group.add_argument("--top-k", type=int, default=0)
-    group.add_argument("--top-p", type=float, default=1.0)
-    group.add_argument("--max-tokens", type=int, default=64)
-    group.add_argument("--ignore-eos", action="store_true")
-    group.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    group.add_argument("--sample-seed", type=int, default=None, help="per-request sampling seed")
+    group.add_argument(
+        "--temperature", type=float, metavar="X", default=temperature, help="0 is greedy (argmax)"
+    )
+    group.add_argument("--top-k", type=int, metavar="N", default=0, help="0 is off")
+    group.add_argument("--top-p", type=float, metavar="X", default=1.0, help="1 is off")
+    group.add_argument(
+        "--max-tokens", type=int, metavar="N", default=64, help="most generated tokens"
+    )
+    group.add_argument("--ignore-eos", action="store_true", help="generate past EOS")
+    group.add_argument(
+        "--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)"
+    )
+    group.add_argument(
+        "--sample-seed", type=int, metavar="N", default=None, help="per-request sampling seed"
+    )
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pagedinfer", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+    from pagedinfer import __version__
 
-    generate = commands.add_parser("generate", help="generate for one or more prompts")
-    generate.add_argument("--model", required=True, help="local Hugging Face checkpoint directory")
-    generate.add_argument("--prompt", action="append", default=[], help="text prompt (repeatable)")
+    parser = _Parser(prog="pagedinfer", description=__doc__, formatter_class=_HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"pagedinfer {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        sub: argparse.ArgumentParser = commands.add_parser(
+            name, help=help_text, description=help_text, formatter_class=_HelpFormatter
+        )
+        return sub
+
+    generate = command("generate", "generate for one or more prompts")
     generate.add_argument(
-        "--token-ids", action="append", default=[], help="comma-separated token ids (repeatable)"
+        "--model", required=True, metavar="DIR", help="local Hugging Face checkpoint directory"
+    )
+    generate.add_argument(
+        "--prompt", action="append", default=[], metavar="TEXT", help="text prompt (repeatable)"
+    )
+    generate.add_argument(
+        "--token-ids",
+        action="append",
+        default=[],
+        type=_token_ids,
+        metavar="IDS",
+        help="comma-separated token ids, e.g. 1,2,3 (repeatable)",
     )
     _engine_arguments(generate)
     _sampling_arguments(generate, temperature=0.0)
 
-    demo = commands.add_parser("demo", help="generate with a small local checkpoint")
-    demo.add_argument("--model", default=None, help="checkpoint dir (default: build a random one)")
+    demo = command("demo", "generate with a small local checkpoint (random weights by default)")
     demo.add_argument(
-        "--checkpoint-dir", default=".demo-model", help="where the random demo checkpoint is built"
+        "--model",
+        default=None,
+        metavar="DIR",
+        help="checkpoint directory (default: build a random-weight one in --checkpoint-dir)",
+    )
+    demo.add_argument(
+        "--checkpoint-dir",
+        default=".demo-model",
+        metavar="DIR",
+        help="where the random demo checkpoint is built",
     )
     _engine_arguments(demo)
     _sampling_arguments(demo, temperature=0.8)
 
-    bench = commands.add_parser("bench", help="quick engine-only throughput run")
-    bench.add_argument("--model", default=None, help="checkpoint dir (default: random 'small')")
+    bench = command("bench", "quick engine-only throughput run")
+    bench.add_argument(
+        "--model", default=None, metavar="DIR", help="checkpoint dir (default: random weights)"
+    )
     bench.add_argument("--random-weights", default="small", help="preset when --model is absent")
-    bench.add_argument("--checkpoint-dir", default=".bench-cache/model")
-    bench.add_argument("--num-requests", type=int, default=64)
-    bench.add_argument("--input-len", type=int, nargs=2, default=(16, 256), metavar=("MIN", "MAX"))
-    bench.add_argument("--output-len", type=int, nargs=2, default=(16, 128), metavar=("MIN", "MAX"))
+    bench.add_argument("--checkpoint-dir", default=".bench-cache/model", metavar="DIR")
+    bench.add_argument(
+        "--num-requests", type=int, metavar="N", default=64, help="requests in the run"
+    )
+    bench.add_argument(
+        "--input-len",
+        type=int,
+        nargs=2,
+        default=(16, 256),
+        metavar=("MIN", "MAX"),
+        help="prompt lengths, drawn uniformly",
+    )
+    bench.add_argument(
+        "--output-len",
+        type=int,
+        nargs=2,
+        default=(16, 128),
+        metavar=("MIN", "MAX"),
+        help="output lengths, drawn uniformly",
+    )
     _engine_arguments(bench)
 
-    serve = commands.add_parser(
+    serve = command(
         "serve",
-        help="OpenAI-compatible HTTP server (needs pip install 'pagedinfer[serve]')",
-        description="Serve /v1/completions, /v1/chat/completions, /v1/models, /health and "
-        "/metrics (see docs/serving.md).",
+        "OpenAI-compatible HTTP server (needs pip install 'pagedinfer[serve]'): "
+        "/v1/completions, /v1/chat/completions, /v1/models, /health and /metrics "
+        "(see docs/serving.md)",
     )
     serve.add_argument("model_dir", metavar="MODEL_DIR", help="local Hugging Face checkpoint")
-    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
-    serve.add_argument("--port", type=int, default=8000, help="port (default %(default)s)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind")
+    serve.add_argument("--port", type=int, default=8000, metavar="N", help="port")
     serve.add_argument(
         "--served-model-name",
         default=None,
+        metavar="NAME",
         help="the model name clients send (default: MODEL_DIR as given)",
     )
     serve.add_argument("--log-level", default="info", help="uvicorn's log level")
@@ -137,14 +270,15 @@ def _sampling_params(args: argparse.Namespace) -> object:
 
 def _run_generate(args: argparse.Namespace) -> int:
     from pagedinfer import Engine
+    from pagedinfer.errors import InvalidRequestError
 
     prompts: list[str | list[int]] = list(args.prompt)
-    prompts.extend([int(t) for t in ids.split(",") if t.strip()] for ids in args.token_ids)
+    prompts.extend(args.token_ids)
     if not prompts:
-        print("error: give at least one --prompt or --token-ids", file=sys.stderr)
-        return 2
+        raise InvalidRequestError("give at least one --prompt TEXT or --token-ids IDS")
+    params = _sampling_params(args)  # checked before the model loads
     with Engine(args.model, **_engine_kwargs(args)) as engine:  # type: ignore[arg-type]
-        outputs = engine.generate(prompts, _sampling_params(args))  # type: ignore[arg-type]
+        outputs = engine.generate(prompts, params)  # type: ignore[arg-type]
     for output in outputs:
         shown = output.text if output.text else " ".join(map(str, output.token_ids))
         print(f"[{output.request_id}] ({output.finish_reason}) {shown}")
@@ -154,17 +288,18 @@ def _run_generate(args: argparse.Namespace) -> int:
 def _run_demo(args: argparse.Namespace) -> int:
     from pagedinfer import Engine
 
+    params = _sampling_params(args)
     model = args.model
     if model is None:
         model = _demo_checkpoint(Path(args.checkpoint_dir))
         print(
             f"Using a small Qwen3 checkpoint with RANDOM WEIGHTS at {model}: the generated text "
-            "is gibberish; it shows the engine at work. Pass MODEL=/path/to/checkpoint for a "
-            "real model."
+            "is gibberish; it shows the engine at work. Pass --model DIR (make demo MODEL=DIR) "
+            "for a real checkpoint."
         )
     with Engine(model, **_engine_kwargs(args)) as engine:  # type: ignore[arg-type]
         started = time.perf_counter()
-        outputs = engine.generate(list(DEMO_PROMPTS), _sampling_params(args))  # type: ignore[arg-type]
+        outputs = engine.generate(list(DEMO_PROMPTS), params)  # type: ignore[arg-type]
         seconds = time.perf_counter() - started
         stats = engine.stats()
     for prompt, output in zip(DEMO_PROMPTS, outputs, strict=True):
@@ -226,11 +361,11 @@ def _run_serve(args: argparse.Namespace) -> int:
         from pagedinfer.serving.server import run_server
     except ImportError as error:
         print(
-            f"error: pagedinfer serve needs the serve extra ({error.name or error} is missing): "
-            "pip install 'pagedinfer[serve]'",
+            f"pagedinfer serve: error: the serve extra is not installed ({error.name or error} "
+            "is missing): pip install 'pagedinfer[serve]'",
             file=sys.stderr,
         )
-        return 2
+        return EXIT_USER_ERROR
     run_server(
         args.model_dir,
         host=args.host,
@@ -242,15 +377,33 @@ def _run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "generate": _run_generate,
+    "demo": _run_demo,
+    "bench": _run_bench,
+    "serve": _run_serve,
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _build_parser().parse_args(argv)
-    if args.command == "generate":
-        return _run_generate(args)
-    if args.command == "demo":
-        return _run_demo(args)
-    if args.command == "serve":
-        return _run_serve(args)
-    return _run_bench(args)
+    """Run one command; return the exit status (0, or one of the ``EXIT_*`` codes)."""
+    from pagedinfer.errors import PagedInferError
+
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    prog = f"{parser.prog} {args.command}"
+    try:
+        return _COMMANDS[args.command](args)
+    except PagedInferError as error:
+        # Ours, raised on purpose, with a message that says what to change: no traceback.
+        if isinstance(error, (ValueError, FileNotFoundError)):  # bad input: one line
+            print(f"{prog}: error: {' '.join(str(error).split())}", file=sys.stderr)
+            return EXIT_USER_ERROR
+        print(f"{prog}: error: {error}", file=sys.stderr)  # may carry a worker's traceback
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -1,0 +1,134 @@
+"""The command line: user errors are one line on stderr with exit status 2, never a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from pagedinfer import __version__
+from pagedinfer.cli import EXIT_USER_ERROR, main
+
+
+@pytest.fixture(scope="module")
+def checkpoint(make_checkpoint: Callable[..., Path]) -> str:
+    return str(make_checkpoint("tiny", with_tokenizer=True))
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    try:
+        status = main(argv)
+    except SystemExit as exit_:  # argparse's own exits (--help, --version, bad options)
+        status = int(exit_.code or 0)
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def _assert_one_line_error(status: int, err: str, *needles: str) -> None:
+    assert status == EXIT_USER_ERROR
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "error:" in lines[0] and "Traceback" not in err
+    for needle in needles:
+        assert needle in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "needles"),
+    [
+        (["generate", "--model", "/no/such/dir", "--prompt", "hi"], ["/no/such/dir"]),
+        (["generate", "--model", "Qwen/Qwen3-0.6B", "--prompt", "hi"], ["Hub id"]),
+        (["generate", "--prompt", "hi"], ["--model"]),
+        (["generate", "--model", "CKPT", "--token-ids", "1,x,3"], ["--token-ids", "'1,x,3'"]),
+        (["generate", "--model", "CKPT", "--token-ids", ","], ["--token-ids"]),
+        (["generate", "--model", "CKPT", "--token-ids", "1,2,100000"], ["100000", "[0, 512)"]),
+        (["generate", "--model", "CKPT", "--prompt", "hi", "--temperature", "-1"], ["temperature"]),
+        (["generate", "--model", "CKPT", "--prompt", "hi", "--top-p", "0"], ["top_p"]),
+        (["generate", "--model", "CKPT", "--prompt", "hi", "--max-tokens", "0"], ["max_tokens"]),
+        (["generate", "--model", "CKPT", "--prompt", "hi", "--max-model-len", "x"], ["invalid"]),
+        (["generate", "--model", "CKPT", "--prompt", "hi", "--device", "tpu"], ["device"]),
+        (["generate", "--model", "CKPT", "--prompt", "hi", "--kv-block-size", "0"], ["kv_block"]),
+        (["generate", "--model", "CKPT"], ["--prompt"]),
+        (["generate", "--model", "CKPT", "--prompt", "hi", "--no-such-flag"], ["--no-such-flag"]),
+        (["no-such-command"], ["no-such-command"]),
+    ],
+)
+def test_user_errors_are_one_line_with_status_2(
+    argv: list[str], needles: list[str], checkpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [checkpoint if arg == "CKPT" else arg for arg in argv]
+    status, out, err = _run(argv, capsys)
+    _assert_one_line_error(status, err, *needles)
+    assert out == ""
+
+
+def test_a_checkpoint_without_config_is_a_user_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, _, err = _run(["generate", "--model", str(tmp_path), "--prompt", "hi"], capsys)
+    _assert_one_line_error(status, err, "config.json")
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = _run(["--version"], capsys)
+    assert status == 0 and out.strip() == f"pagedinfer {__version__}"
+
+
+@pytest.mark.parametrize("command", ["generate", "demo", "bench"])
+def test_help_shows_defaults(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = _run([command, "--help"], capsys)
+    assert status == 0
+    out = " ".join(out.split())  # argparse wraps to the terminal's width
+    assert "--model DIR" in out
+    assert "(default: 4096)" in out  # --max-model-len
+    assert "(default: 256)" in out  # --kv-block-size
+    if command != "bench":
+        assert "(default: 64)" in out  # --max-tokens
+
+
+def test_generate_prints_each_output(checkpoint: str, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["generate", "--model", checkpoint, "--device", "cpu", "--kv-block-size", "16"]
+    argv += ["--max-model-len", "64", "--token-ids", "1,2,3", "--prompt", "Hello"]
+    status, out, _ = _run([*argv, "--max-tokens", "3", "--ignore-eos"], capsys)
+    assert status == 0
+    lines = out.strip().splitlines()
+    assert [line.split()[:2] for line in lines] == [["[0]", "(length)"], ["[1]", "(length)"]]
+
+
+def test_no_traceback_from_a_real_process(tmp_path: Path) -> None:
+    """What a user sees in a terminal: python -m pagedinfer with a bad path."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pagedinfer",
+            "generate",
+            "--model",
+            str(tmp_path / "x"),
+            "--prompt",
+            "hi",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == EXIT_USER_ERROR
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_ctrl_c_exits_130_without_a_traceback(
+    checkpoint: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pagedinfer import Engine
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Engine, "generate", interrupted)
+    argv = ["generate", "--model", checkpoint, "--device", "cpu", "--kv-block-size", "16"]
+    status, _, err = _run([*argv, "--max-model-len", "64", "--token-ids", "1,2"], capsys)
+    assert status == 130 and err.strip() == "pagedinfer generate: interrupted"
