@@ -24,9 +24,9 @@ class IncrementalDetokenizer:
 
     Text is returned as soon as it is final: a token that completes some characters and
     starts another (a multi-byte character split across tokens) returns the complete
-    characters at once and holds back only the unfinished one, which decodes to U+FFFD
-    until the token that completes it arrives. :meth:`flush` returns what is still held
-    back when no token will follow.
+    characters at once and holds back only the unfinished one, which decodes to one U+FFFD
+    until the token that completes it arrives (a U+FFFD that is not last is an invalid
+    byte, and final). :meth:`flush` returns what is still held back when no token follows.
     """
 
     def __init__(self, tokenizer: Any, prompt_token_ids: list[int]) -> None:
@@ -44,7 +44,9 @@ class IncrementalDetokenizer:
         prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
         full_text = self._decode(self._ids[self._prefix_offset :])
         start = len(prefix_text) + self._emitted
-        final_text = full_text.rstrip("\ufffd")
+        # An unfinished UTF-8 sequence decodes to one U+FFFD (its maximal subpart), so only
+        # a U+FFFD at the very end can still change; earlier ones are invalid bytes, final.
+        final_text = full_text[:-1] if full_text.endswith("\ufffd") else full_text
         if len(final_text) < len(full_text) or len(full_text) <= len(prefix_text):
             # An unfinished character at the end (or nothing new yet): return what precedes
             # it and keep the window open until the character is complete.
