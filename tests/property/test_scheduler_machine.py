@@ -14,6 +14,10 @@ sample index. Some plans are abandoned (never postprocessed, as when a step fail
 without the executor having applied their deltas. After every rule the scheduler's
 incremental state (decode rows, their calendar, slots) must equal a recomputation from the
 sequences (``Scheduler.check_integrity``).
+
+Some requests have several completions (``n > 1``): each completion's "model" is salted
+differently, so forks diverge at once; the fake KV cache executes the plans' block copies, so
+a fork whose copy of the prompt's last block is missing, late or overwritten reads stale K/V.
 """
 
 from __future__ import annotations
@@ -44,18 +48,19 @@ EOS = 0
 TOKEN = st.integers(1, VOCAB - 1)
 
 
-def fake_sample(token_ids: list[int]) -> int:
-    """The "model": a deterministic function of the token history (EOS about 1 in 40)."""
-    return xxhash.xxh64_intdigest(array("q", token_ids).tobytes()) % VOCAB
+def fake_sample(token_ids: list[int], salt: int = 0) -> int:
+    """The "model": a deterministic function of the token history (EOS about 1 in 40);
+    ``salt`` tells the completions of one request apart."""
+    return xxhash.xxh64_intdigest(array("q", token_ids).tobytes(), seed=salt) % VOCAB
 
 
 def oracle(
-    prompt: list[int], params: SamplingParams, max_model_len: int
+    prompt: list[int], params: SamplingParams, max_model_len: int, salt: int = 0
 ) -> tuple[list[int], FinishReason]:
     """What an unconstrained engine generates: the spec's finish rules, nothing else."""
     tokens = list(prompt)
     while True:
-        token = fake_sample(tokens)
+        token = fake_sample(tokens, salt)
         tokens.append(token)
         completion = tokens[len(prompt) :]
         stops = (token == EOS and not params.ignore_eos) or token in params.stop_token_ids
@@ -108,6 +113,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.admitted: list[int] = []  # request ids in order of their first admission
         self.cached_at_admission: dict[int, int] = {}
         self.next_id = 0
+        self.salt: dict[int, int] = {}  # request's completion index of each sequence
+        self.parent: dict[int, int] = {}  # fork id -> first sequence of its request
         # The executor's sampling table: slot -> (request id, params, prompt length).
         self.table: dict[int, tuple[int, SamplingParams, int]] = {}
         # Requests in a plan that was dropped, since: they may hold blocks for that plan.
@@ -124,6 +131,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         stop_token=st.none() | TOKEN,
         extra_key=st.sampled_from([None, None, None, 0]),
         fit=st.sampled_from([True, True, True, False]),
+        n=st.sampled_from([1, 1, 1, 2, 3]),
     )
     def add(
         self,
@@ -136,6 +144,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         stop_token: int | None,
         extra_key: int | None,
         fit: bool,
+        n: int,
     ) -> None:
         prompt = self.prefixes[which % len(self.prefixes)][:prefix_len] + suffix
         if fit:  # most requests should be servable; the others test the rejection
@@ -149,16 +158,32 @@ class SchedulerMachine(RuleBasedStateMachine):
             ignore_eos=ignore_eos,
             stop_token_ids=stops,
         )
-        seq = Sequence(self.next_id, prompt, params, extra_key=extra_key)
-        if not prompt or len(prompt) + 1 > self.config.max_model_len:
+        seqs = [Sequence(self.next_id + i, prompt, params, extra_key=extra_key) for i in range(n)]
+        seq = seqs[0]
+        size = self.config.block_size
+        fork_blocks = cdiv(len(prompt), size) + (n - 1) * (len(prompt) % size != 0)
+        if (
+            not prompt
+            or len(prompt) + 1 > self.config.max_model_len
+            or n > self.config.max_running
+            or (n > 1 and fork_blocks > self.config.num_blocks)
+        ):
             with pytest.raises(InvalidRequestError):
-                self.scheduler.add(seq)
-            assert self.scheduler.get(seq.seq_id) is None
+                self.scheduler.add(seq, forks=seqs[1:])
+            assert all(self.scheduler.get(s.seq_id) is None for s in seqs)
             return
-        self.scheduler.add(seq)
-        self.seqs[seq.seq_id] = seq
-        self.expected[seq.seq_id] = oracle(prompt, params, self.config.max_model_len)
-        self.next_id += 1
+        self.scheduler.add(seq, forks=seqs[1:])
+        for salt, completion in enumerate(seqs):
+            self.seqs[completion.seq_id] = completion
+            self.salt[completion.seq_id] = salt
+            if salt:
+                self.parent[completion.seq_id] = seq.seq_id
+            self.expected[completion.seq_id] = oracle(
+                prompt, params, self.config.max_model_len, salt
+            )
+        self.next_id += n
+        if n > 1:
+            event("a request with several completions")
 
     @rule(repeat=st.integers(1, 8))
     def step(self, repeat: int) -> None:
@@ -171,6 +196,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         seq_id = which % (self.next_id + 1)  # sometimes an id never used
         seq = self.seqs.get(seq_id)
         was_unfinished = seq is not None and not seq.is_finished
+        unfinished = [s for s in self.seqs.values() if not s.is_finished]
         if stop_string:
             finished = self.scheduler.finish(seq_id, FinishReason.STOP)
             assert finished is (seq if was_unfinished else None)
@@ -180,6 +206,13 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert seq is not None and seq.is_finished
             assert seq.finish_reason is (FinishReason.STOP if stop_string else FinishReason.ABORT)
             self.aborted.add(seq_id)
+            # Completions that had not forked yet end with the request's first sequence.
+            for other in unfinished:
+                if other is not seq and other.is_finished:
+                    assert self.parent.get(other.seq_id) == seq_id
+                    assert other.completion_token_ids == []
+                    assert other.finish_reason is seq.finish_reason
+                    self.aborted.add(other.seq_id)
             event(f"aborted a {'running' if seq.completion_token_ids else 'fresh'} request")
 
     @rule(apply_deltas=st.booleans())
@@ -235,12 +268,16 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert seq.num_tokens == before[seq.seq_id] + 1
         if plan.num_seqs > 1 and plan.is_prefill:
             event("multi-sequence prefill")
+        if plan.forks:
+            event("forked completions")
+        if plan.block_copies:
+            event("copied a block for a fork")
         if plan.is_prefill and plan.has_cached_prefix:
             event("prefill with cached context (chunk or prefix hit)")
 
     def record_admissions(self, plan: BatchPlan) -> None:
         for seq_id in plan.seq_ids:
-            if seq_id not in self.admitted:
+            if seq_id not in self.admitted and seq_id not in self.parent:  # forks: not admitted
                 self.admitted.append(seq_id)
                 self.cached_at_admission[seq_id] = self.seqs[seq_id].num_cached_tokens
 
@@ -250,6 +287,13 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.table.pop(slot_id, None)
         for request in plan.new_requests:
             self.table[request.slot] = (request.seq_id, request.params, request.num_prompt_tokens)
+        for source, target in plan.block_copies:  # before the step's writes
+            for offset in range(size):
+                entry = self.kv.get(source * size + offset)
+                if entry is None:
+                    self.kv.pop(target * size + offset, None)
+                else:
+                    self.kv[target * size + offset] = entry
         for j, seq_id in enumerate(plan.sampled_seq_ids):
             owner, params, prompt_len = self.table[plan.sample_slots[j]]
             seq = self.seqs[seq_id]
@@ -268,8 +312,17 @@ class SchedulerMachine(RuleBasedStateMachine):
             ]
             expected = [(token, p) for p, token in enumerate(self.seqs[seq_id].token_ids)]
             assert seen == expected[: plan.context_lens[i]], f"sequence {seq_id} read stale K/V"
-            sampled[seq_id] = fake_sample([token for token, _ in expected[: plan.context_lens[i]]])
-        return [sampled[seq_id] for seq_id in plan.sampled_seq_ids]
+            sampled[seq_id] = [token for token, _ in expected[: plan.context_lens[i]]]
+        # A fork samples from its parent's row, with its own salt.
+        forks = dict(plan.forks)
+        owners = [
+            self.parent[seq_id] if j in forks else seq_id
+            for j, seq_id in enumerate(plan.sampled_seq_ids)
+        ]
+        return [
+            fake_sample(sampled[owner], self.salt[seq_id])
+            for owner, seq_id in zip(owners, plan.sampled_seq_ids, strict=True)
+        ]
 
     def check_plan(self, plan: BatchPlan) -> None:
         config = self.config
@@ -320,13 +373,26 @@ class SchedulerMachine(RuleBasedStateMachine):
                 sampled.append((seq_id, cu_q[i + 1] - 1))
         assert len(set(plan.slot_mapping)) == len(plan.slot_mapping), "two tokens, one slot"
         pool = self.scheduler.pool
+        # The only other holders of a block written now: forks sampled from this very step
+        # (they read it afterwards) and pins of block copies (their source is read first).
+        fork_ids = {seq_id for _, seq_id in plan.forks}
+        sharers = Counter(b for f in fork_ids for b in self.seqs[f].block_table)
+        sharers.update(source for source, _ in self.scheduler.pending_block_copies)
         for block_id in written_blocks:
             block = pool.block(block_id)
-            assert block.ref_count == 1, f"write into shared {block!r}"
+            assert block.ref_count == 1 + sharers[block_id], f"write into shared {block!r}"
             assert block.hash is None, f"write into cached {block!r}"
-        assert [s for s, _ in sampled] == plan.sampled_seq_ids
-        assert [r for _, r in sampled] == plan.sample_indices.tolist()
-        assert plan.sample_slots.tolist() == [self.seqs[s].slot for s, _ in sampled]
+        forks = dict(plan.forks)
+        assert all(self.parent[seq_id] in plan.seq_ids for seq_id in forks.values())
+        own = [seq_id for j, seq_id in enumerate(plan.sampled_seq_ids) if j not in forks]
+        assert own == [s for s, _ in sampled]
+        rows = [r for j, r in enumerate(plan.sample_indices) if j not in forks]
+        assert rows == [r for _, r in sampled]
+        for j, seq_id in forks.items():  # a fork samples its parent's last row
+            parent_entry = plan.sampled_seq_ids.index(self.parent[seq_id])
+            assert plan.sample_indices[j] == plan.sample_indices[parent_entry]
+            assert self.seqs[seq_id].num_completion_tokens == 0
+        assert plan.sample_slots.tolist() == [self.seqs[s].slot for s in plan.sampled_seq_ids]
         assert len(set(plan.sample_slots)) == plan.num_samples
         if not plan.is_prefill:
             assert plan.sample_indices.tolist() == list(range(plan.num_seqs))
@@ -348,6 +414,9 @@ class SchedulerMachine(RuleBasedStateMachine):
     def ref_counts_match_block_tables(self) -> None:
         scheduler = self.scheduler
         holders = Counter(b for seq in scheduler.running for b in seq.block_table)
+        # Forks of a plan in flight hold their blocks already; copy sources are pinned.
+        holders.update(b for seq in scheduler.unstarted_forks() for b in seq.block_table)
+        holders.update(source for source, _ in scheduler.pending_block_copies)
         for seq in scheduler.waiting:
             assert seq.block_table == [] and seq.status is SequenceStatus.WAITING
             assert seq.num_computed_tokens == 0
@@ -371,13 +440,19 @@ class SchedulerMachine(RuleBasedStateMachine):
                 assert len(seq.block_table) >= blocks
             else:
                 assert len(seq.block_table) == blocks
-                assert seq.decoding == (seq.num_computed_tokens == seq.num_tokens - 1)
+                # A request's last prompt token forks in a prefill step: it never decodes.
+                forks_pending = bool(scheduler.unstarted_forks(seq.seq_id))
+                last_one = seq.num_computed_tokens == seq.num_tokens - 1
+                assert seq.decoding == (last_one and not forks_pending)
             assert len(set(seq.block_table)) == len(seq.block_table)
 
     @invariant()
     def queues_hold_exactly_the_unfinished(self) -> None:
         scheduler = self.scheduler
-        queued = [seq.seq_id for seq in [*scheduler.waiting, *scheduler.running]]
+        queued = [
+            seq.seq_id
+            for seq in [*scheduler.waiting, *scheduler.running, *scheduler.unstarted_forks()]
+        ]
         unfinished = [i for i, seq in self.seqs.items() if not seq.is_finished]
         assert sorted(queued) == sorted(unfinished)
         assert scheduler.num_unfinished == len(unfinished)

@@ -157,6 +157,15 @@ class BlockPool:
                 del self._free_cached[block.block_id]
             block.ref_count += 1
 
+    def share(self, block_ids: Sequence[int]) -> None:
+        """Take one more reference on blocks in use (another sequence reads them too: the
+        completions of one prompt, ``n > 1``). Raises before changing anything if one is free."""
+        for block_id in block_ids:
+            if self.block(block_id).ref_count == 0:
+                raise BlockPoolError(f"block {block_id} is free: only blocks in use are shared.")
+        for block_id in block_ids:
+            self._blocks[block_id].ref_count += 1
+
     def allocate(self, num_blocks: int) -> list[Block]:
         """Hand out ``num_blocks`` free blocks, each with ``ref_count == 1``.
 

@@ -161,7 +161,11 @@ class DecodeBatch:
         self.max_context_len += 1
 
     def plan(
-        self, *, released_slots: tuple[int, ...], new_requests: tuple[NewRequest, ...]
+        self,
+        *,
+        released_slots: tuple[int, ...],
+        new_requests: tuple[NewRequest, ...],
+        block_copies: tuple[tuple[int, int], ...] = (),
     ) -> BatchPlan:
         """This step as a :class:`BatchPlan` (copies: later steps never change a plan)."""
         num_rows = len(self.seqs)
@@ -185,6 +189,7 @@ class DecodeBatch:
             sample_slots=self.sample_slots[:],
             released_slots=released_slots,
             new_requests=new_requests,
+            block_copies=block_copies,
         )
 
     # ------------------------------------------------------------- single rows

@@ -55,6 +55,16 @@ Deltas are repeated in every plan until the scheduler has recorded a plan's resu
 Per step the plan carries only ``sample_slots`` for the sampled rows: the sample's index in
 its request (the counter seeded sampling keys on) is ``positions[sample_indices[j]] + 1 -
 num_prompt_tokens`` of its slot, which the executor derives.
+
+**Several completions of one prompt** (``SamplingParams.n > 1``) share the prompt's KV. The
+step that computes the prompt's last token samples its logits row once per completion:
+``sample_indices`` then holds that row several times, each entry with its completion's own
+slot, and ``forks`` names the sequence each extra entry belongs to. From then on every
+completion is a sequence of its own whose block table starts with the prompt's full blocks
+(shared); the prompt's partial last block is copied for each extra completion, on the device:
+``block_copies`` lists ``(source block, destination block)`` pairs the executor copies (every
+layer, K and V) *before* the step's forward. Copies are repeated, like the deltas, until a
+plan that carried them has been recorded; repeating one is harmless.
 """
 
 from __future__ import annotations
@@ -85,10 +95,15 @@ PADDING_SLOT = -1
 
 @dataclass(frozen=True, slots=True)
 class ScheduledChunk:
-    """``num_tokens`` tokens of ``seq`` starting at ``seq.num_computed_tokens``."""
+    """``num_tokens`` tokens of ``seq`` starting at ``seq.num_computed_tokens``.
+
+    ``forks`` are other completions of ``seq``'s request that sample from the same last row
+    (the chunk must reach the end of ``seq``).
+    """
 
     seq: Sequence
     num_tokens: int
+    forks: tuple[Sequence, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +138,10 @@ class BatchPlan:
     sample_slots: array[int]
     released_slots: tuple[int, ...] = ()
     new_requests: tuple[NewRequest, ...] = ()
+    # (sample index j, sequence id) of the samples that belong to another completion of the
+    # row's request (n > 1), and the KV blocks to copy (source, destination) before the step.
+    forks: tuple[tuple[int, int], ...] = ()
+    block_copies: tuple[tuple[int, int], ...] = ()
 
     @property
     def num_seqs(self) -> int:
@@ -143,9 +162,12 @@ class BatchPlan:
 
     @property
     def sampled_seq_ids(self) -> list[int]:
-        """The sequence id of each sampled row (derived; for inspection, not the hot path)."""
+        """The sequence id of each sample (derived; for inspection, not the hot path)."""
         rows = [bisect_right(self.cu_seqlens_q, index) - 1 for index in self.sample_indices]
-        return [self.seq_ids[row] for row in rows]
+        seq_ids = [self.seq_ids[row] for row in rows]
+        for j, seq_id in self.forks:
+            seq_ids[j] = seq_id
+        return seq_ids
 
     def block_table(self, row: int) -> list[int]:
         """Row ``row`` of ``block_tables``, filler entries included."""
@@ -160,12 +182,14 @@ def build_batch_plan(
     block_size: int,
     released_slots: tuple[int, ...] = (),
     new_requests: tuple[NewRequest, ...] = (),
+    block_copies: tuple[tuple[int, int], ...] = (),
 ) -> BatchPlan:
     """Lay out the scheduled chunks. Blocks for every slot must already be in the tables.
 
-    A chunk that reaches its sequence's last token is sampled, under ``seq.slot``. The
-    scheduler builds decode steps from its persistent rows instead (``DecodeBatch``); this
-    builds prefill steps, and any plan a test wants.
+    A chunk that reaches its sequence's last token is sampled, under ``seq.slot``, and once
+    more for each of its ``forks``, under theirs. The scheduler builds decode steps from its
+    persistent rows instead (``DecodeBatch``); this builds prefill steps, and any plan a test
+    wants.
     """
     input_ids: list[int] = []
     positions: list[int] = []
@@ -177,6 +201,7 @@ def build_batch_plan(
     tables: list[list[int]] = []
     sample_indices: list[int] = []
     sample_slots: list[int] = []
+    forks: list[tuple[int, int]] = []
     for chunk in chunks:
         seq = chunk.seq
         start = seq.num_computed_tokens
@@ -193,6 +218,12 @@ def build_batch_plan(
         if end == seq.num_tokens:  # the chunk reaches the last token: its logits are sampled
             sample_indices.append(cu_q[-1] - 1)
             sample_slots.append(seq.slot)
+            for fork in chunk.forks:
+                forks.append((len(sample_indices), fork.seq_id))
+                sample_indices.append(cu_q[-1] - 1)
+                sample_slots.append(fork.slot)
+        else:
+            assert not chunk.forks, "forks sample from the prompt's last row"
     width = max((len(table) for table in tables), default=0)
     flat: list[int] = []
     for table in tables:
@@ -217,6 +248,8 @@ def build_batch_plan(
         sample_slots=array("i", sample_slots),
         released_slots=released_slots,
         new_requests=new_requests,
+        forks=tuple(forks),
+        block_copies=block_copies,
     )
 
 

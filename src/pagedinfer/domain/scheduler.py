@@ -14,12 +14,21 @@ at which its last block fills up, and the step at which it reaches its length li
 known when it starts decoding: the scheduler files it under those steps in a calendar
 (``_calendar``) and only visits the sequences filed under the current step. Sampled stop
 tokens are found with one set intersection per step.
+
+Several completions of one prompt (``SamplingParams.n > 1``) are *forks*: the caller adds the
+request's first sequence with the others (:meth:`Scheduler.add`), only the first one
+prefills, and the step that computes its last prompt token samples that logits row once per
+completion. The forks then start decoding with the prompt's full blocks shared (ref counts)
+and a device copy of its partial last block each (``BatchPlan.block_copies``), so the prompt
+is computed once for all of them. A fork counts towards ``max_num_seqs`` from its parent's
+admission on. If the step that forks is never recorded, the fork is undone and planned again.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
+from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field
 
 from pagedinfer.domain.block_pool import BlockPool, cdiv
@@ -115,13 +124,29 @@ class Scheduler:
         self._released_slots: list[int] = []
         self._in_flight: BatchPlan | None = None
         self._in_flight_version = -1
+        # n > 1: a request's other completions, by the id of its first sequence (the parent):
+        # pending until the step computing the parent's last prompt token is planned, then
+        # forking until that plan is recorded, then running sequences of their own.
+        self._pending_forks: dict[int, list[Sequence]] = {}
+        self._forking: dict[int, list[Sequence]] = {}
+        self._fork_parent: dict[int, int] = {}  # pending or forking child id -> parent id
+        # Device copies (source, destination block) of a parent's partial last block, by the
+        # child receiving it: made when the fork is planned, sent in every plan once the
+        # forking step ran until one is recorded. The source stays pinned until then.
+        self._copies_after_fork: dict[int, tuple[int, int]] = {}
+        self._block_copies: dict[int, tuple[int, int]] = {}
         self._num_preemptions = 0
         self._num_prefill_steps = 0
         self._num_decode_steps = 0
 
     # ------------------------------------------------------------------ queue
-    def add(self, seq: Sequence) -> None:
-        """Queue a new request. Raises :class:`InvalidRequestError` if it can never run."""
+    def add(self, seq: Sequence, forks: SequenceABC[Sequence] = ()) -> None:
+        """Queue a new request. Raises :class:`InvalidRequestError` if it can never run.
+
+        ``forks`` are the request's other completions (``n > 1``): fresh sequences with the
+        same prompt, each with its own id and parameters (its seed), that share ``seq``'s KV
+        and draw their first token from ``seq``'s last prompt row.
+        """
         limit = self.config.max_model_len
         if seq.num_tokens == 0:
             raise InvalidRequestError("the prompt is empty: a request needs at least one token.")
@@ -135,11 +160,58 @@ class Scheduler:
             raise InvalidRequestError(f"request id {seq.seq_id} is already queued or running.")
         if seq.status is not SequenceStatus.WAITING or seq.block_table or seq.slot >= 0:
             raise InvalidRequestError(f"{seq!r} is not a fresh request.")
+        if forks:
+            self._check_forks(seq, forks)
         self._seqs[seq.seq_id] = seq
         self.waiting.append(seq)
+        if forks:
+            self._pending_forks[seq.seq_id] = list(forks)
+            for child in forks:
+                self._seqs[child.seq_id] = child
+                self._fork_parent[child.seq_id] = seq.seq_id
+
+    def _check_forks(self, seq: Sequence, forks: SequenceABC[Sequence]) -> None:
+        n = 1 + len(forks)
+        if n > self.config.max_running:
+            raise InvalidRequestError(
+                f"n={n} completions cannot run at once: at most "
+                f"min(max_num_seqs, max_num_batched_tokens)={self.config.max_running} "
+                "sequences run together. Lower n or raise max_num_seqs."
+            )
+        size = self.block_size
+        blocks = cdiv(seq.num_tokens, size) + (len(forks) if seq.num_tokens % size else 0)
+        if blocks > self.config.num_blocks:
+            raise InvalidRequestError(
+                f"the prompt and copies of its last block for n={n} completions need "
+                f"{blocks} KV blocks; the pool has {self.config.num_blocks}. Lower n, shorten "
+                "the prompt or give the KV cache more blocks."
+            )
+        ids = {seq.seq_id}
+        for child in forks:
+            if child.seq_id in ids or child.seq_id in self._seqs:
+                raise InvalidRequestError(f"request id {child.seq_id} is used twice.")
+            ids.add(child.seq_id)
+            if child.status is not SequenceStatus.WAITING or child.block_table or child.slot >= 0:
+                raise InvalidRequestError(f"{child!r} is not a fresh request.")
+            if child.token_ids != seq.token_ids:
+                raise InvalidRequestError("the completions of a request must share its prompt.")
 
     def get(self, seq_id: int) -> Sequence | None:
         return self._seqs.get(seq_id)
+
+    def unstarted_forks(self, seq_id: int | None = None) -> list[Sequence]:
+        """Completions (``n > 1``) that do not run on their own yet: of request ``seq_id``,
+        or of every request. Those of the plan in flight hold blocks and slots already."""
+        groups = (self._pending_forks, self._forking)
+        if seq_id is not None:
+            return [child for forks in groups for child in forks.get(seq_id, ())]
+        return [child for forks in groups for children in forks.values() for child in children]
+
+    @property
+    def pending_block_copies(self) -> list[tuple[int, int]]:
+        """``(source, destination)`` block copies not yet known to have run; each pins its
+        source block with one reference until then."""
+        return [*self._copies_after_fork.values(), *self._block_copies.values()]
 
     def has_unfinished(self) -> bool:
         return bool(self._seqs)
@@ -157,6 +229,8 @@ class Scheduler:
         grow: they are preempted (never an exception) and ``None`` is returned until blocks
         come back.
         """
+        if self._in_flight is not None and self._forking:
+            self._undo_forks()  # the step that forked them never ran (or was not recorded)
         self._in_flight = None
         # Each pass either returns a plan or preempts one running sequence, so this ends.
         for _ in range(len(self.running) + 2):
@@ -169,6 +243,7 @@ class Scheduler:
                     block_size=self.block_size,
                     released_slots=tuple(self._released_slots),
                     new_requests=tuple(self._new_requests),
+                    block_copies=tuple(self._block_copies.values()) if self._block_copies else (),
                 )
                 return self._issue(plan)
             decode = self._schedule_decode()
@@ -195,12 +270,17 @@ class Scheduler:
             if budget == 0:
                 return chunks
             num_tokens = min(seq.num_uncomputed_tokens, budget, self._growth_capacity(seq))
+            forking = num_tokens == seq.num_uncomputed_tokens and seq.seq_id in self._pending_forks
+            if forking and not self._fork_fits(seq, num_tokens):
+                num_tokens -= 1  # not this step: the last prompt token must fork
+                forking = False
             if num_tokens > 0:
                 self._grow(seq, num_tokens)
-                chunks.append(ScheduledChunk(seq, num_tokens))
+                forks = self._fork(seq) if forking else ()
+                chunks.append(ScheduledChunk(seq, num_tokens, forks))
                 budget -= num_tokens
         # Then admit waiting requests in arrival order, stopping at the first that does not fit.
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_running:
+        while self.waiting and budget > 0 and self._has_room_for(self.waiting[0]):
             seq = self.waiting[0]
             num_tokens = self._admit(seq, budget)
             if num_tokens == 0:
@@ -208,16 +288,36 @@ class Scheduler:
             self.waiting.popleft()
             self.running.append(seq)
             self._prefilling.append(seq)
-            chunks.append(ScheduledChunk(seq, num_tokens))
+            forking = seq.seq_id in self._pending_forks and seq.num_uncomputed_tokens == num_tokens
+            forks = self._fork(seq) if forking else ()
+            chunks.append(ScheduledChunk(seq, num_tokens, forks))
             budget -= num_tokens
         return chunks
+
+    def _has_room_for(self, seq: Sequence) -> bool:
+        """Whether admitting ``seq`` (and its forks) keeps ``max_running`` sequences at most."""
+        running = len(self.running)
+        if self._pending_forks or self._forking:
+            # Forks of admitted requests will run: they count from admission on.
+            seqs = self._seqs
+            running += sum(
+                len(children)
+                for parent_id, children in self._pending_forks.items()
+                if seqs[parent_id].status is SequenceStatus.RUNNING
+            )
+            running += sum(len(children) for children in self._forking.values())
+            running += len(self._pending_forks.get(seq.seq_id, ()))
+        return running < self.config.max_running
 
     def _admit(self, seq: Sequence, budget: int) -> int:
         """Give ``seq`` its cached prefix and blocks for its first chunk; 0 if they don't fit."""
         pool = self.pool
         size = self.block_size
         hits = []
-        if pool.enable_prefix_caching:
+        # Prompt logprobs need the logits of every prompt token: nothing may come from the
+        # cache (as in vLLM).
+        use_cache = pool.enable_prefix_caching and seq.params.prompt_logprobs is None
+        if use_cache:
             # At least one token must be computed to get logits, so a fully cached prompt
             # still recomputes its last block.
             max_hit_blocks = (seq.num_tokens - 1) // size
@@ -226,7 +326,10 @@ class Scheduler:
         num_cached = len(hits) * size
         num_tokens = min(seq.num_tokens - num_cached, budget)
         num_new_blocks = cdiv(num_cached + num_tokens, size) - len(hits)
-        if num_new_blocks + pool.cost_of_acquiring(hits) > pool.num_free_blocks:
+        fork_blocks = 0
+        if seq.seq_id in self._pending_forks and num_cached + num_tokens == seq.num_tokens:
+            fork_blocks = self._fork_extra_blocks(seq)  # the chunk forks: copies too
+        if num_new_blocks + fork_blocks + pool.cost_of_acquiring(hits) > pool.num_free_blocks:
             return 0
         pool.acquire(hits)  # before allocating, so allocation cannot evict a hit
         new_blocks = pool.allocate(num_new_blocks)
@@ -241,7 +344,7 @@ class Scheduler:
         seq.status = SequenceStatus.RUNNING
         if seq.slot < 0:  # first admission (a preempted request keeps its slot)
             self._assign_slot(seq)
-        if pool.enable_prefix_caching:
+        if use_cache:
             pool.record_prefix_lookup(seq.num_tokens, num_cached)
         return num_tokens
 
@@ -266,7 +369,9 @@ class Scheduler:
         if not self._batch.seqs:
             return None
         return self._batch.plan(
-            released_slots=tuple(self._released_slots), new_requests=tuple(self._new_requests)
+            released_slots=tuple(self._released_slots),
+            new_requests=tuple(self._new_requests),
+            block_copies=tuple(self._block_copies.values()) if self._block_copies else (),
         )
 
     def _give_block(self, seq: Sequence, upcoming: int) -> None:
@@ -366,6 +471,92 @@ class Scheduler:
         if missing > 0:
             seq.block_table.extend(block.block_id for block in self.pool.allocate(missing))
 
+    # ------------------------------------------------------------------ forks
+    def _fork_extra_blocks(self, seq: Sequence) -> int:
+        """Blocks the forks of ``seq`` take when they start: one copy of a partial last block
+        each (a prompt that ends on a block boundary shares all of its blocks)."""
+        return len(self._pending_forks[seq.seq_id]) if seq.num_tokens % self.block_size else 0
+
+    def _fork_fits(self, seq: Sequence, num_tokens: int) -> bool:
+        needed = cdiv(seq.num_computed_tokens + num_tokens, self.block_size)
+        growth = max(needed - len(seq.block_table), 0)
+        return growth + self._fork_extra_blocks(seq) <= self.pool.num_free_blocks
+
+    def _fork(self, seq: Sequence) -> tuple[Sequence, ...]:
+        """Start ``seq``'s pending forks: the chunk being planned computes its last prompt
+        token, and each fork samples from that row. Blocks and slots are given now; the forks
+        run once the step is recorded (:meth:`_start_fork`)."""
+        children = self._pending_forks.pop(seq.seq_id)
+        pool = self.pool
+        size = self.block_size
+        num_full = seq.num_tokens // size
+        shared = seq.block_table[:num_full]
+        partial = seq.block_table[num_full] if seq.num_tokens % size else None
+        for child in children:
+            pool.share(shared)
+            child.block_table = list(shared)
+            if partial is not None:
+                copy = pool.allocate(1)[0].block_id
+                pool.share([partial])  # pinned until the copy ran
+                self._copies_after_fork[child.seq_id] = (partial, copy)
+                child.block_table.append(copy)
+            child.num_computed_tokens = seq.num_tokens
+            child.num_cached_tokens = seq.num_cached_tokens
+            child.status = SequenceStatus.RUNNING
+            self._assign_slot(child)
+        self._forking[seq.seq_id] = children
+        return tuple(children)
+
+    def _start_fork(self, child: Sequence, token: int, updated: list[Sequence]) -> None:
+        """The forking step ran: ``child`` has its first token and runs on its own."""
+        del self._fork_parent[child.seq_id]
+        copy = self._copies_after_fork.pop(child.seq_id, None)
+        if copy is not None:
+            self._block_copies[child.seq_id] = copy
+        child.token_ids.append(token)
+        self.running.append(child)
+        child.decoding = True  # its prompt is computed: one token per step from now on
+        self._joining.append(child)
+        self._register_full_blocks(child)
+        updated.append(child)
+        reason = self._finish_reason(child, token)
+        if reason is not None:
+            self._finish(child, reason)
+
+    def _undo_forks(self) -> None:
+        """The plan that forked was never recorded: back to pending, planned again later."""
+        for parent_id, children in self._forking.items():
+            for child in children:
+                self._drop_copy(child.seq_id)
+                self._release_blocks(child)
+                self._release_slot(child)
+                child.num_computed_tokens = 0
+                child.num_cached_tokens = 0
+                child.status = SequenceStatus.WAITING
+            self._pending_forks[parent_id] = children
+        self._forking = {}
+
+    def _no_more_forks(self, parent_id: int) -> None:
+        """The last pending fork of ``parent_id`` is gone: a parent that stayed prefilling
+        with one prompt token left only to fork decodes it like any other sequence."""
+        parent = self._seqs.get(parent_id)
+        if (
+            parent is not None
+            and parent.status is SequenceStatus.RUNNING
+            and not parent.decoding
+            and parent.num_uncomputed_tokens == 1
+            and self._in_flight is None  # else recording the plan in flight does this
+        ):
+            parent.decoding = True
+            self._prefilling.remove(parent)
+            self._joining.append(parent)
+
+    def _drop_copy(self, child_id: int) -> None:
+        """Forget the copy into ``child_id``'s block (its blocks are being released)."""
+        copy = self._copies_after_fork.pop(child_id, None) or self._block_copies.pop(child_id, None)
+        if copy is not None:
+            self.pool.free([copy[0]])  # unpin the source
+
     # ------------------------------------------------------------ postprocess
     def postprocess(self, plan: BatchPlan, sampled_token_ids: Iterable[int]) -> list[Sequence]:
         """Record a finished step: advance, cache full blocks, append samples, finish.
@@ -446,11 +637,18 @@ class Scheduler:
             self._register_full_blocks(seq)
             if token is not None:
                 updated.append(seq)
+                for child in self._forking.pop(seq_id, ()):  # completions sampled here too
+                    self._start_fork(child, sampled[child.seq_id], updated)
                 reason = self._finish_reason(seq, token)
                 if reason is not None:
                     self._finish(seq, reason)
                     continue
-            if not seq.decoding and seq.num_uncomputed_tokens == 1:
+            if (
+                not seq.decoding
+                and seq.num_uncomputed_tokens == 1
+                # A request's last prompt token forks in a prefill step, never in a decode.
+                and seq_id not in self._pending_forks
+            ):
                 # Prompt done (or one prompt token left over): one token per step from now.
                 seq.decoding = True
                 self._prefilling.remove(seq)
@@ -458,7 +656,13 @@ class Scheduler:
         return updated
 
     def _confirm_deltas(self, plan: BatchPlan) -> None:
-        """The plan ran: the executor has applied its sampling deltas."""
+        """The plan ran: the executor has applied its sampling deltas and block copies."""
+        if plan.block_copies:
+            done = set(plan.block_copies)
+            for child_id, copy in list(self._block_copies.items()):
+                if copy in done:
+                    del self._block_copies[child_id]
+                    self.pool.free([copy[0]])  # unpin the source
         if plan.released_slots:
             del self._released_slots[: len(plan.released_slots)]
         if plan.new_requests:
@@ -512,16 +716,31 @@ class Scheduler:
         return self.finish(seq_id, FinishReason.ABORT) is not None
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
-        if seq.status is SequenceStatus.RUNNING:
+        parent_id = self._fork_parent.pop(seq.seq_id, None)
+        if parent_id is not None:  # a completion that has not started yet
+            for forks in (self._pending_forks, self._forking):
+                children = forks.get(parent_id)
+                if children is not None and seq in children:
+                    children.remove(seq)
+                    if not children:
+                        del forks[parent_id]
+                        self._no_more_forks(parent_id)
+        elif seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
             self._stop_running(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
+        self._drop_copy(seq.seq_id)
         self._release_blocks(seq)
         self._release_slot(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         del self._seqs[seq.seq_id]
+        # Completions that were to fork from it end with it (it ended before its prompt was
+        # computed: an abort).
+        orphans = [*self._pending_forks.pop(seq.seq_id, ()), *self._forking.pop(seq.seq_id, ())]
+        for child in orphans:
+            self._finish(child, reason)
 
     def _preempt(self, seq: Sequence) -> None:
         """Recompute later: release the blocks and go back to the front of the queue."""
@@ -594,12 +813,18 @@ class Scheduler:
         for seq in running:
             # Once a step is recorded, a sequence with one token left decodes (a plan that
             # was never postprocessed may have admitted it with a one-token chunk).
-            if not seq.decoding and seq.num_uncomputed_tokens <= 1 and self._in_flight is None:
+            if (
+                not seq.decoding
+                and seq.num_uncomputed_tokens <= 1
+                and self._in_flight is None
+                and seq.seq_id not in self._pending_forks  # its last prompt token forks
+            ):
                 raise AssertionError(f"{seq!r} should be decoding")
         for seq in self.waiting:
             if seq.decoding:
                 raise AssertionError(f"waiting {seq!r} is marked decoding")
         self._check_slots()
+        self._check_forks_state()
         if self._batch_stale:
             return
         batch = self._batch
@@ -622,8 +847,36 @@ class Scheduler:
                 if seq not in self._calendar.get(step, ()):
                     raise AssertionError(f"{seq!r} is not filed under decode step {step}")
 
+    def _check_forks_state(self) -> None:
+        children = [
+            c for forks in (self._pending_forks, self._forking) for cs in forks.values() for c in cs
+        ]
+        if sorted(c.seq_id for c in children) != sorted(self._fork_parent):
+            raise AssertionError("pending and forking completions disagree with their parents")
+        for parent_id, pending in self._pending_forks.items():
+            parent = self._seqs.get(parent_id)
+            if parent is None or parent.decoding or not pending:
+                raise AssertionError(f"pending forks of {parent_id} but no prefilling parent")
+            for child in pending:
+                if (
+                    child.block_table
+                    or child.slot >= 0
+                    or child.status is not SequenceStatus.WAITING
+                ):
+                    raise AssertionError(f"pending fork {child!r} holds resources")
+        if self._forking and self._in_flight is None:
+            raise AssertionError("forks in flight without a plan in flight")
+        copies = [*self._copies_after_fork.items(), *self._block_copies.items()]
+        for child_id, (source, target) in copies:
+            holder = self._seqs.get(child_id)
+            if holder is None or target not in holder.block_table:
+                raise AssertionError(f"a block copy into {target} that {child_id} does not hold")
+            if self.pool.block(source).ref_count < 1:
+                raise AssertionError(f"the source {source} of a pending copy is free")
+
     def _check_slots(self) -> None:
-        holders = [seq for seq in [*self.running, *self.waiting] if seq.slot >= 0]
+        forking = [child for children in self._forking.values() for child in children]
+        holders = [seq for seq in [*self.running, *self.waiting, *forking] if seq.slot >= 0]
         slots = [seq.slot for seq in holders]
         if len(set(slots)) != len(slots):
             raise AssertionError(f"two requests share a sampling slot: {slots}")
