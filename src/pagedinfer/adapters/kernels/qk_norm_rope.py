@@ -92,13 +92,13 @@ def _qk_norm_rope_kernel(  # type: ignore[no-untyped-def]
     HALF: tl.constexpr,
     HALF_P2: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    NUM_Q_BLOCKS: tl.constexpr,  # cdiv(NUM_HEADS, BLOCK_H): column blocks of q heads
     HAS_NORM: tl.constexpr,
     STORE_KV: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     head_block = tl.program_id(1)
-    num_q_blocks: tl.constexpr = (NUM_HEADS + BLOCK_H - 1) // BLOCK_H
 
     offs_h = tl.arange(0, BLOCK_H)
     offs_half = tl.arange(0, HALF_P2)
@@ -108,7 +108,7 @@ def _qk_norm_rope_kernel(  # type: ignore[no-untyped-def]
     sin = tl.load(sin_ptr + position * stride_cos + offs_half, mask=half_mask, other=0.0)
     row_ptr = qkv_ptr + token * stride_qkv
 
-    if head_block < num_q_blocks:
+    if head_block < NUM_Q_BLOCKS:
         heads = head_block * BLOCK_H + offs_h
         mask = (heads < NUM_HEADS)[:, None] & half_mask[None, :]
         in_offs = heads[:, None] * HEAD_DIM + offs_half[None, :]
@@ -121,7 +121,7 @@ def _qk_norm_rope_kernel(  # type: ignore[no-untyped-def]
         tl.store(out_ptr, y1.to(q_out_ptr.dtype.element_ty), mask=mask)
         tl.store(out_ptr + HALF, y2.to(q_out_ptr.dtype.element_ty), mask=mask)
     else:
-        heads = (head_block - num_q_blocks) * BLOCK_H + offs_h
+        heads = (head_block - NUM_Q_BLOCKS) * BLOCK_H + offs_h
         mask = (heads < NUM_KV_HEADS)[:, None] & half_mask[None, :]
         head_offs = heads[:, None] * HEAD_DIM + offs_half[None, :]
         k_offs = NUM_HEADS * HEAD_DIM + head_offs
@@ -201,7 +201,8 @@ def _launch(
         triton.next_power_of_2(max(num_heads, num_kv_heads)),
         max(1, _ELEMENTS_PER_PROGRAM // (2 * half_p2)),
     )
-    grid = (num_tokens, triton.cdiv(num_heads, block_h) + triton.cdiv(num_kv_heads, block_h))
+    num_q_blocks = triton.cdiv(num_heads, block_h)
+    grid = (num_tokens, num_q_blocks + triton.cdiv(num_kv_heads, block_h))
     _qk_norm_rope_kernel[grid](
         q,
         k if k is not None else q,
@@ -226,6 +227,7 @@ def _launch(
         HALF=half,
         HALF_P2=half_p2,
         BLOCK_H=block_h,
+        NUM_Q_BLOCKS=num_q_blocks,
         HAS_NORM=has_norm,
         STORE_KV=cache is not None,
         BLOCK_SIZE=block_size,
