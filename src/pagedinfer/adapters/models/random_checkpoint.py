@@ -138,8 +138,8 @@ def build_random_checkpoint(
 
     ``spec`` is a :class:`RandomModelSpec` or a preset name; keyword ``overrides`` replace
     fields of it (``architecture="LlamaForCausalLM"``, ``num_key_value_heads=4``, ...). With
-    ``with_tokenizer=True`` a small BPE tokenizer is saved too (its vocabulary fits inside
-    ``vocab_size``, which must then be at least 512).
+    ``with_tokenizer=True`` a small BPE tokenizer is saved too (its vocabulary is exactly
+    ``vocab_size`` ids, so every sampled id decodes; ``vocab_size`` must then be >= 512).
     """
     import transformers
 
@@ -155,7 +155,7 @@ def build_random_checkpoint(
     target.mkdir(parents=True, exist_ok=True)
     eos = spec.eos_token_id
     if with_tokenizer:
-        tokenizer = build_tokenizer(min(spec.vocab_size, 1024))
+        tokenizer = build_tokenizer(spec.vocab_size)
         tokenizer.save_pretrained(str(target))
         eos = tokenizer.eos_token_id
     fields = {name: getattr(spec, name) for name in ARCHITECTURE_FIELDS[spec.architecture]}
@@ -204,7 +204,16 @@ capital of France? Write a short poem about the sea. Explain how a transformer w
 
 
 def build_tokenizer(vocab_size: int = 1024) -> Any:
-    """A byte-level BPE tokenizer trained on a short embedded text (fast, deterministic)."""
+    """A byte-level BPE tokenizer with exactly ``vocab_size`` ids, every one of which decodes
+    to text (fast, deterministic).
+
+    It is trained on a short embedded text, which yields a few hundred tokens; the rest of
+    the vocabulary is filled with merges of two trained tokens (so a random model's samples
+    print as words, not as nothing). Those filler tokens decode normally but encoding plain
+    text rarely produces them.
+    """
+    import json
+
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -218,6 +227,14 @@ def build_tokenizer(vocab_size: int = 1024) -> Any:
         show_progress=False,
     )
     tokenizer.train_from_iterator([_CORPUS] * 4, trainer=trainer)
+    if tokenizer.get_vocab_size() < vocab_size:
+        model = json.loads(tokenizer.to_str())["model"]
+        vocab, merges = _fill_vocabulary(model["vocab"], model["merges"], vocab_size)
+        filled = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+        filled.pre_tokenizer = tokenizer.pre_tokenizer
+        filled.decoder = tokenizer.decoder
+        filled.add_special_tokens(["<|endoftext|>"])
+        tokenizer = filled
     fast_tokenizer: Any = PreTrainedTokenizerFast  # untyped constructor
     result = fast_tokenizer(
         tokenizer_object=tokenizer,
@@ -227,6 +244,47 @@ def build_tokenizer(vocab_size: int = 1024) -> Any:
     )
     result.chat_template = CHAT_TEMPLATE
     return result
+
+
+def _fill_vocabulary(
+    vocab: dict[str, int], merges: list[Any], vocab_size: int
+) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """Add merges of two trained tokens, drawn with a fixed seed, until ``vocab_size`` ids."""
+    import random
+
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    vocab = dict(vocab)
+    merged: list[tuple[str, str]] = []
+    for merge in merges:
+        first, second = merge.split(" ") if isinstance(merge, str) else merge
+        merged.append((first, second))
+    # Pieces of printable ASCII text only, so that the filler tokens print as readable
+    # fragments. Each filler token becomes a piece too, so the supply never runs out.
+    printable = {char for char in ByteLevel.alphabet() if 0x20 <= _byte_of(char) < 0x7F}
+    pieces = [
+        token
+        for token, _ in sorted(vocab.items(), key=lambda item: item[1])
+        if not token.startswith("<|") and set(token) <= printable
+    ]
+    rng = random.Random(0)
+    while len(vocab) < vocab_size:
+        first, second = rng.choice(pieces), rng.choice(pieces)
+        if first + second not in vocab:
+            vocab[first + second] = len(vocab)
+            merged.append((first, second))
+            if len(first + second) <= 8:  # short pieces keep the tokenizer fast to load
+                pieces.append(first + second)
+    return vocab, merged
+
+
+def _byte_of(char: str) -> int:
+    """The byte a byte-level BPE alphabet character stands for (GPT-2's bytes_to_unicode)."""
+    code = ord(char)
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    if code in printable:
+        return code
+    return [byte for byte in range(256) if byte not in printable][code - 256]
 
 
 # ChatML, as Qwen's checkpoints use it, so that chat() and /v1/chat/completions work on the
