@@ -116,6 +116,27 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--attention-backend", default="auto", metavar="NAME", help="auto, torch, triton or flash"
     )
+    group.add_argument(
+        "--kv-cache-memory-bytes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="KV-cache size in bytes (default: sized from the configuration and memory)",
+    )
+    group.add_argument(
+        "--num-threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="torch CPU threads (default: torch's, one per core; fewer if the machine is shared)",
+    )
+    group.add_argument(
+        "--worker-timeout-s",
+        type=float,
+        default=120.0,
+        metavar="X",
+        help="how long a stalled tensor-parallel worker may hold up a step",
+    )
     group.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     group.add_argument("--no-prefix-caching", action="store_true", help="no prefix caching")
     group.add_argument(
@@ -251,6 +272,9 @@ def _engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
         "enforce_eager": args.enforce_eager,
         "enable_prefix_caching": not args.no_prefix_caching,
         "seed": args.seed,
+        "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
+        "num_threads": args.num_threads,
+        "worker_timeout_s": args.worker_timeout_s,
     }
 
 

@@ -22,6 +22,7 @@ __all__ = [
     "PagedInferError",
     "UnsupportedModelError",
     "WorkerDiedError",
+    "WorkerTimeoutError",
 ]
 
 
@@ -62,6 +63,11 @@ class BlockPoolError(PagedInferError, RuntimeError):
 
 class WorkerDiedError(PagedInferError, RuntimeError):
     """A tensor-parallel worker process exited; the engine cannot continue."""
+
+
+class WorkerTimeoutError(WorkerDiedError):
+    """A tensor-parallel worker did not respond within ``worker_timeout_s`` (stopped or hung);
+    the engine cannot continue."""
 
 
 class EngineClosedError(PagedInferError, RuntimeError):

@@ -13,21 +13,27 @@ from pathlib import Path
 
 import torch
 
-from pagedinfer.errors import KVCacheMemoryError
+from pagedinfer.errors import ConfigurationError, KVCacheMemoryError
 
 __all__ = [
     "CPU_KV_CACHE_MEMORY_FRACTION",
+    "CPU_KV_CACHE_WEIGHTS_MULTIPLE",
     "allocate_kv_cache",
     "available_host_memory",
+    "blocks_for_memory",
     "cpu_kv_block_budget",
     "cuda_kv_block_budget",
     "kv_block_bytes",
     "max_useful_blocks",
 ]
 
-# Share of the currently available host RAM the CPU KV cache may take when num_kv_blocks is
-# not given. The rest stays for the weights, activations, the tokenizer and the user's process.
+# Share of the currently available host RAM the CPU KV cache may take when neither
+# num_kv_blocks nor kv_cache_memory_bytes is given. The rest stays for the weights,
+# activations, the tokenizer and the user's process.
 CPU_KV_CACHE_MEMORY_FRACTION = 0.25
+# The default CPU KV cache holds at most this many times the model's weight bytes (but at
+# least one max_model_len sequence): a tiny model gets a tiny cache, not a quarter of the RAM.
+CPU_KV_CACHE_WEIGHTS_MULTIPLE = 4
 
 
 def kv_block_bytes(
@@ -80,20 +86,41 @@ def cpu_kv_block_budget(
     available: int,
     block_bytes: int,
     max_blocks: int,
+    min_blocks: int = 1,
+    weight_bytes: int | None = None,
     fraction: float = CPU_KV_CACHE_MEMORY_FRACTION,
+    weights_multiple: int = CPU_KV_CACHE_WEIGHTS_MULTIPLE,
 ) -> int:
-    """Blocks for ``fraction`` of ``available`` host bytes, capped at ``max_blocks``.
+    """Blocks of the CPU KV cache when neither a block count nor a byte size is given.
 
-    Raises :class:`KVCacheMemoryError` with the numbers when not even one block fits.
+    What the configuration can use (``max_blocks``), at most ``weights_multiple`` times the
+    model's weights (``weight_bytes``; a cache far larger than the model is rarely worth its
+    memory on a CPU), but at least ``min_blocks`` (one ``max_model_len`` sequence); never more
+    than ``fraction`` of the ``available`` host bytes. Raises :class:`KVCacheMemoryError` with
+    the numbers when not even one block fits.
     """
-    num_blocks = min(int(available * fraction) // block_bytes, max_blocks)
+    wanted = max_blocks
+    if weight_bytes is not None:
+        wanted = min(wanted, max(min_blocks, weights_multiple * weight_bytes // block_bytes))
+    num_blocks = min(int(available * fraction) // block_bytes, wanted)
     if num_blocks < 1:
         mib = 1 << 20
         raise KVCacheMemoryError(
             f"no host memory left for the KV cache: {available / mib:.1f} MiB available x "
             f"{fraction} = {available * fraction / mib:.1f} MiB budget, one block needs "
-            f"{block_bytes / mib:.2f} MiB. Free memory, pass num_kv_blocks explicitly, or use "
-            "a smaller kv_block_size."
+            f"{block_bytes / mib:.2f} MiB. Free memory, pass kv_cache_memory_bytes or "
+            "num_kv_blocks explicitly, or use a smaller kv_block_size."
+        )
+    return num_blocks
+
+
+def blocks_for_memory(memory_bytes: int, block_bytes: int) -> int:
+    """Blocks in ``memory_bytes`` (``kv_cache_memory_bytes``); at least one must fit."""
+    num_blocks = memory_bytes // block_bytes
+    if num_blocks < 1:
+        raise ConfigurationError(
+            f"kv_cache_memory_bytes={memory_bytes} holds no KV block: one block needs "
+            f"{block_bytes} bytes here. Give at least that, or use a smaller kv_block_size."
         )
     return num_blocks
 

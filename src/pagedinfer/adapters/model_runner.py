@@ -22,6 +22,7 @@ from pagedinfer.adapters.distributed.parallel import SINGLE_PROCESS, ParallelCon
 from pagedinfer.adapters.kv_cache import (
     allocate_kv_cache,
     available_host_memory,
+    blocks_for_memory,
     cpu_kv_block_budget,
     cuda_kv_block_budget,
     kv_block_bytes,
@@ -188,6 +189,8 @@ class ModelRunner:
                     "(or None to size the cache from memory)."
                 )
             num_blocks = config.num_kv_blocks
+        elif config.kv_cache_memory_bytes is not None:
+            num_blocks = blocks_for_memory(config.kv_cache_memory_bytes, self.block_bytes)
         elif self.device.type == "cuda":
             num_blocks = self._cuda_block_budget()
         else:
@@ -195,10 +198,14 @@ class ModelRunner:
                 available=available_host_memory(),
                 block_bytes=self.block_bytes,
                 max_blocks=max_useful_blocks(
-                    max_num_seqs=config.max_num_seqs,
+                    # Every running sequence gets a token in each decode step, so no more than
+                    # the step's token budget can run at once.
+                    max_num_seqs=min(config.max_num_seqs, config.max_num_batched_tokens),
                     max_model_len=config.max_model_len,
                     block_size=config.block_size,
                 ),
+                min_blocks=-(-config.max_model_len // config.block_size),
+                weight_bytes=sum(p.numel() * p.element_size() for p in self.model.parameters()),
             )
         # Every rank must hold the same pool; take the smallest budget.
         return self.parallel.min_over_ranks(num_blocks, self.device)

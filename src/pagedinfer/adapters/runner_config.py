@@ -20,7 +20,10 @@ class RunnerConfig:
     max_num_batched_tokens: int = 16384
     max_model_len: int = 4096
     num_kv_blocks: int | None = None  # None: size from memory (GPU budget / free RAM)
+    kv_cache_memory_bytes: int | None = None  # the KV cache's size in bytes, if given
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = False
     seed: int = 0
     tensor_parallel_size: int = 1
+    num_threads: int | None = None  # torch's CPU threads in each worker process, if given
+    worker_timeout_s: float = 120.0  # how long a tensor-parallel peer may stall a step

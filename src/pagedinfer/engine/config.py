@@ -43,6 +43,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     attention_backend: str = "auto"
     seed: int = 0
+    kv_cache_memory_bytes: int | None = None
+    num_threads: int | None = None
+    worker_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
         _positive_int("max_num_seqs", self.max_num_seqs)
@@ -52,6 +55,25 @@ class EngineConfig:
         _positive_int("tensor_parallel_size", self.tensor_parallel_size)
         if self.num_kv_blocks is not None:
             _positive_int("num_kv_blocks", self.num_kv_blocks)
+        if self.kv_cache_memory_bytes is not None:
+            _positive_int("kv_cache_memory_bytes", self.kv_cache_memory_bytes)
+            if self.num_kv_blocks is not None:
+                raise ConfigurationError(
+                    f"num_kv_blocks={self.num_kv_blocks} and kv_cache_memory_bytes="
+                    f"{self.kv_cache_memory_bytes} both size the KV cache: pass only one."
+                )
+        if self.num_threads is not None:
+            _positive_int("num_threads", self.num_threads)
+        timeout = self.worker_timeout_s
+        if (
+            not isinstance(timeout, (int, float))
+            or isinstance(timeout, bool)
+            or not math.isfinite(timeout)
+            or timeout <= 0
+        ):
+            raise ConfigurationError(
+                f"worker_timeout_s={timeout!r} is invalid: expected a number of seconds > 0."
+            )
         utilization = self.gpu_memory_utilization
         if (
             not isinstance(utilization, (int, float))

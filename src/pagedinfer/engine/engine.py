@@ -25,8 +25,9 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
+
+import torch
 
 from pagedinfer.adapters.attention import resolve_backend_name
 from pagedinfer.adapters.executor import Executor, create_executor
@@ -43,18 +44,12 @@ from pagedinfer.engine.outputs import RequestOutput, StreamDelta
 from pagedinfer.engine.progress import ProgressBar
 from pagedinfer.engine.requests import CompletionState, OutputSink, RequestState
 from pagedinfer.engine.streams import RequestStream
+from pagedinfer.engine.tokenizer import load_tokenizer
 from pagedinfer.errors import EngineClosedError, InvalidRequestError
 
 __all__ = ["Engine", "EngineStats"]
 
 Prompt = str | Sequence[int]
-
-_TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "tokenizer.model",
-    "vocab.json",
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +102,9 @@ class Engine:
         enable_prefix_caching: bool = True,
         attention_backend: str = "auto",
         seed: int = 0,
+        kv_cache_memory_bytes: int | None = None,
+        num_threads: int | None = None,
+        worker_timeout_s: float = 120.0,
     ) -> None:
         self._executor: Executor | None = None
         self._closed = True  # until construction succeeds
@@ -128,6 +126,9 @@ class Engine:
             enable_prefix_caching=enable_prefix_caching,
             attention_backend=attention_backend,
             seed=seed,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
+            num_threads=num_threads,
+            worker_timeout_s=worker_timeout_s,
         )
         self.config = config
         self.model_config = read_model_config(config.model_path)
@@ -153,8 +154,14 @@ class Engine:
             enforce_eager=config.enforce_eager,
             seed=config.seed,
             tensor_parallel_size=config.tensor_parallel_size,
+            kv_cache_memory_bytes=config.kv_cache_memory_bytes,
+            num_threads=config.num_threads,
+            worker_timeout_s=config.worker_timeout_s,
         )
-        self.tokenizer = _load_tokenizer(config.model_path)
+        if config.num_threads is not None:
+            # Process-wide: torch has one pool of CPU threads per process (docs/api.md).
+            torch.set_num_threads(config.num_threads)
+        self.tokenizer = load_tokenizer(config.model_path)
         executor = create_executor(runner_config)
         try:
             self.scheduler = Scheduler(
@@ -671,15 +678,6 @@ def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     raise InvalidRequestError(
         f"prompts must be a list of strings or of token-id lists, not {type(prompts).__name__}."
     )
-
-
-def _load_tokenizer(model_path: str) -> Any:
-    directory = Path(model_path)
-    if not any((directory / name).exists() for name in _TOKENIZER_FILES):
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_path)
 
 
 def _rate(tokens: int, seconds: float) -> float:

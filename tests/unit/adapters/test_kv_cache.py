@@ -9,14 +9,16 @@ import torch
 
 from pagedinfer.adapters.kv_cache import (
     CPU_KV_CACHE_MEMORY_FRACTION,
+    CPU_KV_CACHE_WEIGHTS_MULTIPLE,
     allocate_kv_cache,
     available_host_memory,
+    blocks_for_memory,
     cpu_kv_block_budget,
     cuda_kv_block_budget,
     kv_block_bytes,
     max_useful_blocks,
 )
-from pagedinfer.errors import KVCacheMemoryError
+from pagedinfer.errors import ConfigurationError, KVCacheMemoryError
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -114,3 +116,30 @@ def test_allocated_cache_is_zeroed_with_the_documented_layout() -> None:
     assert cache.shape == (2, 3, 5, 16, 2, 8)
     assert cache.dtype is torch.float16
     assert not cache.any()
+
+
+def test_cpu_budget_is_capped_at_a_multiple_of_the_weights() -> None:
+    """A tiny model gets a tiny cache (issue 11.11: the demo took 5.8 GB for its cache)."""
+    blocks = cpu_kv_block_budget(
+        available=24 * GIB, block_bytes=MIB, max_blocks=8192, min_blocks=16, weight_bytes=16 * MIB
+    )
+    assert blocks == CPU_KV_CACHE_WEIGHTS_MULTIPLE * 16
+    # ... but never below one max_model_len sequence, and never above the RAM fraction.
+    assert (
+        cpu_kv_block_budget(
+            available=24 * GIB, block_bytes=MIB, max_blocks=8192, min_blocks=100, weight_bytes=MIB
+        )
+        == 100
+    )
+    assert (
+        cpu_kv_block_budget(
+            available=64 * MIB, block_bytes=MIB, max_blocks=8192, min_blocks=100, weight_bytes=MIB
+        )
+        == 16
+    )
+
+
+def test_memory_knob_counts_whole_blocks() -> None:
+    assert blocks_for_memory(10 * MIB + 5, MIB) == 10
+    with pytest.raises(ConfigurationError, match="kv_cache_memory_bytes=1000"):
+        blocks_for_memory(1000, MIB)

@@ -25,6 +25,7 @@ import time
 import weakref
 from dataclasses import replace
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 from torch._C._distributed_c10d import TCPStore
@@ -50,6 +51,7 @@ from pagedinfer.errors import (
     EngineClosedError,
     PagedInferError,
     WorkerDiedError,
+    WorkerTimeoutError,
 )
 
 __all__ = [
@@ -63,7 +65,8 @@ __all__ = [
 DEFAULT_CHANNEL_BYTES = 1 << 20
 """Initial control-channel segment (it grows when a step's message does not fit)."""
 DEFAULT_TIMEOUT_S = 300.0
-"""Collective and store timeout: how long a *hung* (not dead) peer can stall a step."""
+"""Collective and store timeout while starting (rendezvous, loading, sizing the cache). Once
+serving, a step waits at most ``RunnerConfig.worker_timeout_s`` for a stalled peer."""
 STARTUP_TIMEOUT_S = 600.0
 """How long a live worker may take to import, load its shard and size its KV cache."""
 DEATH_GRACE_S = 5.0
@@ -170,7 +173,10 @@ class TensorParallelExecutor:
         model_config.check_max_model_len(config.max_model_len)
         devices = rank_devices(config.device, world_size)
         self._group = _Group()
-        self._failure: str | None = None
+        # (error class, message) raised again by every later call. Not the exception itself:
+        # its traceback would tie this executor into a reference cycle (see execute).
+        self._failure: tuple[type[WorkerDiedError], str] | None = None
+        self._step_timeout_s = config.worker_timeout_s
         self._finalizer = weakref.finalize(self, self._group.release)
         try:
             self._start(
@@ -211,24 +217,35 @@ class TensorParallelExecutor:
         """Run one step on every rank; return rank 0's sampled token ids."""
         group = self._group
         if self._failure is not None:
-            raise WorkerDiedError(self._failure)
+            kind, message = self._failure
+            raise kind(message)
         runner, channel = group.runner, group.channel
         if runner is None or channel is None:
             raise EngineClosedError("the tensor-parallel executor was used after close()")
+        started = time.monotonic()
         try:
             group.check_workers()
-            channel.send(execute_message(plan), check=group.check_workers)
+            # Waits for the workers to have read the previous step: bounded like a collective.
+            channel.send(
+                execute_message(plan), check=group.check_workers, timeout=self._step_timeout_s
+            )
             return runner.execute(plan)
         except BaseException as error:
             # The ranks are out of step now: nothing can continue on this group.
             grace = DEATH_GRACE_S if isinstance(error, Exception) else 0.0
             died = self._dead_worker_error(error, grace=grace)
+            if died is None and (
+                isinstance(error, TimeoutError)
+                or time.monotonic() - started >= self._step_timeout_s
+            ):
+                died = self._stalled_worker_error()
             self._failure = (
-                str(died)
+                (type(died), str(died))
                 if died is not None
                 else (
+                    WorkerDiedError,
                     "the tensor-parallel workers were stopped after a step failed on rank 0 "
-                    f"({error!r}); create a new Engine."
+                    f"({error!r}); create a new Engine.",
                 )
             )
             group.healthy = False
@@ -243,6 +260,18 @@ class TensorParallelExecutor:
                 raise died from error
             finally:
                 died = None
+
+    def _stalled_worker_error(self) -> WorkerTimeoutError:
+        states = ", ".join(
+            f"rank {worker.rank} (pid {worker.pid}) {_process_state(worker.pid)}"
+            for worker in self._group.workers
+        )
+        return WorkerTimeoutError(
+            f"a tensor-parallel step waited more than worker_timeout_s={self._step_timeout_s} s "
+            f"for its workers ({states}); a worker is stopped or hung. The engine cannot "
+            "continue: close it and create a new Engine (raise worker_timeout_s if steps "
+            "legitimately take longer)."
+        )
 
     def close(self) -> None:
         """Shut the workers down, free rank 0's runner, unlink the channel. Idempotent."""
@@ -293,6 +322,7 @@ class TensorParallelExecutor:
             _, num_blocks = worker.await_status(READY, check=group.check_workers, deadline=deadline)
             assert num_blocks == group.runner.num_kv_blocks, (num_blocks, group.runner)
         self.num_kv_blocks = group.runner.num_kv_blocks
+        group.group.step_timeout = timedelta(seconds=config.worker_timeout_s)
         group.healthy = True
 
     def _dead_worker_error(self, error: BaseException, *, grace: float) -> WorkerDiedError | None:
@@ -303,3 +333,23 @@ class TensorParallelExecutor:
             return None  # raised on purpose by rank 0 (e.g. a configuration error): keep it
         dead = first_dead(self._group.workers, grace) if self._group.workers else None
         return dead.died_error() if dead is not None else None
+
+
+_PROCESS_STATES = {
+    "R": "is running",
+    "S": "is waiting",
+    "D": "is in an uninterruptible wait",
+    "T": "is stopped (SIGSTOP?)",
+    "t": "is stopped by a debugger",
+    "Z": "has exited",
+}
+
+
+def _process_state(pid: int | None) -> str:
+    """What Linux says process ``pid`` is doing ("" where /proc is not available)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "is alive"
+    state = stat.rsplit(")", 1)[-1].split()[0]  # the name may contain spaces and ')'
+    return _PROCESS_STATES.get(state, f"is in state {state!r}")

@@ -7,8 +7,9 @@ the backend's collectives directly; nothing is registered globally, and a proces
 uses ``torch.distributed`` for something else is not disturbed.
 
 Rank 0 hosts the store on a port the OS picks (port 0), so engines never fight over a fixed
-rendezvous port. Every collective has a timeout: a peer that hangs turns into an error
-instead of a hung engine (a peer that *dies* is noticed much sooner, see ``executor.py``).
+rendezvous port. Every collective has a timeout (``step_timeout`` once the engine serves,
+the engine's ``worker_timeout_s``): a peer that hangs or is stopped turns into an error instead
+of a hung engine (a peer that *dies* is noticed much sooner, see ``executor.py``).
 """
 
 from __future__ import annotations
@@ -95,17 +96,24 @@ class ProcessGroupCollectives:
         else:
             backend = ProcessGroupGloo(store, rank, world_size, timeout)
         self._backend: Backend | None = backend
+        # Per-collective timeout once serving (``worker_timeout_s``); until then (loading,
+        # sizing the cache) the construction timeout, which allows for a slow start.
+        self.step_timeout: timedelta | None = None
 
     def all_reduce(self, tensor: torch.Tensor, *, minimum: bool = False) -> None:
         """Sum (or take the minimum of) ``tensor`` over the group, in place."""
         options = AllreduceOptions()
         options.reduceOp = ReduceOp(ReduceOp.MIN if minimum else ReduceOp.SUM)
+        if self.step_timeout is not None:
+            options.timeout = self.step_timeout
         self._live_backend().allreduce([tensor], options).wait()
 
     def gather(self, tensor: torch.Tensor) -> list[torch.Tensor] | None:
         """Every rank's ``tensor`` on rank 0, in rank order; None on the other ranks."""
         options = GatherOptions()
         options.rootRank = 0
+        if self.step_timeout is not None:
+            options.timeout = self.step_timeout
         if self.rank == 0:
             parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
             self._live_backend().gather([parts], [tensor], options).wait()

@@ -75,7 +75,9 @@ def run_worker(spec: WorkerSpec) -> None:
 
 def _serve(spec: WorkerSpec) -> None:
     config = spec.config
-    if config.device.type == "cpu":
+    if config.num_threads is not None:
+        torch.set_num_threads(config.num_threads)
+    elif config.device.type == "cpu":
         # Ranks share the host's cores; more threads per rank only oversubscribes them.
         torch.set_num_threads(1)
     parent = multiprocessing.parent_process()
@@ -103,6 +105,7 @@ def _serve(spec: WorkerSpec) -> None:
         parallel = ParallelContext(spec.rank, config.tensor_parallel_size, group)
         runner = ModelRunner(config, parallel)
         spec.status.send((READY, runner.num_kv_blocks))
+        group.step_timeout = timedelta(seconds=config.worker_timeout_s)
         while True:
             message = reader.receive(check=check_parent)
             command = message[0]

@@ -1,0 +1,74 @@
+"""Loading a checkpoint's tokenizer, with errors that name the file and what was expected.
+
+The engine reads ``config.json`` (``ModelConfig``) first, so a broken configuration is
+reported by our own check before transformers' tokenizer loading, which reads it too, can
+fail on it with a bare library error. Tokenizer files are then checked here: every one that
+is present must be readable (a dangling link, a symlink loop or a directory in its place is
+named), and when transformers cannot build the tokenizer, the file that is not valid JSON is
+named with the position of the problem.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from pagedinfer.errors import UnsupportedModelError
+
+__all__ = ["TOKENIZER_FILES", "load_tokenizer"]
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+"""A checkpoint has a tokenizer when one of these is present."""
+_COMPANION_FILES = ("special_tokens_map.json", "merges.txt", "added_tokens.json")
+
+
+def load_tokenizer(model_path: str) -> Any:
+    """The checkpoint's tokenizer, or None if it has no tokenizer files."""
+    directory = Path(model_path)
+    if not any(os.path.lexists(directory / name) for name in TOKENIZER_FILES):
+        return None
+    present = [
+        directory / name
+        for name in (*TOKENIZER_FILES, *_COMPANION_FILES)
+        if os.path.lexists(directory / name)
+    ]
+    for path in present:
+        _check_readable(path)
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(model_path)
+    except Exception as error:
+        for path in present:
+            _check_json(path)
+        names = ", ".join(path.name for path in present)
+        raise UnsupportedModelError(
+            f"the tokenizer of checkpoint {model_path!r} ({names}) could not be loaded: "
+            f"{type(error).__name__}: {error}. Expected the files a Hugging Face tokenizer's "
+            "save_pretrained writes; copy them again from the original checkpoint."
+        ) from error
+
+
+def _check_readable(path: Path) -> None:
+    try:
+        with path.open("rb") as file:
+            file.read(1)
+    except OSError as error:
+        raise UnsupportedModelError(
+            f"tokenizer file {str(path)!r} cannot be read ({error.strerror or error}): expected "
+            "a regular file; replace it with the checkpoint's original."
+        ) from error
+
+
+def _check_json(path: Path) -> None:
+    if path.suffix != ".json":
+        return
+    try:
+        json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise UnsupportedModelError(
+            f"tokenizer file {str(path)!r} is not valid JSON ({error}): it is corrupt or "
+            "truncated; copy it again from the original checkpoint."
+        ) from error
