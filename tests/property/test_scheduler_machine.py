@@ -18,6 +18,9 @@ sequences (``Scheduler.check_integrity``).
 Some requests have several completions (``n > 1``): each completion's "model" is salted
 differently, so forks diverge at once; the fake KV cache executes the plans' block copies, so
 a fork whose copy of the prompt's last block is missing, late or overwritten reads stale K/V.
+
+Both scheduling policies run. Under the mixed policy every plan must give every running
+decoding sequence its token (a decode row) unless it was preempted: no decode stalls.
 """
 
 from __future__ import annotations
@@ -82,6 +85,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         max_num_seqs=st.integers(1, 5),
         caching=st.booleans(),
         prefixes=st.lists(st.lists(TOKEN, min_size=1, max_size=40), min_size=1, max_size=3),
+        policy=st.sampled_from(["mixed", "mixed", "prefill_first"]),
     )
     def setup(
         self,
@@ -92,6 +96,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         max_num_seqs: int,
         caching: bool,
         prefixes: list[list[int]],
+        policy: str,
     ) -> None:
         # The smallest pool the config accepts, plus a few blocks: preemption is common.
         num_blocks = cdiv(max_model_len, block_size) + spare_blocks
@@ -103,6 +108,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             max_model_len=max_model_len,
             enable_prefix_caching=caching,
             eos_token_ids=frozenset({EOS}),
+            scheduling_policy=policy,
         )
         self.scheduler = Scheduler(self.config)
         self.prefixes = prefixes
@@ -219,7 +225,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def abandon_a_plan(self, apply_deltas: bool) -> None:
         """A step that fails after schedule(): the plan is never postprocessed; the executor
         may or may not have applied its sampling deltas (and stored some K/V)."""
-        plan = self.scheduler.schedule()
+        plan = self.schedule()
         if plan is None:
             return
         self.check_plan(plan)
@@ -250,9 +256,22 @@ class SchedulerMachine(RuleBasedStateMachine):
             event("prefix cache hit")
 
     # ------------------------------------------------------------------- the executor
-    def one_step(self) -> None:
+    def schedule(self) -> BatchPlan | None:
+        """``Scheduler.schedule``; under the mixed policy, no running decoder is left out."""
         scheduler = self.scheduler
         plan = scheduler.schedule()
+        if plan is not None and self.config.scheduling_policy == "mixed":
+            decode_rows = set(plan.seq_ids[: plan.num_decode_rows])
+            for seq in scheduler.running:
+                # Preempted sequences are no longer running: the others all get a token.
+                assert not seq.decoding or seq.seq_id in decode_rows, f"{seq!r} stalled"
+            if plan.is_mixed:
+                event("mixed step")
+        return plan
+
+    def one_step(self) -> None:
+        scheduler = self.scheduler
+        plan = self.schedule()
         if plan is None:
             # The scheduler owns the whole pool, so something can always run.
             assert not scheduler.has_unfinished(), "nothing scheduled with requests pending"
@@ -331,8 +350,16 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert 1 <= plan.num_tokens <= config.max_num_batched_tokens
         assert 1 <= plan.num_seqs <= config.max_num_seqs
         assert len(set(plan.seq_ids)) == plan.num_seqs
+        num_decode = plan.num_decode_rows
         if not plan.is_prefill:
-            assert plan.query_lens.tolist() == [1] * plan.num_seqs, "one token each in decode"
+            assert num_decode == plan.num_seqs
+        if self.config.scheduling_policy == "prefill_first":
+            assert num_decode in (0, plan.num_seqs), "prefill_first never mixes"
+        assert plan.query_lens[:num_decode].tolist() == [1] * num_decode, "one token per row"
+        assert plan.sample_indices[:num_decode].tolist() == list(range(num_decode))
+        for row, seq_id in enumerate(plan.seq_ids):
+            # Decode rows first: running decoding sequences; then chunks of the others.
+            assert self.seqs[seq_id].decoding == (row < num_decode)
         cu_q = [0]
         cu_k = [0]
         for q, k in zip(plan.query_lens, plan.context_lens, strict=True):

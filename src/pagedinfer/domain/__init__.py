@@ -14,6 +14,7 @@ from pagedinfer.domain.plan import (
     NewRequest,
     ScheduledChunk,
     build_batch_plan,
+    mixed_batch_plan,
 )
 from pagedinfer.domain.sampling import SamplingParams
 from pagedinfer.domain.scheduler import Scheduler, SchedulerConfig, SchedulerStats
@@ -41,4 +42,5 @@ __all__ = [
     "cdiv",
     "chain_hashes",
     "extend_chain",
+    "mixed_batch_plan",
 ]

@@ -36,10 +36,25 @@ last ``query_lens[i]`` of the first ``context_lens[i]`` tokens of that sequence 
 causally to those, whose K/V live in the blocks ``block_tables[i * W:(i + 1) * W]`` (after this
 step's tokens are stored at ``slot_mapping``; ``slot = block_id * block_size + offset``).
 ``W`` is the longest table in the step; shorter rows end in :data:`BLOCK_TABLE_FILLER`,
-which kernels never read because they stop at the context length. A decode step has
-``query_lens == [1] * B``, ``cu_seqlens_q == range(B + 1)`` and samples every row in order;
-prefill steps (and, later, mixed steps) sample only the rows whose chunk reaches the end of
-the sequence, at their last query token.
+which kernels never read because they stop at the context length.
+
+**Decode rows and prefill chunks.** The first ``D = num_decode_rows`` rows are *decode rows*:
+sequences whose prompt is done, computing one token each (query length 1, their whole
+history as context) and sampled in row order (``sample_indices[:D] == range(D)``). The
+other rows are *prefill chunks* (any query length, a prompt or a recomputation after
+preemption); a chunk is sampled only when it reaches the end of its sequence, at its last
+query token. Three kinds of step follow:
+
+* a *decode step*: ``is_prefill`` is False and every row is a decode row (``D == B``,
+  ``query_lens == [1] * B``, ``cu_seqlens_q == range(B + 1)``); CUDA graphs replay these;
+* a *prefill step*: ``is_prefill`` is True and ``D == 0``;
+* a *mixed step* (``is_mixed``): ``is_prefill`` is True and ``0 < D < B``: decode rows first,
+  then prefill chunks, under one token budget. Backends may attend over all rows with one
+  varlen kernel (a decode row is a query of length 1 with a cached prefix) or split the step
+  at row ``D`` (token ``D``) into a decode part and a prefill part.
+
+``num_decode_rows`` may be left out (0) when building a decode step by hand: a plan with
+``is_prefill=False`` always reports ``D == B``.
 
 **Sampling travels as deltas** (the executor that samples keeps a persistent per-slot table
 of sampling parameters). A *slot* is a small integer naming a request's row in that table,
@@ -84,6 +99,7 @@ __all__ = [
     "NewRequest",
     "ScheduledChunk",
     "build_batch_plan",
+    "mixed_batch_plan",
 ]
 
 # Block-table entries past a sequence's last block. 0 keeps every gather in bounds; kernels
@@ -142,6 +158,17 @@ class BatchPlan:
     # row's request (n > 1), and the KV blocks to copy (source, destination) before the step.
     forks: tuple[tuple[int, int], ...] = ()
     block_copies: tuple[tuple[int, int], ...] = ()
+    num_decode_rows: int = 0  # leading rows that are decode rows; see the module docstring
+
+    def __post_init__(self) -> None:
+        if not self.is_prefill:  # a decode step: every row is a decode row
+            object.__setattr__(self, "num_decode_rows", len(self.seq_ids))
+        assert 0 <= self.num_decode_rows <= len(self.seq_ids), self.num_decode_rows
+
+    @property
+    def is_mixed(self) -> bool:
+        """True for a step with decode rows and prefill chunks."""
+        return self.is_prefill and self.num_decode_rows > 0
 
     @property
     def num_seqs(self) -> int:
@@ -163,8 +190,11 @@ class BatchPlan:
     @property
     def sampled_seq_ids(self) -> list[int]:
         """The sequence id of each sample (derived; for inspection, not the hot path)."""
-        rows = [bisect_right(self.cu_seqlens_q, index) - 1 for index in self.sample_indices]
-        seq_ids = [self.seq_ids[row] for row in rows]
+        num_decode = self.num_decode_rows  # decode rows are sampled in row order
+        rows = [
+            bisect_right(self.cu_seqlens_q, index) - 1 for index in self.sample_indices[num_decode:]
+        ]
+        seq_ids = self.seq_ids[:num_decode].tolist() + [self.seq_ids[row] for row in rows]
         for j, seq_id in self.forks:
             seq_ids[j] = seq_id
         return seq_ids
@@ -251,6 +281,71 @@ def build_batch_plan(
         forks=tuple(forks),
         block_copies=block_copies,
     )
+
+
+def mixed_batch_plan(
+    decode: BatchPlan,
+    prefill: BatchPlan,
+    *,
+    released_slots: tuple[int, ...] = (),
+    new_requests: tuple[NewRequest, ...] = (),
+    block_copies: tuple[tuple[int, int], ...] = (),
+) -> BatchPlan:
+    """A mixed step: the rows of the decode step ``decode``, then the chunks of ``prefill``.
+
+    Array fields are concatenated (row and sample offsets of the prefill part shifted: its
+    ``forks`` too); the block tables are laid out at the wider of the two parts' widths. The
+    parts' own deltas and copies are ignored: the step carries ``released_slots``,
+    ``new_requests`` and ``block_copies``.
+    """
+    assert not decode.is_prefill and not decode.forks and prefill.num_decode_rows == 0
+    assert decode.block_size == prefill.block_size
+    num_rows = decode.num_seqs
+    num_tokens = decode.num_tokens  # one per decode row
+    num_keys = decode.cu_seqlens_k[-1]
+    width = max(decode.block_table_width, prefill.block_table_width)
+    return BatchPlan(
+        is_prefill=True,
+        block_size=decode.block_size,
+        seq_ids=decode.seq_ids + prefill.seq_ids,
+        query_lens=decode.query_lens + prefill.query_lens,
+        context_lens=decode.context_lens + prefill.context_lens,
+        cu_seqlens_q=decode.cu_seqlens_q + _shifted(prefill.cu_seqlens_q[1:], num_tokens),
+        cu_seqlens_k=decode.cu_seqlens_k + _shifted(prefill.cu_seqlens_k[1:], num_keys),
+        max_seqlen_q=max(decode.max_seqlen_q, prefill.max_seqlen_q),
+        max_seqlen_k=max(decode.max_seqlen_k, prefill.max_seqlen_k),
+        block_tables=_widened(decode.block_tables, num_rows, decode.block_table_width, width)
+        + _widened(prefill.block_tables, prefill.num_seqs, prefill.block_table_width, width),
+        block_table_width=width,
+        input_ids=decode.input_ids + prefill.input_ids,
+        positions=decode.positions + prefill.positions,
+        slot_mapping=decode.slot_mapping + prefill.slot_mapping,
+        sample_indices=decode.sample_indices + _shifted(prefill.sample_indices, num_tokens),
+        sample_slots=decode.sample_slots + prefill.sample_slots,
+        released_slots=released_slots,
+        new_requests=new_requests,
+        forks=tuple((j + decode.num_samples, seq_id) for j, seq_id in prefill.forks),
+        block_copies=block_copies,
+        num_decode_rows=num_rows,
+    )
+
+
+def _shifted(values: array[int], offset: int) -> array[int]:
+    return array(values.typecode, [value + offset for value in values])
+
+
+def _widened(tables: array[int], num_rows: int, width: int, new_width: int) -> array[int]:
+    """``[num_rows, width]`` row-major tables as ``[num_rows, new_width]``, filler-padded.
+
+    One strided copy per column (a few per step), not one per row: decode steps may hold
+    hundreds of rows, and tables only a few blocks wide.
+    """
+    if new_width == width:
+        return tables
+    wide = array(tables.typecode, [BLOCK_TABLE_FILLER]) * (num_rows * new_width)
+    for column in range(width):
+        wide[column::new_width] = tables[column::width]
+    return wide
 
 
 def _append_slots(out: list[int], table: list[int], start: int, end: int, block_size: int) -> None:

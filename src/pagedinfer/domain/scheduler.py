@@ -1,19 +1,34 @@
-"""Who runs this step: prefill-first FCFS scheduling with chunked prefill and preemption.
+"""Who runs this step: FCFS scheduling with chunked prefill and preemption by recompute.
 
-One step is either a *prefill* step (new or partially prefilled sequences, any number of
-tokens each) or a *decode* step (one token for every running sequence whose prompt is
-done). The scheduler owns the block pool: it allocates the blocks a step writes before the
-step runs and registers full blocks in the prefix cache after it ran (``postprocess``), so a
-block is only ever shared once its K/V exist.
+Running sequences are in one of two phases: *prefilling* (prompt tokens, or a preempted
+sequence's history, still to compute: any number of tokens per step, in chunks) or
+*decoding* (one token per step). Two policies share one token budget per step
+(``max_num_batched_tokens``) differently (``SchedulerConfig.scheduling_policy``):
 
-Decode steps are the hot path: their cost is per running sequence, every step. The decoding
+* ``"mixed"`` (the default): every step gives every decoding sequence its token (decode
+  rows), then spends the rest of the budget on partly prefilled sequences, then on new
+  admissions in arrival order (chunked). A step may thus hold decode rows *and* prefill
+  chunks (a mixed step); a decoding sequence never waits behind a prefill, only when it
+  is preempted. No request is admitted in a step that had to preempt.
+* ``"prefill_first"``: a step is either a prefill step (partly prefilled, then new
+  sequences) or, when no prefill work can run, a decode step; every decoding sequence waits
+  while prompts are prefilled.
+
+The scheduler owns the block pool: it allocates the blocks a step writes before the step
+runs and registers full blocks in the prefix cache after it ran (``postprocess``), so a
+block is only ever shared once its K/V exist. When a decoding sequence needs a block and
+none is free, the newest running sequence is preempted (its blocks freed, recomputed later).
+
+Decode rows are the hot path: their cost is per running sequence, every step. The decoding
 sequences live in a :class:`~pagedinfer.domain.decode_batch.DecodeBatch` whose arrays are
 moved on in bulk, and the scheduler looks at a single sequence only when something happens
-to it. Because every decoding sequence advances exactly one token per decode step, the step
-at which its last block fills up, and the step at which it reaches its length limit, are
-known when it starts decoding: the scheduler files it under those steps in a calendar
-(``_calendar``) and only visits the sequences filed under the current step. Sampled stop
-tokens are found with one set intersection per step.
+to it. Every decoding sequence advances exactly one token in every step that has decode rows
+(a *decode-row step*: a decode or a mixed step), so the step at which its last block fills
+up, and the step at which it reaches its length limit, are known when it starts decoding:
+the scheduler files it under those steps in a calendar (``_calendar``, counted in decode-row
+steps) and only visits the sequences filed under the current step. Sampled stop tokens are
+found with one set intersection per step. A mixed step's plan is the decode rows' plan with
+the prefill chunks appended (:func:`~pagedinfer.domain.plan.mixed_batch_plan`).
 
 Several completions of one prompt (``SamplingParams.n > 1``) are *forks*: the caller adds the
 request's first sequence with the others (:meth:`Scheduler.add`), only the first one
@@ -34,11 +49,21 @@ from dataclasses import dataclass, field
 from pagedinfer.domain.block_pool import BlockPool, cdiv
 from pagedinfer.domain.decode_batch import DecodeBatch
 from pagedinfer.domain.hashing import extend_chain
-from pagedinfer.domain.plan import BatchPlan, NewRequest, ScheduledChunk, build_batch_plan
+from pagedinfer.domain.plan import (
+    BatchPlan,
+    NewRequest,
+    ScheduledChunk,
+    build_batch_plan,
+    mixed_batch_plan,
+)
 from pagedinfer.domain.sequence import FinishReason, Sequence, SequenceStatus
 from pagedinfer.errors import ConfigurationError, InvalidRequestError
 
-__all__ = ["Scheduler", "SchedulerConfig", "SchedulerStats"]
+__all__ = ["SCHEDULING_POLICIES", "Scheduler", "SchedulerConfig", "SchedulerStats"]
+
+# "mixed": decode rows and prefill chunks share each step's budget (decode first);
+# "prefill_first": prefill steps before decode steps (a decode waits for every prefill).
+SCHEDULING_POLICIES = ("mixed", "prefill_first")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,8 +75,15 @@ class SchedulerConfig:
     max_model_len: int = 4096
     enable_prefix_caching: bool = True
     eos_token_ids: frozenset[int] = field(default_factory=frozenset)
+    scheduling_policy: str = "mixed"  # one of SCHEDULING_POLICIES
 
     def __post_init__(self) -> None:
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ConfigurationError(
+                f"scheduling_policy={self.scheduling_policy!r} is unknown: expected one of "
+                f"{', '.join(repr(name) for name in SCHEDULING_POLICIES)} ('mixed' runs "
+                "prefill chunks alongside decode rows; 'prefill_first' runs them first)."
+            )
         for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -78,11 +110,15 @@ class SchedulerConfig:
 
 @dataclass(frozen=True, slots=True)
 class SchedulerStats:
+    """Queue sizes now, and counts since the start. Steps are counted by what they hold:
+    prefill chunks only, decode rows only, or both (mixed)."""
+
     num_waiting: int
     num_running: int
     num_preemptions: int
     num_prefill_steps: int
     num_decode_steps: int
+    num_mixed_steps: int = 0
 
 
 class Scheduler:
@@ -110,10 +146,11 @@ class Scheduler:
         # Running sequences split by phase: prefilling (in running order) or decoding (rows).
         self._prefilling: list[Sequence] = []
         self._batch = DecodeBatch(config.block_size)
-        self._joining: list[Sequence] = []  # started decoding; rows from the next decode step
-        self._batch_stale = False  # the rows must be rebuilt before the next decode step
+        self._joining: list[Sequence] = []  # started decoding; rows from the next decode-row step
+        self._batch_stale = False  # the rows must be rebuilt before the next decode-row step
         self._decode_stop_ids: frozenset[int] = frozenset()  # any row's stop tokens
-        # Decode steps recorded so far, and the sequences to look at after step N.
+        # Decode-row steps (decode or mixed) recorded so far, and the sequences to look at
+        # after decode-row step N.
         self._decode_steps_done = 0
         self._calendar: dict[int, list[Sequence]] = {}
         self._needs_block: list[Sequence] = []  # rows whose last block filled up
@@ -138,6 +175,8 @@ class Scheduler:
         self._num_preemptions = 0
         self._num_prefill_steps = 0
         self._num_decode_steps = 0
+        self._num_mixed_steps = 0
+        self._mixed = config.scheduling_policy == "mixed"
 
     # ------------------------------------------------------------------ queue
     def add(self, seq: Sequence, forks: SequenceABC[Sequence] = ()) -> None:
@@ -234,22 +273,9 @@ class Scheduler:
         self._in_flight = None
         # Each pass either returns a plan or preempts one running sequence, so this ends.
         for _ in range(len(self.running) + 2):
-            chunks = self._schedule_prefill()
-            if chunks:
-                self._num_prefill_steps += 1
-                plan = build_batch_plan(
-                    chunks,
-                    is_prefill=True,
-                    block_size=self.block_size,
-                    released_slots=tuple(self._released_slots),
-                    new_requests=tuple(self._new_requests),
-                    block_copies=tuple(self._block_copies.values()) if self._block_copies else (),
-                )
+            plan = self._plan_mixed() if self._mixed else self._plan_prefill_first()
+            if plan is not None:
                 return self._issue(plan)
-            decode = self._schedule_decode()
-            if decode is not None:
-                self._num_decode_steps += 1
-                return self._issue(decode)
             if self.running:
                 # Only stuck partial prefills are left: free the newest so the others move.
                 self._preempt(self.running[-1])
@@ -257,13 +283,68 @@ class Scheduler:
                 break
         return None
 
+    def _plan_prefill_first(self) -> BatchPlan | None:
+        """Prefill chunks if any can run, else one token for every decoding sequence."""
+        chunks = self._schedule_prefill(self.config.max_num_batched_tokens)
+        if chunks:
+            self._num_prefill_steps += 1
+            return self._prefill_plan(chunks)
+        if self._schedule_decode():
+            self._num_decode_steps += 1
+            return self._decode_plan()
+        return None
+
+    def _plan_mixed(self) -> BatchPlan | None:
+        """One token for every decoding sequence, then prefill chunks in what is left."""
+        preemptions = self._num_preemptions
+        has_rows = self._schedule_decode()
+        budget = self.config.max_num_batched_tokens - len(self._batch.seqs)
+        # As in vLLM: a step that had to preempt admits nothing (or it would thrash).
+        chunks = self._schedule_prefill(budget, admit=self._num_preemptions == preemptions)
+        if not chunks:
+            if not has_rows:
+                return None
+            self._num_decode_steps += 1
+            return self._decode_plan()
+        if not has_rows:
+            self._num_prefill_steps += 1
+            return self._prefill_plan(chunks)
+        self._num_mixed_steps += 1
+        return mixed_batch_plan(
+            self._batch.plan(released_slots=(), new_requests=()),
+            build_batch_plan(chunks, is_prefill=True, block_size=self.block_size),
+            released_slots=tuple(self._released_slots),
+            new_requests=tuple(self._new_requests),
+            block_copies=self._pending_copies(),
+        )
+
+    def _pending_copies(self) -> tuple[tuple[int, int], ...]:
+        return tuple(self._block_copies.values()) if self._block_copies else ()
+
+    def _prefill_plan(self, chunks: list[ScheduledChunk]) -> BatchPlan:
+        return build_batch_plan(
+            chunks,
+            is_prefill=True,
+            block_size=self.block_size,
+            released_slots=tuple(self._released_slots),
+            new_requests=tuple(self._new_requests),
+            block_copies=self._pending_copies(),
+        )
+
+    def _decode_plan(self) -> BatchPlan:
+        return self._batch.plan(
+            released_slots=tuple(self._released_slots),
+            new_requests=tuple(self._new_requests),
+            block_copies=self._pending_copies(),
+        )
+
     def _issue(self, plan: BatchPlan) -> BatchPlan:
         self._in_flight = plan
         self._in_flight_version = self._batch.version
         return plan
 
-    def _schedule_prefill(self) -> list[ScheduledChunk]:
-        budget = self.config.max_num_batched_tokens
+    def _schedule_prefill(self, budget: int, *, admit: bool = True) -> list[ScheduledChunk]:
+        """Chunks for partly prefilled sequences, then (``admit``) new ones, in ``budget``."""
         chunks: list[ScheduledChunk] = []
         # Partially prefilled sequences first: they already hold blocks.
         for seq in self._prefilling:
@@ -280,7 +361,7 @@ class Scheduler:
                 chunks.append(ScheduledChunk(seq, num_tokens, forks))
                 budget -= num_tokens
         # Then admit waiting requests in arrival order, stopping at the first that does not fit.
-        while self.waiting and budget > 0 and self._has_room_for(self.waiting[0]):
+        while admit and self.waiting and budget > 0 and self._has_room_for(self.waiting[0]):
             seq = self.waiting[0]
             num_tokens = self._admit(seq, budget)
             if num_tokens == 0:
@@ -348,8 +429,9 @@ class Scheduler:
             pool.record_prefix_lookup(seq.num_tokens, num_cached)
         return num_tokens
 
-    def _schedule_decode(self) -> BatchPlan | None:
-        """One token for every decoding sequence: give new blocks where needed, then plan."""
+    def _schedule_decode(self) -> bool:
+        """One token for every decoding sequence: give new blocks where needed (preempting
+        if none are free) and bring the rows up to date. False when there are no rows."""
         upcoming = self._decode_steps_done + 1
         if self._batch_stale:
             needs = [seq for seq in self.running if seq.decoding and self._opens_block(seq)]
@@ -366,13 +448,7 @@ class Scheduler:
             self._join(upcoming)
         if self._batch_stale:
             self._rebuild_batch(upcoming)
-        if not self._batch.seqs:
-            return None
-        return self._batch.plan(
-            released_slots=tuple(self._released_slots),
-            new_requests=tuple(self._new_requests),
-            block_copies=tuple(self._block_copies.values()) if self._block_copies else (),
-        )
+        return bool(self._batch.seqs)
 
     def _give_block(self, seq: Sequence, upcoming: int) -> None:
         """A block for ``seq``'s next token, preempting newer sequences if none is free."""
@@ -441,7 +517,7 @@ class Scheduler:
         seqs.sort(key=lambda seq: order[id(seq)])
 
     def _file(self, seq: Sequence, step: int) -> None:
-        """Look at ``seq`` after decode step ``step`` (duplicates and stale entries are
+        """Look at ``seq`` after decode-row step ``step`` (duplicates and stale entries are
         harmless: what is due is recomputed from the sequence when the step comes)."""
         entries = self._calendar.get(step)
         if entries is None:
@@ -580,7 +656,8 @@ class Scheduler:
             )
         self._in_flight = None
         self._confirm_deltas(plan)
-        if plan.is_prefill:
+        num_rows = plan.num_decode_rows
+        if num_rows == 0:
             return self._postprocess_rows(plan, tokens)
         self._decode_steps_done += 1
         if self._batch_stale or self._batch.version != self._in_flight_version:
@@ -588,10 +665,15 @@ class Scheduler:
             self._calendar.pop(self._decode_steps_done, None)
             self._batch_stale = True
             return self._postprocess_rows(plan, tokens)
-        return self._postprocess_decode(tokens)
+        if not plan.is_prefill:
+            return self._postprocess_decode(tokens)
+        # A mixed step: the decode rows (one sample each, first), then the prefill chunks.
+        updated = self._postprocess_decode(tokens[:num_rows])
+        updated += self._postprocess_rows(plan, tokens, first_row=num_rows)
+        return updated
 
     def _postprocess_decode(self, tokens: list[int]) -> list[Sequence]:
-        """The decode step's rows are the batch's rows: advance them all at once."""
+        """The step's decode rows are the batch's rows: advance them all at once."""
         batch = self._batch
         updated = list(batch.seqs)
         batch.advance(tokens)
@@ -621,11 +703,16 @@ class Scheduler:
             self._finish(seq, finishing[seq])
         return updated
 
-    def _postprocess_rows(self, plan: BatchPlan, tokens: list[int]) -> list[Sequence]:
-        """Any plan, row by row: prefill steps, and decode steps whose rows changed."""
-        sampled = dict(zip(plan.sampled_seq_ids, tokens, strict=True))
+    def _postprocess_rows(
+        self, plan: BatchPlan, tokens: list[int], first_row: int = 0
+    ) -> list[Sequence]:
+        """Any plan, row by row from ``first_row``: prefill steps, the prefill chunks of
+        mixed steps, and decode-row steps whose rows changed. ``tokens`` are all of the
+        plan's samples; rows before ``first_row`` are decode rows (one sample each)."""
+        sampled = dict(zip(plan.sampled_seq_ids[first_row:], tokens[first_row:], strict=True))
         updated: list[Sequence] = []
-        for seq_id, num_tokens in zip(plan.seq_ids, plan.query_lens, strict=True):
+        rows = zip(plan.seq_ids[first_row:], plan.query_lens[first_row:], strict=True)
+        for seq_id, num_tokens in rows:
             seq = self._seqs.get(seq_id)
             if seq is None or seq.status is not SequenceStatus.RUNNING:
                 continue
@@ -801,6 +888,7 @@ class Scheduler:
             num_preemptions=self._num_preemptions,
             num_prefill_steps=self._num_prefill_steps,
             num_decode_steps=self._num_decode_steps,
+            num_mixed_steps=self._num_mixed_steps,
         )
 
     def check_integrity(self) -> None:
@@ -845,7 +933,7 @@ class Scheduler:
                 due.append(upcoming + len(seq.block_table) * self.block_size - 1 - position)
             for step in due:
                 if seq not in self._calendar.get(step, ()):
-                    raise AssertionError(f"{seq!r} is not filed under decode step {step}")
+                    raise AssertionError(f"{seq!r} is not filed under decode-row step {step}")
 
     def _check_forks_state(self) -> None:
         children = [

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
+
+import pytest
 
 from pagedinfer.domain import (
     BLOCK_TABLE_FILLER,
@@ -11,6 +14,7 @@ from pagedinfer.domain import (
     ScheduledChunk,
     Sequence,
     build_batch_plan,
+    mixed_batch_plan,
 )
 
 
@@ -185,3 +189,60 @@ def test_a_plan_pickles_small() -> None:
     restored = pickle.loads(pickle.dumps(plan))
     assert restored == plan
     assert len(pickle.dumps(plan)) < 2_000
+
+
+# ----------------------------------------------------------------------------- mixed steps
+def mixed_parts(
+    decode_tables: list[list[int]], chunk_tables: list[list[int]]
+) -> tuple[list[ScheduledChunk], list[ScheduledChunk]]:
+    """Decode rows (one token each, every other token computed) and whole-prompt chunks."""
+    decoders = []
+    for i, table in enumerate(decode_tables):
+        length = 4 * len(table) - 1 - i % 2
+        decoders.append(ScheduledChunk(make_seq(i, length, table, computed=length - 1), 1))
+    chunks = []
+    for j, table in enumerate(chunk_tables):
+        seq = make_seq(10 + j, 4 * len(table) - 2, table, computed=j)
+        chunks.append(ScheduledChunk(seq, seq.num_tokens - seq.num_computed_tokens))
+    return decoders, chunks
+
+
+@pytest.mark.parametrize(
+    ("decode_tables", "chunk_tables"),
+    [
+        ([[1], [2, 3], [4]], [[5, 6, 7], [8]]),  # the chunks' tables are wider
+        ([[1, 2, 3, 9], [4]], [[5], [6, 7]]),  # the decode rows' tables are wider
+        ([[1, 2]], [[3, 4]]),  # equal widths
+    ],
+)
+def test_a_mixed_plan_is_the_decode_rows_then_the_chunks(
+    decode_tables: list[list[int]], chunk_tables: list[list[int]]
+) -> None:
+    decoders, chunks = mixed_parts(decode_tables, chunk_tables)
+    plan = mixed_batch_plan(
+        build_batch_plan(decoders, is_prefill=False, block_size=4),
+        build_batch_plan(chunks, is_prefill=True, block_size=4),
+        released_slots=(5,),
+    )
+    # The same arrays as one plan over all rows, with the decode rows marked.
+    expected = build_batch_plan([*decoders, *chunks], is_prefill=True, block_size=4)
+    for field in dataclasses.fields(plan):
+        if field.name not in ("released_slots", "num_decode_rows"):
+            assert getattr(plan, field.name) == getattr(expected, field.name), field.name
+    assert plan.is_prefill and plan.is_mixed
+    assert plan.num_decode_rows == len(decoders)
+    assert plan.released_slots == (5,)
+    assert plan.sample_indices[: len(decoders)].tolist() == list(range(len(decoders)))
+    assert plan.sampled_seq_ids == [c.seq.seq_id for c in decoders] + [c.seq.seq_id for c in chunks]
+    assert plan.block_table_width == max(map(len, decode_tables + chunk_tables))
+    assert plan.has_cached_prefix
+
+
+def test_decode_and_prefill_plans_are_not_mixed() -> None:
+    decoders, chunks = mixed_parts([[1], [2]], [[3]])
+    decode = build_batch_plan(decoders, is_prefill=False, block_size=4)
+    prefill = build_batch_plan(chunks, is_prefill=True, block_size=4)
+    assert (decode.num_decode_rows, decode.is_mixed) == (2, False)
+    assert (prefill.num_decode_rows, prefill.is_mixed) == (0, False)
+    # A decode step built by hand without the count reports every row as a decode row.
+    assert dataclasses.replace(decode, num_decode_rows=0).num_decode_rows == 2

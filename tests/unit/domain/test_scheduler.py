@@ -39,6 +39,7 @@ def make(
     enable_prefix_caching: bool = True,
     eos: frozenset[int] = frozenset(),
     pool: BlockPool | None = None,
+    policy: str = "mixed",
 ) -> Scheduler:
     config = SchedulerConfig(
         num_blocks=num_blocks,
@@ -48,6 +49,7 @@ def make(
         max_model_len=max_model_len,
         enable_prefix_caching=enable_prefix_caching,
         eos_token_ids=eos,
+        scheduling_policy=policy,
     )
     return Scheduler(config, pool)
 
@@ -189,8 +191,8 @@ def test_prefill_admits_in_arrival_order_and_allocates_blocks() -> None:
     assert not scheduler.waiting
 
 
-def test_prefill_goes_before_decode() -> None:
-    scheduler = make()
+def test_prefill_goes_before_decode_under_the_prefill_first_policy() -> None:
+    scheduler = make(policy="prefill_first")
     add(scheduler, 0, prompt(0, 5))
     add(scheduler, 1, prompt(1, 3))
     sampler = constant_sampler(7)
@@ -203,7 +205,7 @@ def test_prefill_goes_before_decode() -> None:
     assert result is not None
     assert not result.plan.is_prefill and result.plan.seq_ids.tolist() == [0, 1, 2]
     stats = scheduler.stats()
-    assert (stats.num_prefill_steps, stats.num_decode_steps) == (2, 1)
+    assert (stats.num_prefill_steps, stats.num_decode_steps, stats.num_mixed_steps) == (2, 1, 0)
 
 
 def test_admission_is_strictly_first_come_first_served() -> None:
@@ -263,18 +265,21 @@ def test_token_budget_counts_only_uncached_tokens() -> None:
             assert b.num_cached_tokens == 0
 
 
-def test_admission_counts_hits_on_blocks_in_use_as_free() -> None:
+@pytest.mark.parametrize("policy", ["mixed", "prefill_first"])
+def test_admission_counts_hits_on_blocks_in_use_as_free(policy: str) -> None:
     # 4 blocks; a holds 3. b shares a's first two blocks and needs just one more: it fits.
-    scheduler = make(num_blocks=4, block_size=4, max_model_len=16)
+    scheduler = make(num_blocks=4, block_size=4, max_model_len=16, policy=policy)
     a = add(scheduler, 0, prompt(0, 9))
     sampler = constant_sampler(7)
     step(scheduler, sampler)
     assert scheduler.pool.num_free_blocks == 1
     b = add(scheduler, 1, [*prompt(0, 8), 5])
     result = step(scheduler, sampler)
-    assert result is not None and result.plan.seq_ids.tolist() == [1]
+    # Under the mixed policy a decodes in the same step (its token still fits in block 2).
+    expected = [0, 1] if policy == "mixed" else [1]
+    assert result is not None and result.plan.seq_ids.tolist() == expected
     assert b.block_table[:2] == a.block_table[:2]
-    assert b.num_cached_tokens == 8 and result.plan.query_lens.tolist() == [1]
+    assert b.num_cached_tokens == 8 and result.plan.query_lens.tolist()[-1] == 1
     assert scheduler.pool.num_free_blocks == 0
 
 
@@ -374,11 +379,12 @@ def test_chunks_share_the_budget_with_new_requests() -> None:
     assert second.plan.sampled_seq_ids == [0, 1]
 
 
-def test_chunked_prefill_output_equals_a_single_prefill() -> None:
+@pytest.mark.parametrize("policy", ["mixed", "prefill_first"])
+def test_chunked_prefill_output_equals_a_single_prefill(policy: str) -> None:
     prompts = {0: prompt(0, 23), 1: prompt(1, 5)}
     params = SamplingParams(max_tokens=6, ignore_eos=True)
     expected = reference_completions(prompts, params, max_model_len=64)
-    scheduler = make(max_num_batched_tokens=3, block_size=2)
+    scheduler = make(max_num_batched_tokens=3, block_size=2, policy=policy)
     seqs = [add(scheduler, i, tokens, params) for i, tokens in prompts.items()]
     run_to_completion(scheduler, hash_sampler())
     assert {s.seq_id: s.completion_token_ids for s in seqs} == expected
@@ -447,11 +453,12 @@ def test_preemption_spares_older_sequences() -> None:
     assert c.block_table == []
 
 
-def test_preempted_sequences_finish_with_the_reference_tokens() -> None:
+@pytest.mark.parametrize("policy", ["mixed", "prefill_first"])
+def test_preempted_sequences_finish_with_the_reference_tokens(policy: str) -> None:
     prompts = {i: prompt(i, 3 + i) for i in range(4)}
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     expected = reference_completions(prompts, params, max_model_len=24)
-    scheduler = make(num_blocks=6, block_size=4, max_model_len=24)
+    scheduler = make(num_blocks=6, block_size=4, max_model_len=24, policy=policy)
     seqs = [add(scheduler, i, tokens, params) for i, tokens in prompts.items()]
     run_to_completion(scheduler, hash_sampler())
     assert scheduler.stats().num_preemptions > 0
@@ -655,8 +662,9 @@ def test_finish_stops_a_request_with_the_given_reason() -> None:
 
 
 # ------------------------------------------------------------------------------- fairness
-def test_no_waiting_request_starves_under_a_stream_of_new_ones() -> None:
-    scheduler = make(num_blocks=8, block_size=4, max_num_seqs=2, max_model_len=32)
+@pytest.mark.parametrize("policy", ["mixed", "prefill_first"])
+def test_no_waiting_request_starves_under_a_stream_of_new_ones(policy: str) -> None:
+    scheduler = make(num_blocks=8, block_size=4, max_num_seqs=2, max_model_len=32, policy=policy)
     params = SamplingParams(max_tokens=3, ignore_eos=True)
     seqs = [add(scheduler, i, prompt(i, 6 + 5 * (i % 3)), params) for i in range(3)]
     sampler = hash_sampler()
@@ -719,28 +727,48 @@ def plan_fields(plan: BatchPlan) -> dict[str, object]:
     }
 
 
-def test_decode_plans_equal_the_from_scratch_builder_across_blocks_and_finishes() -> None:
-    # Block size 4, staggered lengths: rows open blocks and finish on different steps, the
-    # widest row leaves; every decode plan must equal one built from the sequences.
-    scheduler = make(num_blocks=64, block_size=4, max_model_len=40)
+@pytest.mark.parametrize(
+    ("policy", "budget"), [("mixed", 1024), ("mixed", 7), ("prefill_first", 7)]
+)
+def test_decode_plans_equal_the_from_scratch_builder_across_blocks_and_finishes(
+    policy: str, budget: int
+) -> None:
+    # Block size 4, staggered lengths and arrivals: rows open blocks and finish on different
+    # steps, the widest row leaves; every plan with decode rows (decode or mixed) must equal
+    # one built from the sequences: decode rows in running order, then the chunks.
+    scheduler = make(
+        num_blocks=64, block_size=4, max_model_len=40, max_num_batched_tokens=budget, policy=policy
+    )
     seqs = [
         add(scheduler, i, prompt(i, 3 + 2 * i), SamplingParams(max_tokens=4 + 5 * (i % 3)))
-        for i in range(5)
+        for i in range(3)
     ]
     sampler = hash_sampler()
-    decode_steps = 0
+    decode_steps = mixed_steps = 0
     while scheduler.has_unfinished():
+        if decode_steps + mixed_steps in (2, 5):  # arrivals while others decode
+            n = len(seqs)
+            seqs.append(add(scheduler, n, prompt(n, 3 + 2 * n), SamplingParams(max_tokens=9)))
         plan = scheduler.schedule()
         assert plan is not None
-        if not plan.is_prefill:
-            decode_steps += 1
-            chunks = [ScheduledChunk(seq, 1) for seq in scheduler.running if seq.decoding]
-            expected = build_batch_plan(chunks, is_prefill=False, block_size=4)
+        if plan.num_decode_rows:
+            decode_steps += not plan.is_prefill
+            mixed_steps += plan.is_mixed
+            rows = [ScheduledChunk(seq, 1) for seq in scheduler.running if seq.decoding]
+            assert plan.num_decode_rows == len(rows)
+            for row in range(len(rows), plan.num_seqs):
+                seq = scheduler.get(plan.seq_ids[row])
+                assert seq is not None and not seq.decoding
+                rows.append(ScheduledChunk(seq, plan.query_lens[row]))
+            expected = build_batch_plan(rows, is_prefill=plan.is_prefill, block_size=4)
+            expected = dataclasses.replace(expected, num_decode_rows=plan.num_decode_rows)
             assert plan_fields(plan) == plan_fields(expected)
         tokens = [sampler(scheduler.get(i).token_ids) for i in plan.sampled_seq_ids]  # type: ignore[union-attr]
         scheduler.postprocess(plan, tokens)
         scheduler.check_integrity()
-    assert decode_steps >= 10
+    assert decode_steps + mixed_steps >= 10
+    assert (mixed_steps > 0) == (policy == "mixed")
+    assert scheduler.stats().num_mixed_steps == mixed_steps
     assert all(seq.is_finished for seq in seqs)
     assert_all_free(scheduler)
 
@@ -866,3 +894,147 @@ def test_check_integrity_finds_a_missing_calendar_entry() -> None:
     scheduler._calendar.clear()
     with pytest.raises(AssertionError, match="is not filed"):
         scheduler.check_integrity()
+
+
+# --------------------------------------------------------------------------- mixed steps
+def test_config_refuses_an_unknown_scheduling_policy() -> None:
+    with pytest.raises(ConfigurationError, match="scheduling_policy='decode_first'"):
+        SchedulerConfig(
+            num_blocks=8, block_size=4, max_model_len=16, scheduling_policy="decode_first"
+        )
+    assert (
+        SchedulerConfig(num_blocks=8, block_size=4, max_model_len=16).scheduling_policy == "mixed"
+    )
+
+
+def test_decode_rows_come_first_and_prefill_chunks_share_the_rest_of_the_budget() -> None:
+    scheduler = make(max_num_batched_tokens=5, block_size=4)
+    add(scheduler, 0, prompt(0, 3))
+    add(scheduler, 1, prompt(1, 2))
+    sampler = constant_sampler(7)
+    step(scheduler, sampler)  # both prompts in one prefill step
+    add(scheduler, 2, prompt(2, 8))
+    layouts = []
+    for _ in range(4):
+        result = step(scheduler, sampler)
+        assert result is not None
+        plan = result.plan
+        layouts.append((plan.seq_ids.tolist(), plan.query_lens.tolist(), plan.num_decode_rows))
+    assert layouts == [
+        ([0, 1, 2], [1, 1, 3], 2),  # 2 decode rows + 3 of the 8 prompt tokens
+        ([0, 1, 2], [1, 1, 3], 2),
+        ([0, 1, 2], [1, 1, 2], 2),  # the prompt's last 2 tokens: sampled
+        ([0, 1, 2], [1, 1, 1], 3),  # 2 starts decoding: a decode step of 3 rows
+    ]
+    stats = scheduler.stats()
+    assert (stats.num_prefill_steps, stats.num_mixed_steps, stats.num_decode_steps) == (1, 3, 1)
+    scheduler.check_integrity()
+
+
+def test_partly_prefilled_sequences_come_before_new_admissions() -> None:
+    scheduler = make(max_num_batched_tokens=4, block_size=4)
+    add(scheduler, 0, prompt(0, 1))
+    sampler = constant_sampler(7)
+    step(scheduler, sampler)  # 0 decodes from now on
+    add(scheduler, 1, prompt(1, 6))
+    add(scheduler, 2, prompt(2, 2))
+    first = step(scheduler, sampler)
+    second = step(scheduler, sampler)
+    assert first is not None and second is not None
+    assert (first.plan.seq_ids.tolist(), first.plan.query_lens.tolist()) == ([0, 1], [1, 3])
+    # 1 continues (3 tokens) before 2 is admitted: nothing left for 2 this step.
+    assert (second.plan.seq_ids.tolist(), second.plan.query_lens.tolist()) == ([0, 1], [1, 3])
+    third = step(scheduler, sampler)
+    assert third is not None
+    assert (third.plan.seq_ids.tolist(), third.plan.query_lens.tolist()) == ([0, 1, 2], [1, 1, 2])
+
+
+def count_stalls(policy: str) -> tuple[int, int]:
+    """Steps in which a running decoding sequence got no token, and preemptions, while long
+    prompts arrive in chunks among decoding sequences."""
+    scheduler = make(
+        num_blocks=128, block_size=4, max_num_batched_tokens=8, max_model_len=128, policy=policy
+    )
+    sampler = hash_sampler()
+    params = SamplingParams(max_tokens=30, ignore_eos=True)
+    for seq_id in range(3):
+        add(scheduler, seq_id, prompt(seq_id, 2), params)
+    stalls = 0
+    for index in range(200):
+        if index % 10 == 5 and index < 60:  # a long prompt arrives every 10 steps
+            add(scheduler, 3 + index, prompt(3 + index, 40), params)
+        decoding = {seq.seq_id for seq in scheduler.running if seq.decoding}
+        result = step(scheduler, sampler)
+        if result is None:
+            break
+        served = set(result.plan.seq_ids[: result.plan.num_decode_rows])
+        still_running = {seq.seq_id for seq in scheduler.running} | {
+            seq.seq_id for seq in result.updated
+        }
+        stalls += bool((decoding & still_running) - served)
+    assert not scheduler.has_unfinished()
+    return stalls, scheduler.stats().num_preemptions
+
+
+def test_decoding_sequences_never_stall_behind_a_prefill_under_the_mixed_policy() -> None:
+    assert count_stalls("mixed") == (0, 0)
+    stalls, preemptions = count_stalls("prefill_first")
+    assert preemptions == 0 and stalls >= 6 * 5  # every chunk of every long prompt
+
+
+def test_a_step_that_preempts_admits_nothing() -> None:
+    # Pool of 4 blocks of 2: a and b decode in two blocks each; a's next token needs a third
+    # block: b is preempted. c waits: nothing is admitted in the step that preempted.
+    scheduler = make(num_blocks=4, block_size=2, max_model_len=8)
+    a = add(scheduler, 0, [1, 2, 3])
+    b = add(scheduler, 1, [4, 5, 6])
+    sampler = constant_sampler(9)
+    step(scheduler, sampler)
+    c = add(scheduler, 2, [7])
+    step(scheduler, sampler)  # decode position 3; c does not fit
+    result = step(scheduler, sampler)
+    assert result is not None and result.plan.seq_ids.tolist() == [0]
+    assert b.status is SequenceStatus.WAITING and c.status is SequenceStatus.WAITING
+    assert list(scheduler.waiting) == [b, c]
+    assert a.num_preemptions == 0 and b.num_preemptions == 1
+    scheduler.check_integrity()
+
+
+def test_abort_between_a_mixed_schedule_and_its_postprocess() -> None:
+    scheduler = make(max_num_batched_tokens=6)
+    a, b = (add(scheduler, i, prompt(i, 3)) for i in range(2))
+    step(scheduler, constant_sampler(7))
+    c = add(scheduler, 2, prompt(2, 3))
+    d = add(scheduler, 3, prompt(3, 9))
+    plan = scheduler.schedule()
+    assert plan is not None and plan.is_mixed
+    assert (plan.seq_ids.tolist(), plan.query_lens.tolist()) == ([0, 1, 2, 3], [1, 1, 3, 1])
+    scheduler.abort(1)
+    updated = scheduler.postprocess(plan, [8, 9, 10])  # rows 0, 1 and 2 are sampled
+    assert updated == [a, c]
+    assert (a.completion_token_ids, c.completion_token_ids) == ([7, 8], [10])
+    assert d.num_computed_tokens == 1 and b.is_finished
+    scheduler.check_integrity()
+    result = step(scheduler, constant_sampler(11))  # the rows are rebuilt without b
+    assert result is not None and result.plan.seq_ids.tolist() == [0, 2, 3]
+    assert result.plan.num_decode_rows == 2
+    scheduler.check_integrity()
+
+
+def test_a_decoder_finishes_in_the_step_that_completes_a_prompt() -> None:
+    scheduler = make(max_num_batched_tokens=4, block_size=2)
+    a = add(scheduler, 0, prompt(0, 2), SamplingParams(max_tokens=2, ignore_eos=True))
+    sampler = hash_sampler()
+    step(scheduler, sampler)
+    b = add(scheduler, 1, prompt(1, 3), SamplingParams(max_tokens=3, ignore_eos=True))
+    result = step(scheduler, sampler)  # a's last token, b's whole prompt
+    assert result is not None and result.plan.is_mixed and result.updated == [a, b]
+    assert a.is_finished and b.decoding
+    scheduler.check_integrity()
+    result = step(scheduler, sampler)  # b's first decode, alone
+    assert result is not None and result.plan.seq_ids.tolist() == [1]
+    assert not result.plan.is_prefill
+    scheduler.check_integrity()
+    run_to_completion(scheduler, sampler)
+    assert b.num_completion_tokens == 3
+    assert_all_free(scheduler)
