@@ -140,6 +140,13 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     group.add_argument("--no-prefix-caching", action="store_true", help="no prefix caching")
     group.add_argument(
+        "--scheduling-policy",
+        default="mixed",
+        choices=("mixed", "prefill_first"),
+        help="mixed: prompt chunks ride along with decode tokens in one step; "
+        "prefill_first: prefill steps before decode steps",
+    )
+    group.add_argument(
         "--seed", type=int, metavar="N", default=0, help="sampler seed of unseeded requests"
     )
 
@@ -275,6 +282,7 @@ def _engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
         "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
         "num_threads": args.num_threads,
         "worker_timeout_s": args.worker_timeout_s,
+        "scheduling_policy": args.scheduling_policy,
     }
 
 

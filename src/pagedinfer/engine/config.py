@@ -7,9 +7,16 @@ from dataclasses import dataclass
 
 import torch
 
+from pagedinfer.domain.scheduler import SCHEDULING_POLICIES
 from pagedinfer.errors import ConfigurationError
 
-__all__ = ["ATTENTION_BACKENDS", "EngineConfig", "resolve_device", "resolve_dtype"]
+__all__ = [
+    "ATTENTION_BACKENDS",
+    "SCHEDULING_POLICIES",
+    "EngineConfig",
+    "resolve_device",
+    "resolve_dtype",
+]
 
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash")
 
@@ -46,6 +53,7 @@ class EngineConfig:
     kv_cache_memory_bytes: int | None = None
     num_threads: int | None = None
     worker_timeout_s: float = 120.0
+    scheduling_policy: str = "mixed"
 
     def __post_init__(self) -> None:
         _positive_int("max_num_seqs", self.max_num_seqs)
@@ -94,6 +102,11 @@ class EngineConfig:
                 raise ConfigurationError(f"{name}={getattr(self, name)!r} must be True or False.")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ConfigurationError(f"seed={self.seed!r} must be an integer.")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ConfigurationError(
+                f"scheduling_policy={self.scheduling_policy!r} is unknown: choose one of "
+                f"{', '.join(SCHEDULING_POLICIES)}."
+            )
 
 
 def _positive_int(name: str, value: object, minimum: int = 1) -> None:

@@ -80,6 +80,9 @@ class Engine:
     has ``num_kv_blocks`` blocks of ``kv_block_size`` tokens, or is sized from free memory
     (``gpu_memory_utilization`` of the GPU, a fraction of free RAM on the CPU).
     ``attention_backend`` is ``"auto"``, ``"torch"``, ``"triton"`` or ``"flash"``.
+    ``scheduling_policy="mixed"`` (the default) lets prefill chunks ride along with the
+    decoding sequences' tokens in one step; ``"prefill_first"`` runs prefill steps first
+    (decoding sequences wait while prompts are prefilled).
     Unknown keyword arguments raise ``TypeError``.
 
     Every method may be called from any thread (see docs/api.md, "Threads").
@@ -105,6 +108,7 @@ class Engine:
         kv_cache_memory_bytes: int | None = None,
         num_threads: int | None = None,
         worker_timeout_s: float = 120.0,
+        scheduling_policy: str = "mixed",
     ) -> None:
         self._executor: Executor | None = None
         self._closed = True  # until construction succeeds
@@ -129,6 +133,7 @@ class Engine:
             kv_cache_memory_bytes=kv_cache_memory_bytes,
             num_threads=num_threads,
             worker_timeout_s=worker_timeout_s,
+            scheduling_policy=scheduling_policy,
         )
         self.config = config
         self.model_config = read_model_config(config.model_path)
@@ -173,6 +178,7 @@ class Engine:
                     max_model_len=self.max_model_len,
                     enable_prefix_caching=config.enable_prefix_caching,
                     eos_token_ids=frozenset(self.model_config.eos_token_ids),
+                    scheduling_policy=config.scheduling_policy,
                 )
             )
         except BaseException:
@@ -457,13 +463,14 @@ class Engine:
             self.scheduler.pool.reset_prefix_cache()
 
     def _account(self, plan: BatchPlan, num_sampled: int, seconds: float) -> None:
-        if plan.is_prefill:
-            self._prompt_tokens += plan.num_tokens
-            self._prefill_seconds += seconds
-        else:
-            self._decode_seconds += seconds
+        # A mixed step's time is shared between prefill and decode by their token counts.
+        prompt_tokens = plan.num_tokens - plan.num_decode_rows
+        prefill_seconds = seconds * prompt_tokens / plan.num_tokens if plan.num_tokens else 0.0
+        self._prompt_tokens += prompt_tokens
+        self._prefill_seconds += prefill_seconds
+        self._decode_seconds += seconds - prefill_seconds
         self._generated_tokens += num_sampled
-        self._last_step = (plan.is_prefill, plan.num_tokens, seconds)
+        self._last_step = (plan.is_prefill, prompt_tokens or plan.num_tokens, seconds)
 
     # -------------------------------------------------------------------- close
     def close(self) -> None:

@@ -39,6 +39,7 @@ def generate(
     params: SamplingParams | SequenceABC[SamplingParams],
     *,
     enable_prefix_caching: bool = True,
+    scheduling_policy: str = "mixed",
     scheduler: Scheduler | None = None,
     plans: list[BatchPlan] | None = None,
 ) -> tuple[list[list[int]], Scheduler]:
@@ -56,6 +57,7 @@ def generate(
                 max_num_batched_tokens=config.max_num_batched_tokens,
                 max_model_len=config.max_model_len,
                 enable_prefix_caching=enable_prefix_caching,
+                scheduling_policy=scheduling_policy,
             )
         )
     per_prompt = [params] * len(prompts) if isinstance(params, SamplingParams) else params

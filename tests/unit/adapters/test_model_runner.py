@@ -36,13 +36,13 @@ def assert_matches_transformers(
 
 
 @pytest.mark.parametrize(
-    ("block_size", "num_kv_blocks", "max_batched", "prefix_caching"),
+    ("block_size", "num_kv_blocks", "max_batched", "prefix_caching", "policy"),
     [
-        (16, 64, 512, True),  # roomy pool, whole prompts in one step
-        (16, 64, 512, False),
-        (16, 9, 40, True),  # chunked prefill and preemption with a cache
-        (32, 5, 24, False),  # chunked prefill and preemption without one
-        (256, 2, 512, True),  # one block per sequence
+        (16, 64, 512, True, "mixed"),  # roomy pool, whole prompts in one step
+        (16, 64, 512, False, "mixed"),
+        (16, 9, 40, True, "mixed"),  # chunked prefill and preemption with a cache
+        (32, 5, 24, False, "prefill_first"),  # chunked prefill and preemption without one
+        (256, 2, 512, True, "mixed"),  # one block per sequence
     ],
 )
 def test_greedy_matches_transformers(
@@ -51,6 +51,7 @@ def test_greedy_matches_transformers(
     num_kv_blocks: int,
     max_batched: int,
     prefix_caching: bool,
+    policy: str,
 ) -> None:
     prompts = mixed_prompts()
     runner = make_runner(
@@ -62,7 +63,12 @@ def test_greedy_matches_transformers(
     )
     plans: list[BatchPlan] = []
     outputs, scheduler = generate(
-        runner, prompts, GREEDY, enable_prefix_caching=prefix_caching, plans=plans
+        runner,
+        prompts,
+        GREEDY,
+        enable_prefix_caching=prefix_caching,
+        scheduling_policy=policy,
+        plans=plans,
     )
     assert_matches_transformers(tiny_checkpoint, prompts, outputs)
     # The configuration really exercised what it is meant to.

@@ -64,9 +64,11 @@ def test_triton_engine_matches_transformers(make_checkpoint: Callable[..., Path]
 
     assert [o.token_ids for o in cold] == expected
     assert [o.token_ids for o in warm] == expected
-    # The 51-token prompt cannot be prefilled in one 32-token step: chunked prefill.
-    assert len(prompts[0]) > MAX_BATCHED and cold_stats.num_prefill_steps >= 3
-    assert cold_stats.num_decode_steps == MAX_TOKENS - 1  # all three decode together
+    # The 51-token prompt cannot be prefilled in one 32-token step: chunked prefill, some
+    # chunks beside the decode rows of the prompts already done (mixed steps).
+    chunk_steps = cold_stats.num_prefill_steps + cold_stats.num_mixed_steps
+    assert len(prompts[0]) > MAX_BATCHED and chunk_steps >= 3
+    assert cold_stats.num_mixed_steps >= 1
     # The second prompt is admitted after the first one's first chunk stored two shared
     # blocks, so even the cold pass hits the prefix cache; the warm pass reads every full
     # prompt block from it.
