@@ -19,7 +19,8 @@ Sections, in the order they run:
        bound_s = bytes / copy_bandwidth;   bound_tok_s = output_tokens / bound_s
 
 5. **Profile**: ``torch.profiler`` over one decode step (256 sequences, ~1k context, CUDA
-   graphs, and again eagerly for the launch count) and one 16k-token prefill step: kernels
+   graphs, and again eagerly for the launch count), one mixed step (those decode rows and
+   prompts that arrived meanwhile, eager) and one 16k-token prefill step: kernels
    per step, time in attention, GEMMs and the rest, and the decode kernel's achieved
    bandwidth (K/V bytes it must read over its time).
 
@@ -405,7 +406,8 @@ def step_until(engine: Engine, predicate: Callable[[], bool], limit: int = 10_00
 def profile_steps(
     engine: Engine, facts: ModelFacts, args: argparse.Namespace, bandwidth: float
 ) -> list[str]:
-    """Profile a decode step of ``--profile-batch`` sequences and one full prefill step."""
+    """Profile a decode step of ``--profile-batch`` sequences, a mixed step (that batch's
+    decode rows and prompts that arrived meanwhile) and one full prefill step."""
     batch, context = args.profile_batch, args.profile_context
     params = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=1 << 20)
     requests = [
@@ -432,16 +434,31 @@ def profile_steps(
             runner.graph_runner = graphs  # type: ignore[union-attr]
     contexts_now = context + 2 + len(profiles)  # tokens each sequence attends to in that step
     prefill_tokens = args.max_num_batched_tokens
+    num_prompts = -(-prefill_tokens // context)
+    # Prompts arriving while the batch decodes: under the default (mixed) scheduling policy
+    # the next step runs the batch's decode rows and prefill chunks in one forward (eagerly).
+    mixing = [
+        engine.add_request([(13 * i + j) % 9000 + 1 for j in range(context)], params)
+        for i in range(num_prompts)
+    ]
+    mixed_steps = scheduler.stats().num_mixed_steps
+    mixed = profile_step(
+        engine, f"mixed ({batch} decode rows + prefill, {prefill_tokens}-token budget)", args.device
+    )
+    if scheduler.stats().num_mixed_steps > mixed_steps:
+        profiles.append(mixed)
+    for request in requests + mixing:
+        engine.abort(request)
     more = [
         engine.add_request([(11 * i + j) % 9000 + 1 for j in range(context)], params)
-        for i in range(-(-prefill_tokens // context))
+        for i in range(num_prompts)
     ]
     prefill_steps = scheduler.stats().num_prefill_steps
     prefill = profile_step(engine, f"prefill ({prefill_tokens}-token budget)", args.device)
     if scheduler.stats().num_prefill_steps == prefill_steps:
         prefill = replace(prefill, label="prefill (NOT scheduled: this was another step)")
     profiles.append(prefill)
-    for request in requests + more:
+    for request in more:
         engine.abort(request)
     lines = [
         f"Decode step: {batch} sequences at ~{contexts_now} tokens of context. "

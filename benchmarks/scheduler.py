@@ -7,7 +7,9 @@ KV pool large enough that nothing is preempted (2,048 blocks: Qwen3-0.6B's bf16 
 ~60 GB). A fake sampler draws random token ids; no model runs. Timed per step:
 
 * **pagedinfer**: ``Scheduler.schedule()`` (the ``BatchPlan`` included: everything the
-  executor copies to the device) and ``Scheduler.postprocess()``;
+  executor copies to the device) and ``Scheduler.postprocess()``, under both scheduling
+  policies: ``mixed`` (the default: decode rows and prefill chunks share each step) and
+  ``prefill_first`` (nano-vLLM's: a step is all prefill or all decode);
 * **nano-vLLM**: a faithful re-implementation, in this file, of its host path: ``Scheduler``
   + ``BlockManager`` (``schedule``, ``postprocess``) and the host-side input building of
   ``ModelRunner.run``: ``prepare_prefill`` / ``prepare_decode`` (with
@@ -16,8 +18,9 @@ KV pool large enough that nothing is preempted (2,048 blocks: Qwen3-0.6B's bf16 
   list-to-tensor conversions our flat arrays make unnecessary).
 
 Reported per system: µs per scheduled token (all steps), µs per decode step (mean over all
-decode steps) and µs per decode step with 256 sequences running (the decode steps whose
-batch holds all 256 requests, before the first one finishes). Times are CPU time of this
+pure decode steps) and µs per decode step with 256 sequences running (the decode steps whose
+batch holds all 256 requests, before the first one finishes). Steps are counted as prefill
+(chunks only), mixed (decode rows and chunks) and decode (rows only). Times are CPU time of this
 process (``time.process_time``): time other processes take on a shared machine is not
 counted (their effect on the CPU caches still is). Each system runs ``--repeats`` times,
 alternating; the fastest run counts.
@@ -94,11 +97,13 @@ def make_workload(
 
 @dataclass
 class Run:
-    """Per-step timings of one run: (is_prefill, sequences in the step, tokens, seconds)."""
+    """Per-step timings of one run: (is_prefill, sequences in the step, tokens, seconds);
+    ``is_prefill`` is True for every step that is not a pure decode step (mixed included)."""
 
     system: str
     steps: list[tuple[bool, int, int, float]] = field(default_factory=list)
     generated: int = 0
+    mixed_steps: int = 0
 
     @property
     def seconds(self) -> float:
@@ -127,13 +132,14 @@ class Run:
 # --------------------------------------------------------------------------- pagedinfer
 
 
-def run_pagedinfer(workload: Workload, sample_seed: int) -> Run:
+def run_pagedinfer(workload: Workload, sample_seed: int, policy: str = "mixed") -> Run:
     config = SchedulerConfig(
         num_blocks=workload.num_blocks,
         block_size=workload.block_size,
         max_num_seqs=workload.max_num_seqs,
         max_num_batched_tokens=workload.max_num_batched_tokens,
         max_model_len=workload.max_model_len,
+        scheduling_policy=policy,
     )
     scheduler = Scheduler(config)
     for seq_id, (prompt, max_tokens) in enumerate(
@@ -144,7 +150,7 @@ def run_pagedinfer(workload: Workload, sample_seed: int) -> Run:
         )
         scheduler.add(DomainSequence(seq_id, prompt, params))
     rng = random.Random(sample_seed)
-    run = Run("pagedinfer")
+    run = Run("pagedinfer" if policy == "mixed" else f"pagedinfer ({policy})")
     clock = CLOCK
     while True:
         start = clock()
@@ -162,6 +168,7 @@ def run_pagedinfer(workload: Workload, sample_seed: int) -> Run:
         run.generated += len(sampled)
     if scheduler.has_unfinished() or scheduler.pool.num_free_blocks != workload.num_blocks:
         raise RuntimeError("pagedinfer: the run did not drain")
+    run.mixed_steps = scheduler.stats().num_mixed_steps
     return run
 
 
@@ -520,6 +527,7 @@ def run_nano(workload: Workload, sample_seed: int) -> Run:
 
 SYSTEMS: dict[str, Callable[[Workload, int], Run]] = {
     "pagedinfer": run_pagedinfer,
+    "pagedinfer (prefill_first)": lambda w, seed: run_pagedinfer(w, seed, "prefill_first"),
     "nano-vLLM": run_nano,
 }
 
@@ -543,38 +551,41 @@ def best_runs(workload: Workload, repeats: int, seed: int) -> dict[str, Run]:
 def report(best: dict[str, Run], workload: Workload, repeats: int) -> str:
     full = workload.num_requests
     lines = [
-        "| system | steps (prefill + decode) | scheduled tokens | host time | "
+        "| system | steps (prefill + mixed + decode) | scheduled tokens | host time | "
         "µs / scheduled token | µs / decode step (mean) | "
         f"µs / decode step ({full} running) | decode steps with {full} running |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for run in best.values():
-        prefill = sum(1 for step in run.steps if step[0])
+        prefill = sum(1 for step in run.steps if step[0]) - run.mixed_steps
         lines.append(
-            f"| {run.system} | {prefill} + {len(run.steps) - prefill} | "
+            f"| {run.system} | {prefill} + {run.mixed_steps} + "
+            f"{len(run.steps) - prefill - run.mixed_steps} | "
             f"{run.scheduled_tokens:,} | {run.seconds:.3f} s | {run.us_per_token:.3f} | "
             f"{run.us_per_decode_step():.1f} | {run.us_per_decode_step(full):.1f} | "
             f"{len(run.decode_steps(full))} |"
         )
-    ours, theirs = best["pagedinfer"], best["nano-vLLM"]
+    theirs = best["nano-vLLM"]
     lines.append("")
-    lines.append(
-        "nano-vLLM / pagedinfer: "
-        f"{theirs.us_per_token / ours.us_per_token:.2f}x per scheduled token, "
-        f"{theirs.us_per_decode_step() / ours.us_per_decode_step():.2f}x per decode step "
-        f"(mean), {theirs.us_per_decode_step(full) / ours.us_per_decode_step(full):.2f}x per "
-        f"decode step with {full} running (fastest of {repeats} runs each)."
-    )
+    for name in ("pagedinfer", "pagedinfer (prefill_first)"):
+        ours = best[name]
+        lines.append(
+            f"nano-vLLM / {name}: "
+            f"{theirs.us_per_token / ours.us_per_token:.2f}x per scheduled token, "
+            f"{theirs.us_per_decode_step() / ours.us_per_decode_step():.2f}x per decode step "
+            f"(mean), {theirs.us_per_decode_step(full) / ours.us_per_decode_step(full):.2f}x "
+            f"per decode step with {full} running (fastest of {repeats} runs each)."
+        )
     return "\n".join(lines)
 
 
-def profile(workload: Workload, seed: int, top: int) -> None:
+def profile(workload: Workload, seed: int, top: int, policy: str) -> None:
     import cProfile
     import pstats
 
     profiler = cProfile.Profile(CLOCK)
     profiler.enable()
-    run_pagedinfer(workload, seed + 1)
+    run_pagedinfer(workload, seed + 1, policy)
     profiler.disable()
     stats = pstats.Stats(profiler, stream=sys.stdout)
     stats.sort_stats("tottime").print_stats(top)
@@ -589,6 +600,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", action="store_true", help="cProfile one pagedinfer run")
     parser.add_argument("--top", type=int, default=25, help="profile entries to print")
+    parser.add_argument(
+        "--policy", default="mixed", help="scheduling policy to profile (mixed, prefill_first)"
+    )
     args = parser.parse_args(argv)
 
     if args.quick:
@@ -616,7 +630,7 @@ def main(argv: list[str] | None = None) -> int:
         f"command: {' '.join(['python', *sys.argv])}\n"
     )
     if args.profile:
-        profile(workload, args.seed, args.top)
+        profile(workload, args.seed, args.top, args.policy)
         return 0
     best = best_runs(workload, repeats, args.seed)
     print(

@@ -207,18 +207,20 @@ def test_block_pool_benchmark_quick_run() -> None:
 
 
 def test_scheduler_benchmark_quick_run() -> None:
-    """Both systems run the same workload to the end (the script raises if either generates
-    a different number of tokens) and report positive costs; no torch is needed."""
+    """Every system runs the same workload to the end (the script raises if one generates a
+    different number of tokens) and reports positive costs; no torch is needed. pagedinfer
+    runs under both scheduling policies; prefill_first takes nano-vLLM's steps."""
     output = _run_script(SCHEDULER_BENCHMARK, "--quick")
     rows = _table_rows(output, "| system |")
-    assert [row[0] for row in rows] == ["pagedinfer", "nano-vLLM"]
-    steps = {row[1] for row in rows}
-    assert len(steps) == 1, "both systems take the same prefill and decode steps"
+    assert [row[0] for row in rows] == ["pagedinfer", "pagedinfer (prefill_first)", "nano-vLLM"]
+    assert rows[1][1] == rows[2][1], "prefill_first takes the same steps as nano-vLLM"
     for row in rows:
-        prefill_steps, decode_steps = (int(part) for part in row[1].split(" + "))
+        prefill_steps, mixed_steps, decode_steps = (int(part) for part in row[1].split(" + "))
         assert prefill_steps >= 1 and decode_steps >= 9
+        assert mixed_steps == 0 or row[0] == "pagedinfer"
         assert float(row[4]) > 0 and float(row[6]) > 0 and int(row[7]) >= 1
     assert "nano-vLLM / pagedinfer:" in output
+    assert "nano-vLLM / pagedinfer (prefill_first):" in output
 
 
 # ---------------------------------------------------------------- the throughput benchmark
