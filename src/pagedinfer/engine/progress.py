@@ -48,10 +48,8 @@ class ProgressBar:
             decode=f"{self._decode_rate:.0f}tok/s",
             refresh=False,
         )
-        if moved:
-            bar.update(num_finished - bar.n)  # redraws
-        else:
-            bar.refresh()
+        bar.n = num_finished
+        bar.refresh()
 
     def close(self) -> None:
         if self._bar is not None:
