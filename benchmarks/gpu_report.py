@@ -301,7 +301,7 @@ def run_pagedinfer(
     ]
     with throughput.timed(str(args.device)) as seconds:
         outputs = engine.generate(workload.prompts, params, use_tqdm=False)
-    produced = sum(len(output.token_ids) for output in outputs)
+    produced = sum(len(c.token_ids) for output in outputs for c in output.outputs)
     if produced != workload.output_tokens:
         raise RuntimeError(
             f"pagedinfer produced {produced} tokens, expected {workload.output_tokens}"

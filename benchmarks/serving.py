@@ -135,7 +135,7 @@ def run_offline(model: str, workload: Workload, kwargs: dict[str, Any]) -> Run:
         outputs = engine.generate(workload.prompts, params, use_tqdm=False)
         seconds = time.perf_counter() - started
         cpu = _cpu_seconds() - cpu
-    produced = sum(len(o.token_ids) for o in outputs)
+    produced = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     return Run("offline Engine.generate", seconds, produced, len(outputs), cpu_seconds=cpu)
 
 

@@ -171,7 +171,7 @@ def run_pagedinfer(model: str, workload: Workload, args: argparse.Namespace) -> 
         ]
         with timed(args.device) as seconds:
             outputs = engine.generate(workload.prompts, params, use_tqdm=args.progress)
-        produced = sum(len(o.token_ids) for o in outputs)
+        produced = sum(len(c.token_ids) for o in outputs for c in o.outputs)
         if produced != workload.output_tokens:
             raise RuntimeError(
                 f"pagedinfer produced {produced} tokens, expected {workload.output_tokens}"

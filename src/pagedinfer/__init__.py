@@ -15,25 +15,27 @@ from pagedinfer.domain.sequence import FinishReason
 if TYPE_CHECKING:
     from pagedinfer.engine.async_engine import AsyncEngine
     from pagedinfer.engine.engine import Engine
-    from pagedinfer.engine.outputs import RequestOutput, StreamDelta
+    from pagedinfer.engine.outputs import CompletionOutput, Logprob, RequestOutput
     from pagedinfer.engine.streams import RequestStream
 
 __all__ = [
     "AsyncEngine",
+    "CompletionOutput",
     "Engine",
     "FinishReason",
+    "Logprob",
     "RequestOutput",
     "RequestStream",
     "SamplingParams",
-    "StreamDelta",
 ]
 __version__ = "0.1.0"
 
 _LAZY = {
     "AsyncEngine": "pagedinfer.engine.async_engine",
     "Engine": "pagedinfer.engine.engine",
+    "CompletionOutput": "pagedinfer.engine.outputs",
+    "Logprob": "pagedinfer.engine.outputs",
     "RequestOutput": "pagedinfer.engine.outputs",
-    "StreamDelta": "pagedinfer.engine.outputs",
     "RequestStream": "pagedinfer.engine.streams",
 }
 

@@ -156,8 +156,10 @@ def _sampling_arguments(parser: argparse.ArgumentParser, *, temperature: float) 
     group.add_argument(
         "--temperature", type=float, metavar="X", default=temperature, help="0 is greedy (argmax)"
     )
-    group.add_argument("--top-k", type=int, metavar="N", default=0, help="0 is off")
+    group.add_argument("--top-k", type=int, metavar="N", default=0, help="0 or -1 is off")
     group.add_argument("--top-p", type=float, metavar="X", default=1.0, help="1 is off")
+    group.add_argument("--min-p", type=float, metavar="X", default=0.0, help="0 is off")
+    group.add_argument("--n", type=int, metavar="N", default=1, help="completions per prompt")
     group.add_argument(
         "--max-tokens", type=int, metavar="N", default=64, help="most generated tokens"
     )
@@ -167,6 +169,15 @@ def _sampling_arguments(parser: argparse.ArgumentParser, *, temperature: float) 
     )
     group.add_argument(
         "--sample-seed", type=int, metavar="N", default=None, help="per-request sampling seed"
+    )
+    group.add_argument("--min-tokens", type=int, metavar="N", default=0, help="hold EOS back")
+    group.add_argument("--presence-penalty", type=float, metavar="X", default=0.0)
+    group.add_argument("--frequency-penalty", type=float, metavar="X", default=0.0)
+    group.add_argument(
+        "--repetition-penalty", type=float, metavar="X", default=1.0, help="1 is off"
+    )
+    group.add_argument(
+        "--logprobs", type=int, metavar="N", default=None, help="top logprobs per token"
     )
 
 
@@ -297,6 +308,13 @@ def _sampling_params(args: argparse.Namespace) -> object:
         ignore_eos=args.ignore_eos,
         stop=tuple(args.stop),
         seed=args.sample_seed,
+        n=args.n,
+        min_p=args.min_p,
+        min_tokens=args.min_tokens,
+        presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty,
+        repetition_penalty=args.repetition_penalty,
+        logprobs=args.logprobs,
     )
 
 
@@ -312,8 +330,14 @@ def _run_generate(args: argparse.Namespace) -> int:
     with Engine(args.model, **_engine_kwargs(args)) as engine:  # type: ignore[arg-type]
         outputs = engine.generate(prompts, params)  # type: ignore[arg-type]
     for output in outputs:
-        shown = output.text if output.text else " ".join(map(str, output.token_ids))
-        print(f"[{output.request_id}] ({output.finish_reason}) {shown}")
+        for completion in output.outputs:
+            shown = completion.text or " ".join(map(str, completion.token_ids))
+            label = f"{output.request_id}" + (
+                f".{completion.index}" if len(output.outputs) > 1 else ""
+            )
+            print(f"[{label}] ({completion.finish_reason}) {shown}")
+            if completion.cumulative_logprob is not None:
+                print(f"    cumulative logprob {completion.cumulative_logprob:.4f}")
     return 0
 
 
@@ -335,8 +359,10 @@ def _run_demo(args: argparse.Namespace) -> int:
         seconds = time.perf_counter() - started
         stats = engine.stats()
     for prompt, output in zip(DEMO_PROMPTS, outputs, strict=True):
-        print(f"\nprompt: {prompt!r}\noutput: {output.text!r} ({output.finish_reason})")
-    generated = sum(len(output.token_ids) for output in outputs)
+        print(f"\nprompt: {prompt!r}")
+        for completion in output.outputs:
+            print(f"output: {completion.text!r} ({completion.finish_reason})")
+    generated = sum(len(c.token_ids) for output in outputs for c in output.outputs)
     print(
         f"\n{len(outputs)} requests, {generated} generated tokens in {seconds:.2f} s "
         f"({generated / seconds:.1f} tok/s end to end; prefill {stats.prefill_throughput:.0f} "
@@ -383,7 +409,7 @@ def _run_bench(args: argparse.Namespace) -> int:
         started = time.perf_counter()
         outputs = engine.generate(prompts, params, use_tqdm=False)
         seconds = time.perf_counter() - started
-    generated = sum(len(output.token_ids) for output in outputs)
+    generated = sum(len(c.token_ids) for output in outputs for c in output.outputs)
     print(f"{generated} tokens in {seconds:.2f} s: {generated / seconds:.1f} output tok/s")
     return 0
 

@@ -115,7 +115,7 @@ def test_replay_matches_the_eager_forward_pass_at_every_step(
                 replayed = graphs.replay(inputs.graph_batch, plan.num_seqs).float()
             assert replayed.shape == eager.shape == (plan.num_seqs, runner.model_config.hidden_size)
             torch.testing.assert_close(replayed, eager, **TOLERANCE[dtype])
-        scheduler.postprocess(plan, runner.execute(plan))
+        scheduler.postprocess(plan, runner.execute(plan).sampled_token_ids)
     assert batch_sizes == list(range(20, 0, -1))
     runner.close()
 
@@ -130,7 +130,7 @@ def test_prefill_and_oversized_batches_do_not_replay(make_checkpoint: Callable[.
     replays_by_batch = {}
     while (plan := scheduler.schedule()) is not None:
         before = graphs.num_replays
-        scheduler.postprocess(plan, runner.execute(plan))
+        scheduler.postprocess(plan, runner.execute(plan).sampled_token_ids)
         replays_by_batch[(plan.is_prefill, plan.num_seqs)] = graphs.num_replays - before
     # Decode batches of 6 and 5 run eagerly, 4 and fewer replay; prefill never does.
     assert replays_by_batch == {

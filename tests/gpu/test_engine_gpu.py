@@ -80,7 +80,7 @@ def _generate(
         assert (runner_of(engine).graph_runner is None) == enforce_eager
         outputs = engine.generate(batch, params, use_tqdm=False)
         return (
-            [o.token_ids for o in outputs],
+            [o.outputs[0].token_ids for o in outputs],
             graph_replays(engine),
             engine.scheduler.stats().num_decode_steps,
         )
@@ -112,7 +112,7 @@ def test_graphs_and_eager_give_the_same_greedy_tokens(
 def _check_parity(engine: Engine, checkpoint: Path, batch: list[list[int]], max_tokens: int) -> Any:
     outputs = engine.generate(batch, greedy(max_tokens), use_tqdm=False)
     for prompt, output in zip(batch, outputs, strict=True):
-        assert output.token_ids == hf_greedy(checkpoint, prompt, max_tokens), (
+        assert output.outputs[0].token_ids == hf_greedy(checkpoint, prompt, max_tokens), (
             f"mismatch for a prompt of {len(prompt)} tokens"
         )
     return outputs
@@ -206,6 +206,9 @@ def test_qwen3_0_6b_shape_generates_with_graphs_and_a_sized_cache(
 
         outputs = engine.generate(batch, greedy(16), use_tqdm=False)
 
-        assert all(len(o.token_ids) == 16 and o.finish_reason == "length" for o in outputs)
-        assert all(0 <= t < 151936 for o in outputs for t in o.token_ids)
+        assert all(
+            len(o.outputs[0].token_ids) == 16 and o.outputs[0].finish_reason == "length"
+            for o in outputs
+        )
+        assert all(0 <= t < 151936 for o in outputs for t in o.outputs[0].token_ids)
         assert graphs.num_replays == engine.scheduler.stats().num_decode_steps > 0

@@ -95,4 +95,4 @@ def test_moe_engine_on_the_gpu_matches_transformers(make_checkpoint: Callable[..
         assert runner.backend.name != "torch"  # the fused MoE path
         outputs = engine.generate(prompts, params, use_tqdm=False)
     for prompt, output in zip(prompts, outputs, strict=True):
-        assert output.token_ids == hf_greedy(checkpoint, prompt, 12)
+        assert output.outputs[0].token_ids == hf_greedy(checkpoint, prompt, 12)

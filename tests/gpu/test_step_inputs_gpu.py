@@ -46,7 +46,7 @@ def copies(runner: ModelRunner, plan: Any) -> tuple[int, int, list[int]]:
     """(host-to-device, device-to-host) memcpy operations of one execute, and its tokens."""
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        tokens = runner.execute(plan)
+        tokens = runner.execute(plan).sampled_token_ids
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     return (

@@ -38,7 +38,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from pagedinfer import Engine, RequestOutput, RequestStream, SamplingParams, StreamDelta
+from pagedinfer import Engine, RequestOutput, RequestStream, SamplingParams
 
 _SIZES = {
     "ci": {"max_examples": 200, "stateful_step_count": 30},
@@ -89,7 +89,7 @@ class Tracked:
     expected: list[int]  # greedy tokens, cut at the stop token if any
     reason: str  # the finish reason unless aborted
     consumer: str  # "step", "stream" or "generate"
-    finals: list[RequestOutput | StreamDelta] = field(default_factory=list)
+    finals: list[RequestOutput] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)  # streamed so far
     aborted: bool = False  # abort() returned True for it
     abandoned: bool = False  # its stream was closed before the final delta
@@ -134,7 +134,7 @@ class EngineMachine(RuleBasedStateMachine):
         if key not in self.references:
             greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
             (output,) = self.fresh.generate([prompt], greedy, use_tqdm=False)
-            self.references[key] = output.token_ids
+            self.references[key] = output.outputs[0].token_ids
         tokens = self.references[key][: params.max_tokens]
         for index, token in enumerate(tokens):
             if token in params.stop_token_ids:
@@ -158,7 +158,7 @@ class EngineMachine(RuleBasedStateMachine):
         reason = "stop" if stopped else "length"
         self.tracked[request_id] = Tracked(prompt, params, expected, reason, kind)
 
-    def record_final(self, request_id: int, final: RequestOutput | StreamDelta) -> None:
+    def record_final(self, request_id: int, final: RequestOutput) -> None:
         tracked = self.tracked[request_id]
         assert not tracked.finals, f"request {request_id} got a second final output"
         tracked.finals.append(final)
@@ -171,15 +171,15 @@ class EngineMachine(RuleBasedStateMachine):
             assert not tracked.aborted, "abort() said True but the request did not abort"
             assert (tokens, reason) == (tracked.expected, tracked.reason)
 
-    def take_stream_delta(self, request_id: int) -> StreamDelta:
+    def take_stream_delta(self, request_id: int) -> RequestOutput:
         delta = next(self.streams[request_id])
         tracked = self.tracked[request_id]
         assert delta.request_id == request_id
-        tracked.tokens.extend(delta.token_ids)
+        tracked.tokens.extend(delta.outputs[0].token_ids)
         assert tracked.tokens == tracked.expected[: len(tracked.tokens)] or tracked.aborted
         if delta.finished:
             self.record_final(request_id, delta)
-            self.check_tokens(tracked, tracked.tokens, delta.finish_reason)
+            self.check_tokens(tracked, tracked.tokens, delta.outputs[0].finish_reason)
             del self.streams[request_id]
         return delta
 
@@ -199,9 +199,14 @@ class EngineMachine(RuleBasedStateMachine):
             assert not tracked.finals, "an output after the final one"
             if output.finished:
                 self.record_final(output.request_id, output)
-                self.check_tokens(tracked, output.token_ids, output.finish_reason)
+                self.check_tokens(
+                    tracked, output.outputs[0].token_ids, output.outputs[0].finish_reason
+                )
             else:
-                assert output.token_ids == tracked.expected[: len(output.token_ids)]
+                assert (
+                    output.outputs[0].token_ids
+                    == tracked.expected[: len(output.outputs[0].token_ids)]
+                )
 
     @rule(target=requests, prompt=PROMPT, choice=PARAMS)
     def open_stream(self, prompt: list[int], choice: tuple[int, int | None]) -> int:
@@ -251,7 +256,9 @@ class EngineMachine(RuleBasedStateMachine):
             assert output.finished and output.prompt_token_ids == prompt
             self.record_final(output.request_id, output)
             self.check_tokens(
-                self.tracked[output.request_id], output.token_ids, output.finish_reason
+                self.tracked[output.request_id],
+                output.outputs[0].token_ids,
+                output.outputs[0].finish_reason,
             )
 
     @rule()

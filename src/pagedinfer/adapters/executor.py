@@ -10,6 +10,7 @@ from typing import Protocol
 
 from pagedinfer.adapters.runner_config import RunnerConfig
 from pagedinfer.domain.plan import BatchPlan
+from pagedinfer.domain.step_output import StepOutput
 
 __all__ = ["Executor", "create_executor"]
 
@@ -17,8 +18,9 @@ __all__ = ["Executor", "create_executor"]
 class Executor(Protocol):
     num_kv_blocks: int
 
-    def execute(self, plan: BatchPlan) -> list[int]:
-        """Run one step; return one sampled token id per sampled row (``plan.sample_indices``)."""
+    def execute(self, plan: BatchPlan) -> StepOutput:
+        """Run one step; return a token per sampled row (``plan.sample_indices``), and the
+        logprobs the plan's requests asked for."""
         ...
 
     def close(self) -> None:

@@ -21,12 +21,13 @@ min_p (:meth:`LogitsProcessors.apply_min_p`) before top-k / top-p.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
 
 from pagedinfer.adapters.penalties import apply_penalties
+from pagedinfer.adapters.sampling_table import InstalledRequest
 from pagedinfer.domain.sampling import SamplingParams
 
 __all__ = ["LogitsProcessors", "ProcessingStep"]
@@ -61,14 +62,16 @@ class _Row:
     min_p: bool
     min_tokens: int
     held_back_ids: tuple[int, ...]  # EOS (unless ignore_eos) and stop_token_ids
+    num_prompt_tokens: int
 
 
 class LogitsProcessors:
     """Device state and batched ops for the per-request logits processing of one sampler.
 
     Requests are keyed by an integer (the executor's slot for the request). Call :meth:`add`
-    when a request arrives, :meth:`remove` when it leaves, :meth:`plan` once per step with the
-    keys of the sampled rows, then :meth:`apply`, :meth:`apply_min_p` and :meth:`record`.
+    (or :meth:`install`, the sampling table's callback) when a request arrives, :meth:`remove`
+    when it leaves, :meth:`plan` once per step with the keys of the sampled rows, then
+    :meth:`apply`, :meth:`apply_min_p` and :meth:`record`.
     """
 
     def __init__(
@@ -99,17 +102,30 @@ class LogitsProcessors:
         return self._capacity
 
     # ---------------------------------------------------------------- requests
+    def install(self, request: InstalledRequest) -> None:
+        """The sampling table's install callback: a request new to the executor."""
+        self.remove(request.slot)
+        self.add(
+            request.slot,
+            request.params,
+            request.prompt_token_ids,
+            num_prompt_tokens=request.num_prompt_tokens,
+        )
+
     def add(
         self,
         key: int,
         params: SamplingParams,
         prompt_token_ids: Sequence[int] = (),
         output_token_ids: Sequence[int] = (),
+        *,
+        num_prompt_tokens: int | None = None,
     ) -> bool:
         """Register a request; False (and nothing stored) when it needs no processing.
 
-        ``prompt_token_ids`` and ``output_token_ids`` seed the penalties' history (a request
-        re-added after preemption brings the tokens it already generated).
+        ``prompt_token_ids`` (needed for the repetition penalty) and ``output_token_ids``
+        seed the penalties' history. ``num_prompt_tokens`` (default: the prompt's length)
+        turns a sample's position into the number of tokens generated before it.
         """
         assert key not in self._rows, key
         if not params.uses_logits_processing:
@@ -127,6 +143,9 @@ class LogitsProcessors:
             min_p=params.min_p > 0.0,
             min_tokens=params.min_tokens if held else 0,
             held_back_ids=held,
+            num_prompt_tokens=len(prompt_token_ids)
+            if num_prompt_tokens is None
+            else num_prompt_tokens,
         )
         if not (info.bias or info.penalties or info.min_p or info.min_tokens):
             return False  # e.g. min_tokens with no EOS and no stop token to hold back
@@ -160,11 +179,15 @@ class LogitsProcessors:
             self._free_rows.append(info.row)
 
     # -------------------------------------------------------------------- steps
-    def plan(self, keys: Sequence[int], sample_steps: Sequence[int]) -> ProcessingStep | None:
+    def plan(
+        self, keys: Sequence[int], sample_position: Callable[[int], int]
+    ) -> ProcessingStep | None:
         """The processing of one step whose logits row ``i`` belongs to request ``keys[i]``.
 
-        ``sample_steps[i]`` is how many tokens that request has generated so far. ``None``
-        when no row needs processing: the sampler then runs exactly as without this class.
+        ``sample_position(i)`` is the position of row ``i``'s token (asked only for rows
+        whose ``min_tokens`` may still hold tokens back: the tokens generated before it are
+        ``position + 1 - num_prompt_tokens``). ``None`` when no row needs processing: the
+        sampler then runs exactly as without this class.
         """
         if not self._rows:
             return None
@@ -178,7 +201,10 @@ class LogitsProcessors:
             info = rows.get(key)
             if info is None:
                 continue
-            if sample_steps[index] < info.min_tokens:
+            if (
+                info.min_tokens
+                and sample_position(index) + 1 - info.num_prompt_tokens < info.min_tokens
+            ):
                 position = len(batch_rows)
                 held_at.extend([position] * len(info.held_back_ids))
                 held_ids.extend(info.held_back_ids)

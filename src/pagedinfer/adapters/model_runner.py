@@ -6,7 +6,10 @@ budget; CPU: ``num_kv_blocks`` or a share of free RAM), allocate it and bind one
 attention layer. :meth:`ModelRunner.execute` then turns each plan into tensors in one place
 (:meth:`ModelRunner.prepare`: one host-to-device copy, see ``adapters/step_inputs.py``), runs
 the model (or replays a captured CUDA graph), computes logits only for the sampled rows and
-samples on rank 0, with the parameters of the persistent per-slot sampling table.
+samples on rank 0, with the parameters of the persistent per-slot sampling table. Rank 0 also
+keeps the per-request logits processing state (penalties' token counts, bias and masks:
+``logits_processors.py``) and knows which requests asked for logprobs (``logprobs.py``); both
+follow the table's install / release deltas. A step returns a :class:`StepOutput`.
 """
 
 from __future__ import annotations
@@ -29,6 +32,13 @@ from pagedinfer.adapters.kv_cache import (
     max_useful_blocks,
 )
 from pagedinfer.adapters.layers.linear import divide
+from pagedinfer.adapters.logits_processors import LogitsProcessors
+from pagedinfer.adapters.logprobs import (
+    LogprobsRequests,
+    compute_logprobs,
+    gather_logprobs,
+    prompt_logprobs,
+)
 from pagedinfer.adapters.models.loader import load_weights
 from pagedinfer.adapters.models.registry import build_model, read_model_config
 from pagedinfer.adapters.runner_config import RunnerConfig
@@ -37,6 +47,12 @@ from pagedinfer.adapters.sampling_table import SamplingTable
 from pagedinfer.adapters.step_inputs import StepInputs, StepPacker
 from pagedinfer.domain.plan import PADDING_SLOT, BatchPlan, NewRequest
 from pagedinfer.domain.sampling import SamplingParams
+from pagedinfer.domain.step_output import (
+    EMPTY_STEP_OUTPUT,
+    PromptLogprobsChunk,
+    StepOutput,
+    TokenLogprobs,
+)
 from pagedinfer.errors import ConfigurationError, EngineClosedError
 
 __all__ = ["DecodeGraphRunner", "ModelRunner"]
@@ -61,7 +77,8 @@ class ModelRunner:
 
     ``num_kv_blocks`` is the size of the KV pool this runner allocated; the scheduler's block
     pool must have exactly that many blocks. With tensor parallelism every rank runs
-    :meth:`execute` on the same plan; rank 0 returns the sampled ids, the others ``[]``.
+    :meth:`execute` on the same plan; rank 0 returns the sampled ids (and logprobs), the
+    others an empty :class:`StepOutput`.
     """
 
     def __init__(self, config: RunnerConfig, parallel: ParallelContext = SINGLE_PROCESS) -> None:
@@ -94,7 +111,10 @@ class ModelRunner:
             dtype=self.dtype,
         )
         self.sampler = Sampler(self.device, config.seed)
-        # Rank 0 samples: it keeps every request's sampling parameters by slot.
+        # Rank 0 samples: it keeps every request's sampling parameters by slot, and the
+        # state of the per-request features (built with the table, following its deltas).
+        self.processors: LogitsProcessors | None = None
+        self.logprobs_requests: LogprobsRequests | None = None
         self.sampling_table = self._new_sampling_table()
         # The CPU reads the plan's arrays in place; CUDA packs them into one copy per step.
         self.packer = StepPacker(
@@ -110,8 +130,9 @@ class ModelRunner:
         self.graph_runner = self._create_graph_runner()
 
     # ------------------------------------------------------------------ steps
-    def execute(self, plan: BatchPlan) -> list[int]:
-        """Run one step; return one sampled token id per sampled row (rank 0; others: [])."""
+    def execute(self, plan: BatchPlan) -> StepOutput:
+        """Run one step; return a token per sampled row, and the logprobs asked for (rank 0;
+        other ranks: an empty output)."""
         if self._closed:
             raise EngineClosedError("the model runner was used after close()")
         inputs = self.prepare(plan)
@@ -119,19 +140,83 @@ class ModelRunner:
         with torch.inference_mode():
             if table is not None and inputs.table_rows is not None:
                 table.write_rows(*inputs.table_rows)
+            if plan.block_copies:  # forks' copies of a prompt's last block, before they run
+                self._copy_blocks(plan.block_copies)
             hidden = self._run_model(inputs)
+            prompt_chunks = self._prompt_logprobs(plan, hidden) if plan.prompt_logprob_rows else []
             if plan.num_samples == 0:  # only partial prefill chunks this step
-                return []
+                return StepOutput([], prompt_logprobs=prompt_chunks)
             if inputs.sample_indices is not None:
                 hidden = hidden.index_select(0, inputs.sample_indices)
             logits = self.model.compute_logits(hidden)
             if logits is None or table is None:
-                return []
-            positions = inputs.sample_positions() if table.any_seeded else None
-            token_ids = self.sampler(logits, table.rows(inputs.sample_slots, positions))
-            # The step's one device-to-host wait.
-            sampled: list[int] = token_ids.tolist()
-        return sampled
+                return EMPTY_STEP_OUTPUT
+            return self._sample(plan, inputs, logits, table, prompt_chunks)
+
+    def _sample(
+        self,
+        plan: BatchPlan,
+        inputs: StepInputs,
+        logits: torch.Tensor,
+        table: SamplingTable,
+        prompt_chunks: list[PromptLogprobsChunk],
+    ) -> StepOutput:
+        processors, requests = self.processors, self.logprobs_requests
+        assert processors is not None and requests is not None
+        # Logprobs are of the model's distribution: taken before any processing.
+        wanted = requests.sample_rows(plan.sample_slots)
+        raw = rows = None
+        if wanted is not None:
+            if len(wanted[0]) < plan.num_samples:
+                rows = torch.tensor(wanted[0], dtype=torch.int64, device=self.device)
+            raw = compute_logprobs(logits if rows is None else logits.index_select(0, rows))
+        processing = None
+        if len(processors):
+            positions, indices = plan.positions, plan.sample_indices
+            processing = processors.plan(plan.sample_slots, lambda j: positions[indices[j]])
+        sample_positions = inputs.sample_positions() if table.any_seeded else None
+        batch = table.rows(inputs.sample_slots, sample_positions)
+        token_ids = self.sampler(logits, batch, processors, processing)
+        if processing is not None:
+            processors.record(processing, token_ids)
+        logprobs: list[TokenLogprobs | None] | None = None
+        if wanted is not None and raw is not None:
+            chosen = token_ids if rows is None else token_ids.index_select(0, rows)
+            num_top = wanted[1]
+            entries = gather_logprobs(raw, chosen, max(num_top)).entries(num_top)
+            logprobs = [None] * plan.num_samples
+            for row, entry in zip(wanted[0], entries, strict=True):
+                logprobs[row] = entry
+        # The step's one device-to-host wait (two with logprobs).
+        sampled: list[int] = token_ids.tolist()
+        return StepOutput(sampled, logprobs, prompt_chunks)
+
+    def _prompt_logprobs(self, plan: BatchPlan, hidden: torch.Tensor) -> list[PromptLogprobsChunk]:
+        """Logprobs of the prompt tokens the plan's prompt-logprob rows predict. Every rank
+        runs the LM head over the same rows (it may be split across ranks)."""
+        rows = plan.prompt_logprob_rows
+        indices = [first + i for _, first, count in rows for i in range(count)]
+        selected = hidden.index_select(
+            0, torch.tensor(indices, dtype=torch.int64, device=self.device)
+        )
+        requests = self.logprobs_requests
+        targets = None
+        num_top = 0
+        if requests is not None:
+            targets = torch.tensor(
+                plan.prompt_logprob_targets, dtype=torch.int64, device=self.device
+            )
+            num_top = max(requests.prompt_num_top(seq_id) for seq_id, _, _ in rows)
+        result = prompt_logprobs(self.model.compute_logits, selected, targets, num_top)
+        if result is None or requests is None:
+            return []
+        return requests.prompt_chunks(result, rows, plan.positions)
+
+    def _copy_blocks(self, copies: tuple[tuple[int, int], ...]) -> None:
+        """Copy whole KV blocks (every layer, K and V): ``(source, destination)`` pairs."""
+        pairs = torch.tensor(copies, dtype=torch.int64, device=self.device)
+        cache = self.kv_cache
+        cache.index_copy_(2, pairs[:, 1], cache.index_select(2, pairs[:, 0]))
 
     def prepare(self, plan: BatchPlan) -> StepInputs:
         """The only place a plan becomes tensors (and its sampling deltas reach the table)."""
@@ -151,15 +236,23 @@ class ModelRunner:
         return hidden
 
     def _new_sampling_table(self) -> SamplingTable | None:
+        """The table and the per-request feature state that follows its deltas (rank 0)."""
         if not self.parallel.is_driver:
             return None
         config = self.config
-        return SamplingTable(
+        vocab_size = self.model_config.vocab_size
+        table = SamplingTable(
             # The scheduler's slots are below its max_running.
             min(config.max_num_seqs, config.max_num_batched_tokens),
-            self.model_config.vocab_size,
+            vocab_size,
             self.device,
         )
+        processors = LogitsProcessors(vocab_size, self.device, self.model_config.eos_token_ids)
+        requests = LogprobsRequests(vocab_size)
+        table.on_install += [processors.install, requests.install]
+        table.on_release += [processors.remove, requests.release]
+        self.processors, self.logprobs_requests = processors, requests
+        return table
 
     def close(self) -> None:
         """Free the KV cache and the model. Safe to call twice."""

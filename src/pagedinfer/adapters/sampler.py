@@ -10,18 +10,29 @@ often it was preempted and recomputed, with no generator object per row.
 
 A step's parameters arrive as a :class:`SamplingBatch`, gathered from the persistent per-slot
 table (:mod:`pagedinfer.adapters.sampling_table`) together with host-side flags saying which
-passes any row needs; nothing here reads a device value on the host.
+passes any row needs; nothing here reads a device value on the host. Per-request logits
+processing (allowed ids, logit bias, ``min_tokens``, penalties, ``min_p``:
+:mod:`pagedinfer.adapters.logits_processors`) arrives as a ``ProcessingStep`` for the rows
+that use it, or ``None``: then none of it runs.
+
+Order (vLLM v1's): masks, bias and penalties on the raw logits; greedy rows take the argmax of
+those; sampled rows are divided by their temperature, then ``min_p``, top-k and top-p filter,
+then the race draws.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from pagedinfer.adapters.sampling_noise import exponential_noise
 from pagedinfer.domain.sampling import GREEDY_TEMPERATURE_EPSILON, SamplingParams
+
+if TYPE_CHECKING:  # the processors' module needs the sampling table, which needs us
+    from pagedinfer.adapters.logits_processors import LogitsProcessors, ProcessingStep
 
 __all__ = ["NO_SEED", "Sampler", "SamplingBatch"]
 
@@ -111,8 +122,19 @@ class Sampler:
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed & _MASK64)
 
-    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        """``logits [n, vocab]`` -> token ids ``[n]`` (int64)."""
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        batch: SamplingBatch,
+        processors: LogitsProcessors | None = None,
+        processing: ProcessingStep | None = None,
+    ) -> torch.Tensor:
+        """``logits [n, vocab]`` -> token ids ``[n]`` (int64). ``logits`` may be changed in
+        place (when ``processing`` applies and they are float32)."""
+        if processing is not None:
+            assert processors is not None
+            logits = logits.float()
+            processors.apply(logits, processing)
         if batch.all_greedy:
             return logits.argmax(dim=-1)
         temperatures = batch.temperatures
@@ -127,6 +149,9 @@ class Sampler:
             # Greedy rows are divided by 1 and their sample discarded below.
             temperatures = temperatures.masked_fill(is_greedy, 1.0)
         scaled = logits / temperatures.unsqueeze(1)
+        if processing is not None and processing.any_min_p:
+            assert processors is not None
+            processors.apply_min_p(scaled, processing)
         if batch.any_top_k or batch.any_top_p:
             scaled = _filter_top_k_top_p(scaled, batch)
         probs = scaled.softmax(dim=-1)

@@ -65,6 +65,9 @@ class InstalledRequest(Protocol):
     @property
     def num_prompt_tokens(self) -> int: ...
 
+    @property
+    def prompt_token_ids(self) -> tuple[int, ...]: ...
+
 
 def _row_values(params: SamplingParams, num_prompt_tokens: int) -> tuple[list[float], list[int]]:
     """A request's device row: floats in :data:`FLOAT_COLUMNS` order, ints in

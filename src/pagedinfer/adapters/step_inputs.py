@@ -261,7 +261,8 @@ class StepPacker:
     # ------------------------------------------------------------------ eager steps
     def pack(self, plan: BatchPlan, delta: TableDelta | None = None) -> StepInputs:
         """The step's tensors, in a compact layout (or, zero-copy, the plan's own memory)."""
-        every_row_sampled = plan.num_samples == plan.num_tokens  # decode: every row, in order
+        # Decode: every row, in order (forks sample a row more than once, and skip others).
+        every_row_sampled = plan.num_samples == plan.num_tokens and not plan.forks
         fields = _plan_fields(
             plan, delta, sampled=self.sampled, every_row_sampled=every_row_sampled
         )

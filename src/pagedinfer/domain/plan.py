@@ -80,6 +80,12 @@ completion is a sequence of its own whose block table starts with the prompt's f
 ``block_copies`` lists ``(source block, destination block)`` pairs the executor copies (every
 layer, K and V) *before* the step's forward. Copies are repeated, like the deltas, until a
 plan that carried them has been recorded; repeating one is harmless.
+
+**Prompt logprobs** (``SamplingParams.prompt_logprobs``): ``prompt_logprob_rows`` lists, per
+prefill chunk of a request that asked, ``(sequence id, first query-token index, count)``: the
+logits of those query tokens give the log-probability of the prompt token after each, whose
+ids are in ``prompt_logprob_targets`` (in the same order). Every rank computes those logits
+(the LM head may be split across ranks); only the sampling rank reads the targets.
 """
 
 from __future__ import annotations
@@ -87,7 +93,7 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_right
 from collections.abc import Sequence as SequenceABC
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pagedinfer.domain.sampling import SamplingParams
 from pagedinfer.domain.sequence import Sequence
@@ -100,6 +106,7 @@ __all__ = [
     "ScheduledChunk",
     "build_batch_plan",
     "mixed_batch_plan",
+    "needs_prompt_tokens",
 ]
 
 # Block-table entries past a sequence's last block. 0 keeps every gather in bounds; kernels
@@ -124,12 +131,22 @@ class ScheduledChunk:
 
 @dataclass(frozen=True, slots=True)
 class NewRequest:
-    """A request the sampling executor has not seen: install ``params`` at ``slot``."""
+    """A request the sampling executor has not seen: install ``params`` at ``slot``.
+
+    ``prompt_token_ids`` is the prompt when the executor needs it (repetition penalty, prompt
+    logprobs: :func:`needs_prompt_tokens`), else empty, so plans stay small.
+    """
 
     seq_id: int
     slot: int
     params: SamplingParams
     num_prompt_tokens: int
+    prompt_token_ids: tuple[int, ...] = ()
+
+
+def needs_prompt_tokens(params: SamplingParams) -> bool:
+    """Whether the sampling executor needs a request's prompt tokens."""
+    return params.repetition_penalty != 1.0 or params.prompt_logprobs is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +176,8 @@ class BatchPlan:
     forks: tuple[tuple[int, int], ...] = ()
     block_copies: tuple[tuple[int, int], ...] = ()
     num_decode_rows: int = 0  # leading rows that are decode rows; see the module docstring
+    prompt_logprob_rows: tuple[tuple[int, int, int], ...] = ()
+    prompt_logprob_targets: array[int] = field(default_factory=lambda: array("q"))
 
     def __post_init__(self) -> None:
         if not self.is_prefill:  # a decode step: every row is a decode row
@@ -232,6 +251,8 @@ def build_batch_plan(
     sample_indices: list[int] = []
     sample_slots: list[int] = []
     forks: list[tuple[int, int]] = []
+    logprob_rows: list[tuple[int, int, int]] = []
+    logprob_targets: list[int] = []
     for chunk in chunks:
         seq = chunk.seq
         start = seq.num_computed_tokens
@@ -254,6 +275,13 @@ def build_batch_plan(
                 sample_slots.append(fork.slot)
         else:
             assert not chunk.forks, "forks sample from the prompt's last row"
+        if seq.params.prompt_logprobs is not None:
+            # Positions start .. before the last prompt token: each predicts the next one.
+            last = min(end, seq.num_prompt_tokens - 1)
+            if last > start:
+                first_row = cu_q[-2]
+                logprob_rows.append((seq.seq_id, first_row, last - start))
+                logprob_targets.extend(seq.token_ids[start + 1 : last + 1])
     width = max((len(table) for table in tables), default=0)
     flat: list[int] = []
     for table in tables:
@@ -280,6 +308,8 @@ def build_batch_plan(
         new_requests=new_requests,
         forks=tuple(forks),
         block_copies=block_copies,
+        prompt_logprob_rows=tuple(logprob_rows),
+        prompt_logprob_targets=array("q", logprob_targets),
     )
 
 
@@ -294,9 +324,9 @@ def mixed_batch_plan(
     """A mixed step: the rows of the decode step ``decode``, then the chunks of ``prefill``.
 
     Array fields are concatenated (row and sample offsets of the prefill part shifted: its
-    ``forks`` too); the block tables are laid out at the wider of the two parts' widths. The
-    parts' own deltas and copies are ignored: the step carries ``released_slots``,
-    ``new_requests`` and ``block_copies``.
+    ``forks`` and prompt-logprob rows too); the block tables are laid out at the wider of the
+    two parts' widths. The parts' own deltas and copies are ignored: the step carries
+    ``released_slots``, ``new_requests`` and ``block_copies``.
     """
     assert not decode.is_prefill and not decode.forks and prefill.num_decode_rows == 0
     assert decode.block_size == prefill.block_size
@@ -327,6 +357,11 @@ def mixed_batch_plan(
         forks=tuple((j + decode.num_samples, seq_id) for j, seq_id in prefill.forks),
         block_copies=block_copies,
         num_decode_rows=num_rows,
+        prompt_logprob_rows=tuple(
+            (seq_id, first + num_tokens, count)
+            for seq_id, first, count in prefill.prompt_logprob_rows
+        ),
+        prompt_logprob_targets=prefill.prompt_logprob_targets,
     )
 
 

@@ -55,6 +55,7 @@ from pagedinfer.domain.plan import (
     ScheduledChunk,
     build_batch_plan,
     mixed_batch_plan,
+    needs_prompt_tokens,
 )
 from pagedinfer.domain.sequence import FinishReason, Sequence, SequenceStatus
 from pagedinfer.errors import ConfigurationError, InvalidRequestError
@@ -865,8 +866,9 @@ class Scheduler:
         else:
             seq.slot = self._num_slots
             self._num_slots += 1
+        prompt = tuple(seq.prompt_token_ids) if needs_prompt_tokens(seq.params) else ()
         self._new_requests.append(
-            NewRequest(seq.seq_id, seq.slot, seq.params, seq.num_prompt_tokens)
+            NewRequest(seq.seq_id, seq.slot, seq.params, seq.num_prompt_tokens, prompt)
         )
 
     def _release_slot(self, seq: Sequence) -> None:

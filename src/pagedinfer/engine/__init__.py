@@ -2,13 +2,14 @@
 
 from pagedinfer.engine.async_engine import AsyncEngine, AsyncRequestStream
 from pagedinfer.engine.engine import Engine, EngineStats
-from pagedinfer.engine.outputs import RequestOutput, StreamDelta
+from pagedinfer.engine.outputs import CompletionOutput, Logprob, RequestOutput
 
 __all__ = [
     "AsyncEngine",
     "AsyncRequestStream",
+    "CompletionOutput",
     "Engine",
     "EngineStats",
+    "Logprob",
     "RequestOutput",
-    "StreamDelta",
 ]

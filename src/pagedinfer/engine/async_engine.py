@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import itertools
 import os
 import threading
@@ -76,21 +75,6 @@ class _EngineLink:
     def engine_id(output: RequestOutput) -> int:
         return output.request_id
 
-    @staticmethod
-    def held_back(output: RequestOutput, holdback: int, sent: int) -> RequestOutput:
-        """``output`` with text that could still start a stop string cut off (unfinished
-        outputs of requests with stop strings); never shorter than ``sent`` characters."""
-        if output.finished or holdback == 0:
-            return output
-        end = max(len(output.text) - holdback, sent)
-        if end >= len(output.text):
-            return output
-        return dataclasses.replace(output, text=output.text[:end])
-
-    @staticmethod
-    def text_length(output: RequestOutput) -> int:
-        return len(output.text)
-
 
 class AsyncRequestStream(AsyncIterator[RequestOutput]):
     """The outputs of one request (cumulative), ending with the one whose ``finished`` is True.
@@ -108,17 +92,14 @@ class AsyncRequestStream(AsyncIterator[RequestOutput]):
         engine_id: int,
         request_id: str,
         loop: asyncio.AbstractEventLoop,
-        holdback: int,
     ) -> None:
         self.request_id = request_id
         self._owner = owner
         self._engine_id = engine_id
         self._loop = loop
-        self._holdback = holdback
         self._latest: RequestOutput | None = None
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
-        self._sent_chars = 0
         self._done = False
 
     def __aiter__(self) -> AsyncRequestStream:
@@ -147,9 +128,6 @@ class AsyncRequestStream(AsyncIterator[RequestOutput]):
         if output.finished:
             self._done = True
             self._owner._unregister(self)
-        else:
-            output = _EngineLink.held_back(output, self._holdback, self._sent_chars)
-            self._sent_chars = _EngineLink.text_length(output)
         return output
 
     def close(self) -> None:
@@ -196,7 +174,7 @@ class AsyncEngine:
 
         async with AsyncEngine(model_dir) as engine:
             async for output in engine.generate("Hello", SamplingParams(max_tokens=32)):
-                print(output.text)  # cumulative: everything so far
+                print(output.outputs[0].text)  # cumulative: everything so far
 
     Requests from any number of coroutines batch together. ``close()`` (or leaving ``async
     with``) ends unfinished requests with ``finish_reason="abort"`` and releases the engine.
@@ -276,8 +254,6 @@ class AsyncEngine:
             raise InvalidRequestError(
                 f"sampling_params must be a SamplingParams, not {type(params).__name__}."
             )
-        # Text that could still turn out to start a stop string waits until it cannot.
-        holdback = max((len(text) for text in params.stop), default=1) - 1
         with self._lock:
             if request_id is not None and request_id in self._ids:
                 raise InvalidRequestError(
@@ -288,7 +264,7 @@ class AsyncEngine:
             # this request before its stream exists.
             engine_id = self._link.add(prompt, params)
             name = request_id if request_id is not None else f"req-{next(self._names)}"
-            stream = AsyncRequestStream(self, engine_id, name, loop, holdback)
+            stream = AsyncRequestStream(self, engine_id, name, loop)
             self._streams[engine_id] = stream
             self._ids[name] = engine_id
         self._wake.set()

@@ -29,8 +29,11 @@ class IncrementalDetokenizer:
     byte, and final). :meth:`flush` returns what is still held back when no token follows.
     """
 
-    def __init__(self, tokenizer: Any, prompt_token_ids: list[int]) -> None:
+    def __init__(
+        self, tokenizer: Any, prompt_token_ids: list[int], *, skip_special_tokens: bool = True
+    ) -> None:
         self._tokenizer = tokenizer
+        self._skip_special_tokens = skip_special_tokens
         self._ids = list(prompt_token_ids[-_CONTEXT_TOKENS:])
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
@@ -73,30 +76,45 @@ class IncrementalDetokenizer:
         return new_text
 
     def _decode(self, token_ids: list[int]) -> str:
-        text: str = self._tokenizer.decode(token_ids, skip_special_tokens=True)
+        text: str = self._tokenizer.decode(token_ids, skip_special_tokens=self._skip_special_tokens)
         return text
 
 
 class StopStringMatcher:
-    """Accumulates streamed text and finds the first stop string in it."""
+    """Accumulates streamed text and finds the first stop string in it.
 
-    def __init__(self, stop: Sequence[str]) -> None:
+    The text ends before the matched string, or after it with ``include_stop_str``;
+    ``matched`` is the string. Text fed with ``check=False`` (before ``min_tokens`` were
+    generated) is only searched as the start of a match that ends in later text.
+    """
+
+    def __init__(self, stop: Sequence[str], *, include_stop_str: bool = False) -> None:
         self._stop = stop
+        self._include = include_stop_str
         self._longest = max((len(s) for s in stop), default=0)
+        self._searched = 0  # text before this offset holds no match (found or allowed)
         self.text = ""
+        self.matched: str | None = None
 
-    def feed(self, delta: str) -> bool:
-        """Append ``delta``; if a stop string now occurs, cut the text before it, return True."""
-        start = max(len(self.text) - self._longest + 1, 0)
+    def feed(self, delta: str, *, check: bool = True) -> bool:
+        """Append ``delta``; if a stop string now occurs, cut the text there, return True."""
         self.text += delta
+        if not check:
+            # A match must end in text fed later: it may start in the last longest-1 chars.
+            self._searched = max(len(self.text) - self._longest + 1, 0)
+            return False
+        start = max(self._searched, 0)
+        self._searched = max(len(self.text) - self._longest + 1, 0)
         found = -1
+        matched = ""
         for stop in self._stop:
             index = self.text.find(stop, start)
             if index != -1 and (found == -1 or index < found):
-                found = index
+                found, matched = index, stop
         if found == -1:
             return False
-        self.text = self.text[:found]
+        self.matched = matched
+        self.text = self.text[: found + len(matched) if self._include else found]
         return True
 
 
@@ -109,9 +127,19 @@ class CompletionText:
 
     __slots__ = ("_detokenizer", "_matcher", "stopped")
 
-    def __init__(self, tokenizer: Any, prompt_token_ids: list[int], stop: Sequence[str]) -> None:
-        self._detokenizer = IncrementalDetokenizer(tokenizer, prompt_token_ids)
-        self._matcher = StopStringMatcher(stop)
+    def __init__(
+        self,
+        tokenizer: Any,
+        prompt_token_ids: list[int],
+        stop: Sequence[str],
+        *,
+        skip_special_tokens: bool = True,
+        include_stop_str: bool = False,
+    ) -> None:
+        self._detokenizer = IncrementalDetokenizer(
+            tokenizer, prompt_token_ids, skip_special_tokens=skip_special_tokens
+        )
+        self._matcher = StopStringMatcher(stop, include_stop_str=include_stop_str)
         self.stopped = False
 
     @property
@@ -119,10 +147,16 @@ class CompletionText:
         """The text so far (final), ending before a matched stop string."""
         return self._matcher.text
 
-    def append(self, token_ids: list[int]) -> bool:
-        """Add generated tokens; True once a stop string has matched."""
+    @property
+    def matched(self) -> str | None:
+        """The stop string that matched, if one did."""
+        return self._matcher.matched
+
+    def append(self, token_ids: list[int], *, check: bool = True) -> bool:
+        """Add generated tokens; True once a stop string has matched. ``check=False``: the
+        tokens are still within ``min_tokens``, so no stop string may end in them."""
         if not self.stopped:
-            self.stopped = self._matcher.feed(self._detokenizer.append(token_ids))
+            self.stopped = self._matcher.feed(self._detokenizer.append(token_ids), check=check)
         return self.stopped
 
     def flush(self) -> bool:

@@ -19,11 +19,12 @@ reported twice.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,22 +35,23 @@ from pagedinfer.adapters.executor import Executor, create_executor
 from pagedinfer.adapters.models.registry import read_model_config
 from pagedinfer.adapters.runner_config import RunnerConfig
 from pagedinfer.domain.plan import BatchPlan
-from pagedinfer.domain.sampling import SamplingParams
+from pagedinfer.domain.sampling import MAX_SEED, SamplingParams
 from pagedinfer.domain.scheduler import Scheduler, SchedulerConfig
 from pagedinfer.domain.sequence import FinishReason
 from pagedinfer.domain.sequence import Sequence as DomainSequence
+from pagedinfer.domain.step_output import StepOutput
+from pagedinfer.engine.chat import render_chat
 from pagedinfer.engine.config import EngineConfig, resolve_device, resolve_dtype
 from pagedinfer.engine.interrupts import InterruptDeferral
-from pagedinfer.engine.outputs import RequestOutput, StreamDelta
+from pagedinfer.engine.outputs import RequestOutput
 from pagedinfer.engine.progress import ProgressBar
+from pagedinfer.engine.prompts import Prompt, PromptInput, parse_prompt, parse_prompts
 from pagedinfer.engine.requests import CompletionState, OutputSink, RequestState
 from pagedinfer.engine.streams import RequestStream
 from pagedinfer.engine.tokenizer import load_tokenizer
 from pagedinfer.errors import EngineClosedError, InvalidRequestError
 
-__all__ = ["Engine", "EngineStats"]
-
-Prompt = str | Sequence[int]
+__all__ = ["Engine", "EngineStats", "Prompt", "completion_seed"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,14 +73,22 @@ class EngineStats:
     num_preemptions: int
 
 
+def completion_seed(seed: int | None, index: int) -> int | None:
+    """The seed of completion ``index`` of a request seeded ``seed`` (``n > 1``): ``seed +
+    index``, wrapping within ``0 ... MAX_SEED`` (vLLM's rule)."""
+    return None if seed is None else (seed + index) & MAX_SEED
+
+
 class Engine:
     """Offline LLM inference on a paged KV cache.
 
-    ``Engine(model_path)`` loads a local Hugging Face checkpoint directory (``config.json`` +
-    safetensors; tokenizer files optional). ``device="auto"`` uses CUDA when available;
-    ``dtype="auto"`` follows the checkpoint on CUDA and uses float32 on the CPU. The KV cache
-    has ``num_kv_blocks`` blocks of ``kv_block_size`` tokens, or is sized from free memory
-    (``gpu_memory_utilization`` of the GPU, a fraction of free RAM on the CPU).
+    ``Engine(model)`` (vLLM's keyword: ``Engine(model=DIR)``) loads a local Hugging Face
+    checkpoint directory (``config.json`` + safetensors; tokenizer files optional); a Hub
+    id that is not a local directory is refused, saying how to download it.
+    ``device="auto"`` uses CUDA when available; ``dtype="auto"`` follows the checkpoint on
+    CUDA and uses float32 on the CPU. The KV cache has ``num_kv_blocks`` blocks of
+    ``kv_block_size`` tokens, or is sized from free memory (``gpu_memory_utilization`` of the
+    GPU, a fraction of free RAM on the CPU).
     ``attention_backend`` is ``"auto"``, ``"torch"``, ``"triton"`` or ``"flash"``.
     ``scheduling_policy="mixed"`` (the default) lets prefill chunks ride along with the
     decoding sequences' tokens in one step; ``"prefill_first"`` runs prefill steps first
@@ -90,7 +100,7 @@ class Engine:
 
     def __init__(
         self,
-        model_path: str | os.PathLike[str],
+        model: str | os.PathLike[str],
         *,
         device: str = "auto",
         dtype: str = "auto",
@@ -116,7 +126,7 @@ class Engine:
         # Notified when a step ends, a request is finalized outside a step, or the engine closes.
         self._changed = threading.Condition(self._lock)
         config = EngineConfig(
-            model_path=os.fspath(model_path),
+            model_path=os.fspath(model),
             device=device,
             dtype=dtype,
             max_num_seqs=max_num_seqs,
@@ -209,14 +219,15 @@ class Engine:
     ) -> int:
         """Queue one request and return its id; :meth:`step` returns its outputs.
 
-        ``stream=True`` detokenizes the request every step, so that the outputs ``step()``
-        returns while it runs carry its text so far (otherwise the text arrives when it
-        finishes, or every step if it has stop strings). Raises ``ValueError`` for bad input
-        (and then queues nothing).
+        ``prompt`` is a string, a list of token ids, ``{"prompt": str}`` or
+        ``{"prompt_token_ids": [...]}``. ``stream=True`` detokenizes the request every step, so
+        that the outputs ``step()`` returns while it runs carry its text so far (otherwise
+        the text arrives when it finishes, or every step if it has stop strings). Raises
+        ``ValueError`` for bad input (and then queues nothing).
         """
         with self._locked():
             self._check_open()
-            token_ids, text = self._encode(prompt)
+            token_ids, text = self._encode(parse_prompt(prompt))
             request = self._enqueue(
                 token_ids, text, self._check_params(params), self._step_sink, streamed=stream
             )
@@ -272,39 +283,61 @@ class Engine:
             plan = self.scheduler.schedule()
             if plan is None:
                 return False
-            sampled, seconds = self._execute(plan)
-            self._record(plan, sampled, seconds)
+            output, seconds = self._execute(plan)
+            self._record(plan, output, seconds)
             return True
         finally:
             self._stepping = False
             self._changed.notify_all()
 
-    def _execute(self, plan: BatchPlan) -> tuple[list[int], float]:
+    def _execute(self, plan: BatchPlan) -> tuple[StepOutput, float]:
         assert self._executor is not None
         with self._lock_released():
             started = time.perf_counter()
-            sampled = self._executor.execute(plan)
-            return sampled, time.perf_counter() - started
+            output = self._executor.execute(plan)
+            return output, time.perf_counter() - started
 
-    def _record(self, plan: BatchPlan, sampled: list[int], seconds: float) -> None:
+    def _record(self, plan: BatchPlan, output: StepOutput, seconds: float) -> None:
+        sampled = output.sampled_token_ids
         self._account(plan, len(sampled), seconds)
         with self._bookkeeping():
-            for seq in self.scheduler.postprocess(plan, sampled):
-                self._update(self._completions[seq.seq_id])
+            for chunk in output.prompt_logprobs:
+                owner = self._completions.get(chunk.seq_id)
+                if owner is not None:
+                    owner.request.set_prompt_logprobs(
+                        chunk.first_position, chunk.entries, self.tokenizer
+                    )
+            logprobs = (
+                dict(zip(plan.sampled_seq_ids, output.logprobs, strict=True))
+                if output.logprobs is not None
+                else None
+            )
+            updated = [
+                self._completions[seq.seq_id] for seq in self.scheduler.postprocess(plan, sampled)
+            ]
+            if logprobs is not None:
+                for completion in updated:
+                    entry = logprobs.get(completion.seq.seq_id)
+                    if entry is not None:
+                        completion.add_logprobs(entry, self.tokenizer)
+            self._update(updated)
 
-    def _update(self, completion: CompletionState) -> None:
-        """After new tokens: stop strings, then news for the sink (or the final output)."""
-        seq = completion.seq
-        if completion.catch_up():  # a stop string matched in the text
-            if not seq.is_finished:
-                self.scheduler.finish(seq.seq_id, FinishReason.STOP)
-            elif seq.finish_reason is FinishReason.LENGTH:  # in the same step: the stop wins
-                seq.finish_reason = FinishReason.STOP
-        request = completion.request
-        if request.is_finished:
-            self._finalize(request)
-        else:
-            request.sink.progressed(request)
+    def _update(self, completions: list[CompletionState]) -> None:
+        """After new tokens: stop strings (every completion first), then news for each
+        request's sink (or its final output)."""
+        for completion in completions:
+            seq = completion.seq
+            if completion.catch_up():  # a stop string matched in the text
+                if not seq.is_finished:
+                    self.scheduler.finish(seq.seq_id, FinishReason.STOP)
+                elif seq.finish_reason is FinishReason.LENGTH:  # the same step: the stop wins
+                    seq.finish_reason = FinishReason.STOP
+        requests = {id(c.request): c.request for c in completions}  # in order, once each
+        for request in requests.values():
+            if request.is_finished:
+                self._finalize(request)
+            else:
+                request.sink.progressed(request)
 
     def _finalize(self, request: RequestState) -> None:
         """Hand the request's final output to its sink (once), then forget the request."""
@@ -339,13 +372,13 @@ class Engine:
         bookkeeping that raised halfway (every request sees its tokens; requests that the
         scheduler finished are finalized and forgotten)."""
         if self._needs_catch_up:
+            pending = []
             for completion in list(self._completions.values()):
-                if completion.seq.seq_id not in self._completions:
-                    continue  # forgotten with a sibling earlier in this loop
                 if completion.request.final is not None:
                     self._finalize(completion.request)  # only forgetting it was left
                 else:
-                    self._update(completion)
+                    pending.append(completion)
+            self._update(pending)
             self._needs_catch_up = False
         while self._abandoned:
             self._abort(self._abandoned.popleft())
@@ -359,13 +392,49 @@ class Engine:
     ) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in input order.
 
-        ``prompts`` is a list of strings or a list of token-id lists (a single prompt is also
-        accepted). ``sampling_params`` is one ``SamplingParams`` for all or one per prompt.
-        Every prompt is validated before any is queued. Returns as soon as these requests
-        are done (requests aborted meanwhile come back with ``finish_reason="abort"``); if
-        it raises (Ctrl-C, a failing step), its unfinished requests are aborted.
+        ``prompts`` is one prompt or a list: strings, token-id lists, ``{"prompt": str}`` or
+        ``{"prompt_token_ids": [...]}``. ``sampling_params`` is one ``SamplingParams`` for all
+        or one per prompt. Every prompt is validated before any is queued. Returns as soon as
+        these requests are done (requests aborted meanwhile come back with
+        ``finish_reason="abort"``); if it raises (Ctrl-C, a failing step), its unfinished
+        requests are aborted.
         """
-        batch = _as_prompt_list(prompts)
+        return self._generate(parse_prompts(prompts), sampling_params, use_tqdm)
+
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]] | Sequence[Sequence[Mapping[str, Any]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        chat_template: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        add_generation_prompt: bool = True,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """:meth:`generate` for one conversation or a list of them, rendered by the
+        tokenizer's chat template (or ``chat_template``).
+
+        A conversation is a list of ``{"role": ..., "content": ...}`` dicts.
+        ``chat_template_kwargs`` reach the template as variables (Qwen3's
+        ``enable_thinking``). Each output's ``prompt`` is the rendered text. Without a
+        template this raises ``ValueError``.
+        """
+        prompts = render_chat(
+            self.tokenizer,
+            messages,
+            chat_template=chat_template,
+            chat_template_kwargs=chat_template_kwargs,
+            add_generation_prompt=add_generation_prompt,
+            model_path=self.config.model_path,
+        )
+        return self._generate(prompts, sampling_params, use_tqdm)
+
+    def _generate(
+        self,
+        batch: list[PromptInput],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        use_tqdm: bool,
+    ) -> list[RequestOutput]:
         sink = OutputSink(wants_progress=False)
         with self._locked():
             self._check_open()
@@ -389,23 +458,26 @@ class Engine:
             return [request.output() for request in requests]
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> RequestStream:
-        """Queue one request and return an iterator over its :class:`StreamDelta` s.
+        """Queue one request and return an iterator over its deltas.
 
-        Each delta holds the tokens (and text) added since the previous one; the last has
-        ``finished=True`` and the finish reason (``"abort"`` if the request was aborted).
-        Iterating steps the engine (or waits for the thread that does); other requests
-        advance meanwhile. ``close()`` or dropping the iterator early aborts the request.
+        Each delta is a :class:`RequestOutput` holding only what is new since the previous
+        one: the completions that got tokens (their new tokens, text and logprobs) or just
+        finished (with their finish reason); ``prompt_logprobs`` in the first delta only.
+        The last has ``finished=True`` (finish reason ``"abort"`` if the request was
+        aborted). Iterating steps the engine (or waits for the thread that does); other
+        requests advance meanwhile. ``close()`` or dropping the iterator early aborts the
+        request.
         """
         with self._locked():
             self._check_open()
-            token_ids, text = self._encode(prompt)
+            token_ids, text = self._encode(parse_prompt(prompt))
             sink = OutputSink(wants_progress=True)
             request = self._enqueue(
                 token_ids, text, self._check_params(params), sink, streamed=True
             )
             return RequestStream(self, request)
 
-    def _next_stream_delta(self, request: RequestState) -> StreamDelta:
+    def _next_stream_delta(self, request: RequestState) -> RequestOutput:
         with self._locked():
             sink = request.sink
             self._drive(lambda: bool(sink.updated))
@@ -543,26 +615,22 @@ class Engine:
         if self._closed:
             raise EngineClosedError("the engine is closed; create a new Engine.")
 
-    def _encode(self, prompt: Prompt) -> tuple[list[int], str | None]:
-        if isinstance(prompt, str):
+    def _encode(self, prompt: PromptInput) -> tuple[list[int], str | None]:
+        text = prompt.text
+        if prompt.token_ids is not None:
+            token_ids = list(prompt.token_ids)
+        else:
+            assert text is not None
             if self.tokenizer is None:
                 raise InvalidRequestError(
                     f"the checkpoint {self.config.model_path} has no tokenizer files, so text "
                     "prompts cannot be encoded: pass token-id lists instead."
                 )
-            if not prompt:
+            if not text:
                 raise InvalidRequestError(
                     "the prompt is empty: a request needs at least one token."
                 )
-            token_ids = list(self.tokenizer.encode(prompt))
-            text: str | None = prompt
-        elif isinstance(prompt, Sequence):
-            token_ids = list(prompt)
-            text = None
-        else:
-            raise InvalidRequestError(
-                f"a prompt must be a string or a list of token ids, not {type(prompt).__name__}."
-            )
+            token_ids = list(self.tokenizer.encode(text))
         if not token_ids:
             raise InvalidRequestError("the prompt is empty: a request needs at least one token.")
         vocab_size = self.model_config.vocab_size
@@ -582,20 +650,42 @@ class Engine:
             )
         return token_ids, text
 
-    @staticmethod
-    def _check_params(params: SamplingParams | None) -> SamplingParams:
+    def _check_params(self, params: SamplingParams | None) -> SamplingParams:
+        """Checks that need the model: token ids in range, a vocabulary left to sample."""
         if params is None:
             return SamplingParams()
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError(
                 f"sampling params must be a SamplingParams, not {type(params).__name__}."
             )
-        _reject_unserved_fields(params)
+        vocab_size = self.model_config.vocab_size
+        largest = params.max_token_id()
+        if largest is not None and largest >= vocab_size:
+            raise InvalidRequestError(
+                f"SamplingParams names token id {largest} (stop_token_ids, allowed_token_ids or "
+                f"logit_bias), but the model's ids are in [0, {vocab_size})."
+            )
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > vocab_size:
+                raise InvalidRequestError(
+                    f"SamplingParams.{name}={value} exceeds the vocabulary ({vocab_size} tokens)."
+                )
+        if params.allowed_token_ids is not None and params.min_tokens > 0:
+            held = set(params.stop_token_ids)
+            if not params.ignore_eos:
+                held.update(self.model_config.eos_token_ids)
+            if held.issuperset(params.allowed_token_ids):
+                raise InvalidRequestError(
+                    "SamplingParams.allowed_token_ids holds only EOS / stop tokens, which "
+                    "min_tokens holds back: nothing could be generated. Allow other tokens or "
+                    "set min_tokens=0."
+                )
         return params
 
     def _params_for(
         self,
-        prompts: list[Prompt],
+        prompts: list[PromptInput],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None,
     ) -> list[SamplingParams]:
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
@@ -618,15 +708,31 @@ class Engine:
         streamed: bool = False,
     ) -> RequestState:
         request_id = self._next_request_id
-        # One sequence per request (until n > 1); it shares the request's id.
-        seq = DomainSequence(request_id, token_ids, params)
-        self.scheduler.add(seq)  # validates again; raises before anything is recorded
-        self._next_request_id += 1
-        request = RequestState(request_id, text, sink)
-        completion = CompletionState(request, seq, self.tokenizer, streamed=streamed)
-        request.completions.append(completion)
+        # One sequence per completion; the first shares the request's id and prefills the
+        # prompt, the others fork from it (completion i is seeded completion_seed(seed, i)).
+        seqs = [DomainSequence(request_id, token_ids, params)]
+        for index in range(1, params.n):
+            child = params
+            if params.seed is not None:
+                child = dataclasses.replace(params, seed=completion_seed(params.seed, index))
+            seqs.append(DomainSequence(request_id + index, token_ids, child))
+        self.scheduler.add(seqs[0], forks=seqs[1:])  # validates; raises before anything is kept
+        self._next_request_id += params.n
+        request = RequestState(
+            request_id,
+            text,
+            sink,
+            eos_token_ids=self.model_config.eos_token_ids,
+            num_prompt_tokens=len(token_ids),
+            wants_prompt_logprobs=params.prompt_logprobs is not None,
+        )
+        for index, seq in enumerate(seqs):
+            completion = CompletionState(
+                request, seq, self.tokenizer, streamed=streamed, index=index
+            )
+            request.completions.append(completion)
+            self._completions[seq.seq_id] = completion
         self._requests[request_id] = request
-        self._completions[seq.seq_id] = completion
         sink.num_unfinished += 1
         return request
 
@@ -646,45 +752,6 @@ class Engine:
                 self._abort(request.request_id)
             raise
         return requests
-
-
-# SamplingParams fields the engine does not serve yet (issue #12 wires them through), with the
-# value that means "off": a request that sets one is refused rather than silently ignored.
-_NOT_SERVED_YET = {
-    "n": 1,
-    "presence_penalty": 0.0,
-    "frequency_penalty": 0.0,
-    "repetition_penalty": 1.0,
-    "min_p": 0.0,
-    "min_tokens": 0,
-    "logprobs": None,
-    "prompt_logprobs": None,
-    "logit_bias": None,
-    "allowed_token_ids": None,
-    "include_stop_str_in_output": False,
-    "skip_special_tokens": True,
-}
-
-
-def _reject_unserved_fields(params: SamplingParams) -> None:
-    for name, off in _NOT_SERVED_YET.items():
-        if getattr(params, name) != off:
-            raise InvalidRequestError(
-                f"SamplingParams.{name} is not served by this engine yet: leave it at {off!r}."
-            )
-
-
-def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
-    if isinstance(prompts, str):
-        return [prompts]
-    if isinstance(prompts, Sequence):
-        items: list[Any] = list(prompts)
-        if items and all(isinstance(item, int) and not isinstance(item, bool) for item in items):
-            return [items]  # one token-id prompt
-        return items
-    raise InvalidRequestError(
-        f"prompts must be a list of strings or of token-id lists, not {type(prompts).__name__}."
-    )
 
 
 def _rate(tokens: int, seconds: float) -> float:

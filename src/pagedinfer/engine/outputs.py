@@ -1,39 +1,80 @@
-"""What the engine hands back: finished (or in-progress) requests and streaming deltas."""
+"""What the engine hands back, shaped like vLLM's outputs.
+
+A :class:`RequestOutput` per request, holding one :class:`CompletionOutput` per completion
+(``SamplingParams.n``). Outputs of ``generate`` and ``step`` are cumulative (everything so
+far); ``stream`` yields the same types holding only what is new since the previous one.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeAlias
 
-__all__ = ["RequestOutput", "StreamDelta"]
+__all__ = [
+    "CompletionOutput",
+    "Logprob",
+    "PromptLogprobs",
+    "RequestOutput",
+    "SampleLogprobs",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Logprob:
+    """One token's log-probability, its rank (1 = most likely) and its text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# Per generated token: {token id: Logprob} for the top tokens and the chosen one.
+SampleLogprobs: TypeAlias = list[dict[int, Logprob]]
+# Per prompt token (None for the first, which nothing predicts).
+PromptLogprobs: TypeAlias = list[dict[int, Logprob] | None]
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionOutput:
+    """One completion of a request.
+
+    ``index`` is its place among the request's ``n`` completions. ``token_ids`` are the
+    generated tokens; ``text`` their detokenized form (empty without a tokenizer; a matched
+    stop string is cut off unless ``include_stop_str_in_output``). ``logprobs`` has one
+    entry per generated token when the request asked for them, and ``cumulative_logprob``
+    their sum (else both ``None``). ``finish_reason`` is ``"stop"`` (EOS, stop token, stop
+    string), ``"length"`` (``max_tokens`` or ``max_model_len``), ``"abort"``, or ``None`` while
+    running; ``stop_reason`` is the stop token id or stop string that ended it (``None`` for
+    EOS and the other reasons).
+    """
+
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None
+    logprobs: SampleLogprobs | None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
 
 
 @dataclass(frozen=True, slots=True)
 class RequestOutput:
     """A request's state after a step; final once ``finished`` is True.
 
-    ``token_ids`` are the generated tokens only (the prompt is in ``prompt_token_ids``).
-    ``text`` is their detokenized form with a matched stop string cut off (empty when the
-    checkpoint has no tokenizer). ``finish_reason`` is ``"stop"`` (EOS, stop token, stop
-    string), ``"length"`` (``max_tokens`` or ``max_model_len``), ``"abort"`` or ``None`` while
-    running. ``num_cached_tokens`` counts prompt tokens served from the prefix cache.
+    ``prompt`` is the prompt's text (``None`` for token-id prompts), ``prompt_token_ids`` its
+    tokens, ``prompt_logprobs`` one entry per prompt token when the request asked for them
+    (``None`` for the first token; else ``None`` altogether). ``outputs`` holds the
+    completions in index order. ``num_cached_tokens`` counts prompt tokens served from the
+    prefix cache.
     """
 
     request_id: int
     prompt: str | None
     prompt_token_ids: list[int]
-    token_ids: list[int]
-    text: str
+    prompt_logprobs: PromptLogprobs | None
+    outputs: list[CompletionOutput]
     finished: bool
-    finish_reason: str | None
     num_cached_tokens: int
-
-
-@dataclass(frozen=True, slots=True)
-class StreamDelta:
-    """What one step added to a streamed request."""
-
-    request_id: int
-    token_ids: list[int]
-    text: str
-    finished: bool
-    finish_reason: str | None

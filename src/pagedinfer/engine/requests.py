@@ -1,11 +1,11 @@
 """The engine's record of each request, and where its outputs go.
 
 A :class:`RequestState` holds one request's completions (one per sequence the scheduler runs
-for it; one today, ``n`` once a request can sample several) and the :class:`OutputSink` of
-whoever waits for it: a :meth:`~pagedinfer.Engine.stream`, the
-:meth:`~pagedinfer.Engine.generate` call that submitted it, or :meth:`~pagedinfer.Engine.step`
-for requests queued with ``add_request``. Whichever caller steps the engine, a request's news
-goes to its own sink, so each caller returns as soon as its own requests are done.
+for it: ``SamplingParams.n``) and the :class:`OutputSink` of whoever waits for it: a
+:meth:`~pagedinfer.Engine.stream`, the :meth:`~pagedinfer.Engine.generate` call that
+submitted it, or :meth:`~pagedinfer.Engine.step` for requests queued with ``add_request``.
+Whichever caller steps the engine, a request's news goes to its own sink, so each caller
+returns as soon as its own requests are done.
 
 A request is *finalized* exactly once, when its last completion finishes (stop, length or
 abort): its final :class:`RequestOutput` is built then and handed to its sink, never again.
@@ -13,13 +13,21 @@ abort): its final :class:`RequestOutput` is built then and handed to its sink, n
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
-from pagedinfer.domain.sequence import Sequence
+from pagedinfer.domain.sequence import FinishReason, Sequence
+from pagedinfer.domain.step_output import TokenLogprobs
 from pagedinfer.engine.detokenizer import CompletionText
-from pagedinfer.engine.outputs import RequestOutput, StreamDelta
+from pagedinfer.engine.outputs import (
+    CompletionOutput,
+    Logprob,
+    PromptLogprobs,
+    RequestOutput,
+    SampleLogprobs,
+)
 
-__all__ = ["CompletionState", "OutputSink", "RequestState"]
+__all__ = ["CompletionState", "OutputSink", "RequestState", "logprob_dict"]
 
 
 class OutputSink:
@@ -52,60 +60,136 @@ class OutputSink:
         return outputs
 
 
+def logprob_dict(entry: TokenLogprobs, tokenizer: Any) -> dict[int, Logprob]:
+    """vLLM's ``{token id: Logprob}``: the top tokens (ranks 1..k), then the chosen token
+    with its own rank unless it is among them."""
+    top = zip(entry.token_ids[1:], entry.logprobs[1:], strict=True)
+    result = {
+        token_id: Logprob(logprob, rank, _decode(tokenizer, token_id))
+        for rank, (token_id, logprob) in enumerate(top, start=1)
+    }
+    chosen = entry.token_ids[0]
+    if chosen not in result:
+        result[chosen] = Logprob(entry.logprobs[0], entry.rank, _decode(tokenizer, chosen))
+    return result
+
+
+def _decode(tokenizer: Any, token_id: int) -> str | None:
+    if tokenizer is None:
+        return None
+    text: str = tokenizer.decode([token_id])
+    return text
+
+
 class CompletionState:
-    """One sequence of a request: the scheduler owns its tokens, this tracks its text.
+    """One sequence of a request: the scheduler owns its tokens, this tracks its text and
+    logprobs.
 
     ``text`` is kept up to date every step only when something needs it early (stop
-    strings, streaming); otherwise the completion is decoded once, when it finishes.
+    strings, streaming); otherwise the completion is decoded once, when it finishes. Text
+    shown before the completion finishes holds back what could still start a stop string.
     """
 
     __slots__ = (
+        "cumulative_logprob",
         "emitted_chars",
+        "emitted_finished",
+        "emitted_logprobs",
         "emitted_tokens",
         "final_text",
         "holdback",
+        "index",
+        "logprobs",
         "num_seen_tokens",
         "request",
         "seq",
+        "shown_chars",
         "text",
     )
 
     def __init__(
-        self, request: RequestState, seq: Sequence, tokenizer: Any, *, streamed: bool
+        self,
+        request: RequestState,
+        seq: Sequence,
+        tokenizer: Any,
+        *,
+        streamed: bool,
+        index: int = 0,
     ) -> None:
         self.request = request
         self.seq = seq
-        stop = seq.params.stop
+        self.index = index
+        params = seq.params
+        stop = params.stop
         incremental = tokenizer is not None and (streamed or bool(stop))
-        self.text = CompletionText(tokenizer, seq.prompt_token_ids, stop) if incremental else None
+        self.text = (
+            CompletionText(
+                tokenizer,
+                seq.prompt_token_ids,
+                stop,
+                skip_special_tokens=params.skip_special_tokens,
+                include_stop_str=params.include_stop_str_in_output,
+            )
+            if incremental
+            else None
+        )
         self.num_seen_tokens = 0  # completion tokens already fed to ``text``
         self.final_text: str | None = None
-        # A streamed delta holds back text that could still turn out to start a stop string.
+        # Text shown while running holds back what could still turn out to start a stop string.
         self.holdback = max((len(text) for text in stop), default=1) - 1
+        self.shown_chars = 0  # text shown in a cumulative output so far (it never shrinks)
+        asked = params.logprobs is not None
+        self.logprobs: SampleLogprobs | None = [] if asked else None
+        self.cumulative_logprob: float | None = 0.0 if asked else None
+        # What the previous stream delta ended with.
         self.emitted_tokens = 0
         self.emitted_chars = 0
+        self.emitted_logprobs = 0
+        self.emitted_finished = False
 
     def catch_up(self) -> bool:
-        """Feed the text tracker the tokens it has not seen; True if a stop string matched."""
+        """Feed the text tracker the tokens it has not seen; True if a stop string matched.
+
+        No stop string may end within the first ``min_tokens`` tokens (as in vLLM).
+        """
         text = self.text
         if text is None:
             return False
         seq = self.seq
-        if self.num_seen_tokens < seq.num_completion_tokens:
-            new_tokens = seq.token_ids[seq.num_prompt_tokens + self.num_seen_tokens :]
+        seen = self.num_seen_tokens
+        if seen < seq.num_completion_tokens:
+            start = seq.num_prompt_tokens + seen
             self.num_seen_tokens = seq.num_completion_tokens
-            text.append(new_tokens)
+            held = seq.params.min_tokens - seen  # new tokens still within min_tokens
+            if held > 0:
+                text.append(seq.token_ids[start : start + held], check=False)
+                start += held
+            if start < len(seq.token_ids):
+                text.append(seq.token_ids[start:])
         if seq.is_finished:
             text.flush()  # no token follows: a held-back partial character is final now
         return text.stopped
 
+    def add_logprobs(self, entry: TokenLogprobs, tokenizer: Any) -> None:
+        """The logprobs of the token this completion just got."""
+        if self.logprobs is None:
+            return
+        self.logprobs.append(logprob_dict(entry, tokenizer))
+        assert self.cumulative_logprob is not None
+        self.cumulative_logprob += entry.logprobs[0]
+
     def current_text(self) -> str:
-        """The text now: final once finished, the tracked text before, else empty."""
+        """The text now: final once finished, else the tracked text held back (or empty)."""
         if self.final_text is not None:
             return self.final_text
-        if self.text is not None:
-            return self.text.text
-        return ""
+        if self.text is None:
+            return ""
+        text = self.text.text
+        if self.seq.is_finished:
+            return text  # nothing can follow: no stop string can start in it any more
+        end = max(len(text) - self.holdback, self.shown_chars)
+        self.shown_chars = end
+        return text[:end]
 
     def finalize_text(self, tokenizer: Any) -> None:
         if tokenizer is None:
@@ -114,26 +198,120 @@ class CompletionState:
             self.final_text = self.text.text
         else:
             self.final_text = tokenizer.decode(
-                self.seq.completion_token_ids, skip_special_tokens=True
+                self.seq.completion_token_ids,
+                skip_special_tokens=self.seq.params.skip_special_tokens,
             )
+
+    def stop_reason(self, eos_token_ids: Collection[int]) -> int | str | None:
+        """What ended the completion, as vLLM reports it: the stop string or the stop token
+        id; ``None`` for EOS, length, abort, or while running."""
+        seq = self.seq
+        if seq.finish_reason is not FinishReason.STOP:
+            return None
+        if self.text is not None and self.text.stopped:
+            return self.text.matched
+        params = seq.params
+        last = seq.token_ids[-1]
+        if not params.ignore_eos and last in eos_token_ids:
+            return None
+        return last if last in params.stop_token_ids else None
+
+    def output(self, eos_token_ids: Collection[int]) -> CompletionOutput:
+        """Everything so far (cumulative); the finish reason once this completion ended."""
+        seq = self.seq
+        reason = seq.finish_reason if seq.is_finished else None
+        logprobs = self.logprobs
+        return CompletionOutput(
+            index=self.index,
+            text=self.current_text(),
+            token_ids=seq.completion_token_ids,
+            cumulative_logprob=self.cumulative_logprob,
+            logprobs=list(logprobs) if logprobs is not None else None,
+            finish_reason=reason.value if reason is not None else None,
+            stop_reason=self.stop_reason(eos_token_ids) if reason is not None else None,
+        )
+
+    def delta(self, eos_token_ids: Collection[int]) -> CompletionOutput | None:
+        """What is new since the previous delta; ``None`` if nothing is (the delta that
+        brings the finish reason comes once)."""
+        finished_before = self.emitted_finished
+        whole = self.output(eos_token_ids)
+        tokens = whole.token_ids[self.emitted_tokens :]
+        text = whole.text[self.emitted_chars :]
+        if not tokens and not text and (whole.finish_reason is None or finished_before):
+            return None
+        self.emitted_finished = whole.finish_reason is not None
+        self.emitted_tokens = len(whole.token_ids)
+        self.emitted_chars = len(whole.text)
+        logprobs = None
+        if whole.logprobs is not None:
+            logprobs = whole.logprobs[self.emitted_logprobs :]
+            self.emitted_logprobs = len(whole.logprobs)
+        return CompletionOutput(
+            index=whole.index,
+            text=text,
+            token_ids=tokens,
+            cumulative_logprob=whole.cumulative_logprob,
+            logprobs=logprobs,
+            finish_reason=whole.finish_reason,
+            stop_reason=whole.stop_reason,
+        )
 
 
 class RequestState:
     """One request: its prompt, its completions, its sink, and its final output once done."""
 
-    __slots__ = ("completions", "final", "prompt", "request_id", "sink")
+    __slots__ = (
+        "completions",
+        "eos_token_ids",
+        "final",
+        "prompt",
+        "prompt_logprobs",
+        "prompt_logprobs_sent",
+        "request_id",
+        "sink",
+    )
 
-    def __init__(self, request_id: int, prompt: str | None, sink: OutputSink) -> None:
+    def __init__(
+        self,
+        request_id: int,
+        prompt: str | None,
+        sink: OutputSink,
+        *,
+        eos_token_ids: Collection[int] = frozenset(),
+        num_prompt_tokens: int = 0,
+        wants_prompt_logprobs: bool = False,
+    ) -> None:
         self.request_id = request_id
         self.prompt = prompt
         self.sink = sink
+        self.eos_token_ids = eos_token_ids
         self.completions: list[CompletionState] = []
         self.final: RequestOutput | None = None
+        # One entry per prompt token, filled as prefill steps compute them (the first is
+        # None: nothing predicts it).
+        self.prompt_logprobs: PromptLogprobs | None = (
+            [None] * num_prompt_tokens if wants_prompt_logprobs else None
+        )
+        self.prompt_logprobs_sent = False
 
     @property
     def is_finished(self) -> bool:
         """Every completion has finished (whether the request was finalized yet or not)."""
         return all(completion.seq.is_finished for completion in self.completions)
+
+    def set_prompt_logprobs(
+        self, first_position: int, entries: list[TokenLogprobs], tokenizer: Any
+    ) -> None:
+        """Prompt logprobs from a prefill step (a recomputation after preemption repeats
+        positions already known: those keep their first value)."""
+        known = self.prompt_logprobs
+        if known is None:
+            return
+        for offset, entry in enumerate(entries):
+            position = first_position + offset
+            if known[position] is None:
+                known[position] = logprob_dict(entry, tokenizer)
 
     def output(self) -> RequestOutput:
         """The final output once finalized, else a snapshot of the progress so far."""
@@ -154,42 +332,42 @@ class RequestState:
         self.sink.finished(self)
         return final
 
-    def stream_delta(self) -> StreamDelta:
-        """What is new since the last delta; the final delta once the request is final."""
-        # One completion per request until a request can sample several (n > 1).
-        completion = self.completions[0]
-        seq = completion.seq
-        tokens = seq.token_ids[seq.num_prompt_tokens + completion.emitted_tokens :]
-        completion.emitted_tokens += len(tokens)
-        text = completion.current_text()
+    def stream_delta(self) -> RequestOutput:
+        """What is new since the last delta, shaped like an output: the completions with
+        news (tokens, text, logprobs added; finish reason once final), the prompt logprobs
+        in the first delta only. The final delta once the request is final."""
         finished = self.final is not None
-        end = len(text) if finished else len(text) - completion.holdback
-        end = max(end, completion.emitted_chars)
-        delta_text = text[completion.emitted_chars : end]
-        completion.emitted_chars = end
-        reason = seq.finish_reason if finished else None
-        return StreamDelta(
-            request_id=self.request_id,
-            token_ids=tokens,
-            text=delta_text,
-            finished=finished,
-            finish_reason=reason.value if reason is not None else None,
-        )
+        outputs = []
+        for completion in self.completions:
+            delta = completion.delta(self.eos_token_ids)
+            if delta is not None:
+                outputs.append(delta)
+        prompt_logprobs = None
+        if self.prompt_logprobs is not None and not self.prompt_logprobs_sent:
+            prompt_logprobs = list(self.prompt_logprobs)
+            self.prompt_logprobs_sent = True
+        return self._request_output(prompt_logprobs, outputs, finished)
 
     def _build_output(self, *, finished: bool) -> RequestOutput:
-        # One completion per request until a request can sample several (n > 1).
-        completion = self.completions[0]
-        seq = completion.seq
-        reason = seq.finish_reason if finished else None
+        outputs = [completion.output(self.eos_token_ids) for completion in self.completions]
+        prompt_logprobs = list(self.prompt_logprobs) if self.prompt_logprobs is not None else None
+        return self._request_output(prompt_logprobs, outputs, finished)
+
+    def _request_output(
+        self,
+        prompt_logprobs: PromptLogprobs | None,
+        outputs: list[CompletionOutput],
+        finished: bool,
+    ) -> RequestOutput:
+        first = self.completions[0].seq  # the request's first sequence prefilled the prompt
         return RequestOutput(
             request_id=self.request_id,
             prompt=self.prompt,
-            prompt_token_ids=seq.prompt_token_ids,
-            token_ids=seq.completion_token_ids,
-            text=completion.current_text(),
+            prompt_token_ids=first.prompt_token_ids,
+            prompt_logprobs=prompt_logprobs,
+            outputs=outputs,
             finished=finished,
-            finish_reason=reason.value if reason is not None else None,
-            num_cached_tokens=seq.num_cached_tokens,
+            num_cached_tokens=first.num_cached_tokens,
         )
 
     def __repr__(self) -> str:

@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Protocol
 
-from pagedinfer.engine.outputs import StreamDelta
+from pagedinfer.engine.outputs import RequestOutput
 from pagedinfer.engine.requests import RequestState
 from pagedinfer.errors import EngineClosedError
 
@@ -16,15 +16,16 @@ __all__ = ["RequestStream"]
 class _StreamSource(Protocol):
     """What a stream needs from the engine (kept narrow so the two stay decoupled)."""
 
-    def _next_stream_delta(self, request: RequestState) -> StreamDelta: ...
+    def _next_stream_delta(self, request: RequestState) -> RequestOutput: ...
 
     def abort(self, request_id: int) -> bool: ...
 
     def _abandon(self, request_id: int) -> None: ...
 
 
-class RequestStream(Iterator[StreamDelta]):
-    """The deltas of one request, ending with the one whose ``finished`` is True.
+class RequestStream(Iterator[RequestOutput]):
+    """The deltas of one request (``RequestOutput`` s holding only what is new), ending with
+    the one whose ``finished`` is True.
 
     The request is queued when the stream is created. ``close()`` (or leaving the loop with
     ``break`` and dropping the stream) aborts it if it has not finished; an exception raised
@@ -42,7 +43,7 @@ class RequestStream(Iterator[StreamDelta]):
     def __iter__(self) -> RequestStream:
         return self
 
-    def __next__(self) -> StreamDelta:
+    def __next__(self) -> RequestOutput:
         if self._done:
             raise StopIteration
         try:

@@ -114,7 +114,8 @@ def completion_of(output: RequestOutput) -> tuple[str, list[int], str | None]:
     The one place that knows where a ``RequestOutput`` keeps its completion, so the switch to
     vLLM's shape (``output.outputs[0].text``, issue 12) is one edit here.
     """
-    return output.text, list(output.token_ids), output.finish_reason
+    completion = output.outputs[0]
+    return completion.text, list(completion.token_ids), completion.finish_reason
 
 
 def output_columns(outputs: Sequence[RequestOutput]) -> dict[str, list[Any]]:

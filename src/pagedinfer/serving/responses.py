@@ -55,13 +55,14 @@ def completions_of(output: RequestOutput) -> list[Completion]:
     """The completions of one engine output (the only place that knows its shape)."""
     return [
         Completion(
-            index=0,
-            text=output.text,
-            token_ids=output.token_ids,
-            finish_reason=output.finish_reason,
-            stop_reason=None,
-            logprobs=None,
+            index=completion.index,
+            text=completion.text,
+            token_ids=completion.token_ids,
+            finish_reason=completion.finish_reason,
+            stop_reason=completion.stop_reason,
+            logprobs=completion.logprobs,
         )
+        for completion in output.outputs
     ]
 
 

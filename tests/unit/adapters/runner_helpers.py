@@ -69,7 +69,7 @@ def generate(
     while (plan := scheduler.schedule()) is not None:
         if plans is not None:
             plans.append(plan)
-        scheduler.postprocess(plan, runner.execute(plan))
+        scheduler.postprocess(plan, runner.execute(plan).sampled_token_ids)
     return [seq.completion_token_ids for seq in seqs], scheduler
 
 

@@ -297,7 +297,7 @@ def test_engine_decodes_through_the_graph_runner(
         outputs = engine.generate(prompts, params, use_tqdm=False)
         decode_steps = engine.scheduler.stats().num_decode_steps
     for prompt, p, output in zip(prompts, params, outputs, strict=True):
-        assert output.token_ids == hf_greedy(checkpoint, prompt, p.max_tokens)
+        assert output.outputs[0].token_ids == hf_greedy(checkpoint, prompt, p.max_tokens)
     assert decode_steps > 0 and graphs.num_replays == decode_steps
 
 
@@ -310,9 +310,9 @@ def test_padding_rows_store_nothing(tiny_checkpoint: Path) -> None:
     for index, prompt in enumerate(random_prompts(seed=9, count=4, lengths=(5, 30))):
         scheduler.add(Sequence(index, prompt, GREEDY))
     while (plan := scheduler.schedule()) is not None and plan.is_prefill:
-        scheduler.postprocess(plan, runner.execute(plan))
+        scheduler.postprocess(plan, runner.execute(plan).sampled_token_ids)
     assert plan is not None and plan.num_seqs == 4
-    scheduler.postprocess(plan, runner.execute(plan))  # bucket 4, every row real
+    scheduler.postprocess(plan, runner.execute(plan).sampled_token_ids)  # bucket 4, every row real
     freed_slot = plan.slot_mapping[3]
     assert scheduler.abort(3)
     # Another sequence now owns that slot and has written it.
@@ -339,7 +339,7 @@ def test_batches_above_the_largest_bucket_run_eagerly(make_checkpoint: Callable[
         graphs = install_stand_in(_runner_of(engine), max_num_seqs=4)
         outputs = engine.generate(prompts, params, use_tqdm=False)
     for prompt, p, output in zip(prompts, params, outputs, strict=True):
-        assert output.token_ids == hf_greedy(checkpoint, prompt, p.max_tokens)
+        assert output.outputs[0].token_ids == hf_greedy(checkpoint, prompt, p.max_tokens)
     assert graphs.num_replays == 4  # the steps with 4, 3, 2 and 1 sequences
 
 
@@ -388,6 +388,6 @@ def test_warm_up_pass_runs_on_a_one_block_cache(tiny_checkpoint: Path, backend: 
     assert len(plan.block_tables) == 3 * 5
     one_block = runner._allocate_kv_cache(1)
     runner._bind_kv_cache(one_block)
-    sampled = runner.execute(plan)
+    sampled = runner.execute(plan).sampled_token_ids
     assert len(sampled) == 6
     assert torch.count_nonzero(one_block) == 0

@@ -4,6 +4,7 @@ MinPLogitsWarper), row bookkeeping, and nothing at all for requests that use non
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -14,6 +15,14 @@ from pagedinfer.adapters.sampler import Sampler, SamplingBatch
 from pagedinfer.domain import SamplingParams
 
 CPU = torch.device("cpu")
+
+
+def after(steps: list[int]) -> Callable[[int], int]:
+    """Sample positions for rows whose requests generated ``steps[i]`` tokens (requests added
+    without a prompt: ``num_prompt_tokens == 0``; only ``min_tokens`` rows are asked)."""
+    return lambda row: steps[row] - 1
+
+
 EOS = 2
 
 
@@ -21,14 +30,14 @@ def processed(
     processors: LogitsProcessors, logits: torch.Tensor, keys: list[int], steps: list[int]
 ) -> torch.Tensor:
     out = logits.clone()
-    step = processors.plan(keys, steps)
+    step = processors.plan(keys, after(steps))
     if step is not None:
         processors.apply(out, step)
     return out
 
 
 def plan(processors: LogitsProcessors, keys: list[int], steps: list[int]) -> ProcessingStep:
-    step = processors.plan(keys, steps)
+    step = processors.plan(keys, after(steps))
     assert step is not None
     return step
 
@@ -38,12 +47,12 @@ def test_requests_without_features_cost_nothing() -> None:
     plain = [SamplingParams(), SamplingParams(temperature=0.0, top_k=5, logprobs=3, n=2)]
     assert not any(processors.add(key, params) for key, params in enumerate(plain))
     assert len(processors) == 0
-    assert processors.plan([0, 1], [0, 0]) is None
+    assert processors.plan([0, 1], after([0, 0])) is None
     # No vocabulary-sized table exists until a request needs one.
     assert processors._bias is None and processors._output_counts is None
     processors.add(2, SamplingParams(min_p=0.1))
     assert processors._bias is None and processors._output_counts is None
-    assert processors.plan([0, 1], [0, 0]) is None  # request 2 is not in this step
+    assert processors.plan([0, 1], after([0, 0])) is None  # request 2 is not in this step
 
 
 def test_logit_bias_and_allowed_token_ids() -> None:

@@ -146,7 +146,7 @@ def test_partial_prefill_chunk_samples_nothing(tiny_checkpoint: Path) -> None:
     scheduler.add(Sequence(0, list(range(40)), GREEDY))
     plan = scheduler.schedule()
     assert plan is not None and plan.num_samples == 0
-    assert runner.execute(plan) == []
+    assert runner.execute(plan).sampled_token_ids == []
 
 
 def test_kv_cache_layout_and_per_layer_views(tiny_checkpoint: Path) -> None:
@@ -186,7 +186,7 @@ def test_close_is_idempotent_and_final(tiny_checkpoint: Path) -> None:
     scheduler.add(Sequence(0, [1, 2, 3], GREEDY))
     plan = scheduler.schedule()
     assert plan is not None
-    assert len(runner.execute(plan)) == 1
+    assert len(runner.execute(plan).sampled_token_ids) == 1
     runner.close()
     runner.close()
     with pytest.raises(EngineClosedError):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -15,6 +16,12 @@ from pagedinfer.adapters.logits_processors import LogitsProcessors
 from pagedinfer.domain import SamplingParams
 
 CPU = torch.device("cpu")
+
+
+def after(steps: list[int]) -> Callable[[int], int]:
+    """Sample positions for rows whose requests generated ``steps[i]`` tokens (requests added
+    without a prompt: ``num_prompt_tokens == 0``; only ``min_tokens`` rows are asked)."""
+    return lambda row: steps[row] - 1
 
 
 def reference(
@@ -59,7 +66,7 @@ def test_penalties_match_the_references(rows: int, vocab: int) -> None:
             expected.append(reference(logits[row], prompt, output, params))
         else:
             expected.append(logits[row].clone())
-    step = processors.plan(list(range(rows)), [0] * rows)
+    step = processors.plan(list(range(rows)), after([0] * rows))
     processed = logits.clone()
     if step is not None:
         processors.apply(processed, step)
@@ -71,7 +78,7 @@ def test_repetition_penalty_counts_prompt_tokens_and_the_rest_only_output_tokens
     processors = LogitsProcessors(4, CPU)
     params = SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=1.0)
     processors.add(0, params, prompt_token_ids=[0, 1], output_token_ids=[2, 2])
-    step = processors.plan([0], [2])
+    step = processors.plan([0], after([2]))
     assert step is not None
     processors.apply(logits, step)
     # token 0: prompt -> 2/2; token 1: prompt, negative -> -2*2; token 2: output twice ->
@@ -95,7 +102,7 @@ def test_counts_kept_incrementally_equal_counts_from_the_history() -> None:
         # A different subset of the requests, in a different order, each step.
         batch = rng.sample(keys, rng.randint(1, rows))
         logits = torch.randn(len(batch), vocab, generator=generator) * 3
-        step = processors.plan(batch, [len(histories[k][1]) for k in batch])
+        step = processors.plan(batch, after([len(histories[k][1]) for k in batch]))
         assert step is not None
         processed = logits.clone()
         processors.apply(processed, step)
@@ -115,7 +122,7 @@ def test_masked_logits_stay_masked_and_nothing_becomes_nan() -> None:
     processors = LogitsProcessors(4, CPU)
     params = SamplingParams(repetition_penalty=3.0, frequency_penalty=-2.0, presence_penalty=-2.0)
     processors.add(0, params, prompt_token_ids=[0, 3], output_token_ids=[0, 0, 1])
-    step = processors.plan([0], [3])
+    step = processors.plan([0], after([3]))
     assert step is not None
     processors.apply(logits, step)
     assert logits[0, 0] == -math.inf

@@ -196,7 +196,7 @@ def test_every_step_is_one_copy_and_no_list_becomes_a_tensor(
         inner.setattr(torch, "tensor", forbidden)
         while (plan := scheduler.schedule()) is not None:
             before = len(copies)
-            scheduler.postprocess(plan, runner.execute(plan))
+            scheduler.postprocess(plan, runner.execute(plan).sampled_token_ids)
             assert len(copies) - before == 1, plan
             steps += 1
     assert steps > 5 and graphs.num_replays > 0

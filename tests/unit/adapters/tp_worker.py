@@ -59,7 +59,7 @@ def _drive(runner: ModelRunner, prompts: list[list[int]], max_tokens: int, outpu
         scheduler.add(seq)
     while (plan := scheduler.schedule()) is not None:
         dist.broadcast_object_list([plan], src=0)
-        scheduler.postprocess(plan, runner.execute(plan))
+        scheduler.postprocess(plan, runner.execute(plan).sampled_token_ids)
     dist.broadcast_object_list([None], src=0)
     result = {
         "num_kv_blocks": runner.num_kv_blocks,
@@ -75,4 +75,4 @@ def _follow(runner: ModelRunner) -> None:
         plan = message[0]
         if plan is None:
             return
-        assert runner.execute(plan) == []  # only rank 0 samples
+        assert runner.execute(plan).sampled_token_ids == []  # only rank 0 samples

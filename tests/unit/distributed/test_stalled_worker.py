@@ -37,7 +37,8 @@ def test_a_stopped_worker_raises_within_the_timeout(checkpoint: Path) -> None:
     active_before = {child.pid for child in multiprocessing.active_children()}
     with tracked_shm_names() as created:
         engine = Engine(checkpoint, tensor_parallel_size=2, worker_timeout_s=TIMEOUT_S, **SETTINGS)
-        assert engine.generate([[1, 2, 3]], GREEDY, use_tqdm=False)[0].finish_reason == "length"
+        (output,) = engine.generate([[1, 2, 3]], GREEDY, use_tqdm=False)
+        assert output.outputs[0].finish_reason == "length"
         (worker,) = {child.pid for child in multiprocessing.active_children()} - active_before
         assert worker is not None
         os.kill(worker, signal.SIGSTOP)

@@ -90,7 +90,7 @@ def mha_engine(mha_checkpoint: Path) -> Iterator[Engine]:
 
 
 def tokens(outputs: list[Any]) -> list[list[int]]:
-    return [output.token_ids for output in outputs]
+    return [output.outputs[0].token_ids for output in outputs]
 
 
 def single_rank_tokens(
@@ -119,6 +119,34 @@ def wait_until(condition: Callable[[], bool], seconds: float) -> bool:
 
 
 # --------------------------------------------------------------------------- parity
+def test_sampling_features_match_one_rank(gqa_engine: Engine, gqa_checkpoint: Path) -> None:
+    """Only rank 0 samples, but every rank runs the LM head for prompt logprobs, and block
+    copies for forks run on every rank's KV shard."""
+    prompts = shared_prefix_prompts(seed=12, count=2)
+    params = SamplingParams(
+        n=2,
+        seed=3,
+        max_tokens=8,
+        logprobs=2,
+        prompt_logprobs=1,
+        repetition_penalty=1.3,
+        frequency_penalty=0.4,
+        ignore_eos=True,
+    )
+    outputs = gqa_engine.generate(prompts, params, use_tqdm=False)
+    with Engine(gqa_checkpoint, tensor_parallel_size=1, **SETTINGS) as single:
+        expected = single.generate(prompts, params, use_tqdm=False)
+    for got, want in zip(outputs, expected, strict=True):
+        assert [c.token_ids for c in got.outputs] == [c.token_ids for c in want.outputs]
+        assert got.prompt_logprobs is not None and want.prompt_logprobs is not None
+        for mine, theirs in zip(got.prompt_logprobs[1:], want.prompt_logprobs[1:], strict=True):
+            assert mine is not None and theirs is not None and mine.keys() == theirs.keys()
+            for token_id, logprob in mine.items():
+                assert logprob.logprob == pytest.approx(theirs[token_id].logprob, abs=1e-4)
+        for mine_c, theirs_c in zip(got.outputs, want.outputs, strict=True):
+            assert mine_c.cumulative_logprob == pytest.approx(theirs_c.cumulative_logprob, abs=1e-3)
+
+
 @pytest.mark.parametrize("shape", ["gqa", "mha"])
 def test_greedy_tokens_match_one_rank_and_transformers(
     shape: str, request: pytest.FixtureRequest
@@ -146,7 +174,7 @@ def test_messages_larger_than_the_channel_grow_it(gqa_engine: Engine, gqa_checkp
     assert size == channel_module.MIN_CAPACITY  # a prefill plan of 40+ tokens does not fit
     prompt = shared_prefix_prompts(seed=5, count=1)[0]
     (output,) = gqa_engine.generate([prompt], GREEDY, use_tqdm=False)
-    assert output.token_ids == hf_greedy(gqa_checkpoint, prompt, MAX_TOKENS)
+    assert output.outputs[0].token_ids == hf_greedy(gqa_checkpoint, prompt, MAX_TOKENS)
     assert not (SHM / name).exists(), "the outgrown segment was not unlinked"
 
 

@@ -36,7 +36,9 @@ def main() -> None:
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
 
     def tokens() -> list[list[int]]:
-        return [out.token_ids for out in engine.generate(prompts, params, use_tqdm=False)]
+        return [
+            out.outputs[0].token_ids for out in engine.generate(prompts, params, use_tqdm=False)
+        ]
 
     worker_pids = [child.pid for child in multiprocessing.active_children()]
     print(json.dumps({"tokens": tokens(), "worker_pids": worker_pids, "segments": segments}))

@@ -80,14 +80,17 @@ def test_outputs_arrive_as_tokens_do_and_are_cumulative(
     outputs = _run(main())
     assert len(outputs) > 1  # streamed: more than the final output
     for before, after in itertools.pairwise(outputs):
-        assert after.token_ids[: len(before.token_ids)] == before.token_ids
-        assert after.text.startswith(before.text)  # text only grows
+        assert (
+            after.outputs[0].token_ids[: len(before.outputs[0].token_ids)]
+            == before.outputs[0].token_ids
+        )
+        assert after.outputs[0].text.startswith(before.outputs[0].text)  # text only grows
     assert [o.finished for o in outputs] == [False] * (len(outputs) - 1) + [True]
     final = outputs[-1]
-    assert (final.token_ids, final.text, final.finish_reason) == (
-        want.token_ids,
-        want.text,
-        want.finish_reason,
+    assert (final.outputs[0].token_ids, final.outputs[0].text, final.outputs[0].finish_reason) == (
+        want.outputs[0].token_ids,
+        want.outputs[0].text,
+        want.outputs[0].finish_reason,
     )
 
 
@@ -110,8 +113,8 @@ def test_many_coroutines_batch_together(
         return await asyncio.gather(*(_last(shared.generate(p, GREEDY)) for p in prompts))
 
     outputs = _run(main())
-    assert [o.token_ids for o in outputs] == [o.token_ids for o in expected]
-    assert [o.text for o in outputs] == [o.text for o in expected]
+    assert [o.outputs[0].token_ids for o in outputs] == [o.outputs[0].token_ids for o in expected]
+    assert [o.outputs[0].text for o in outputs] == [o.outputs[0].text for o in expected]
     assert max(batch_sizes) >= 12, batch_sizes  # one batch, not one request after another
     assert len(batch_sizes) < 16 * 16
 
@@ -167,8 +170,8 @@ def test_abort_from_another_coroutine_ends_the_stream(shared: AsyncEngine) -> No
         return final
 
     final = _run(main())
-    assert final.finished and final.finish_reason == "abort"
-    assert 0 < len(final.token_ids) < LONG.max_tokens  # type: ignore[operator]
+    assert final.finished and final.outputs[0].finish_reason == "abort"
+    assert 0 < len(final.outputs[0].token_ids) < LONG.max_tokens  # type: ignore[operator]
     _wait_idle(shared)
 
 
@@ -185,7 +188,7 @@ def test_bad_input_raises_at_the_call_and_the_engine_keeps_serving(shared: Async
             shared.generate("y", GREEDY, request_id="dup")
         return await _last(stream)
 
-    assert _run(main()).finish_reason == "length"
+    assert _run(main()).outputs[0].finish_reason == "length"
 
 
 def test_chat_equals_generate_on_the_templates_tokens(shared: AsyncEngine, offline: Engine) -> None:
@@ -201,7 +204,10 @@ def test_chat_equals_generate_on_the_templates_tokens(shared: AsyncEngine, offli
         return await _last(shared.chat(messages, GREEDY))
 
     got = _run(main())
-    assert (got.prompt_token_ids, got.token_ids) == (want.prompt_token_ids, want.token_ids)
+    assert (got.prompt_token_ids, got.outputs[0].token_ids) == (
+        want.prompt_token_ids,
+        want.outputs[0].token_ids,
+    )
 
 
 def test_stats(shared: AsyncEngine) -> None:
@@ -260,7 +266,7 @@ def test_close_ends_streams_with_abort_and_refuses_new_requests(checkpoint: Path
             return final
 
     final = _run(main())
-    assert final.finished and final.finish_reason == "abort"
+    assert final.finished and final.outputs[0].finish_reason == "abort"
 
 
 def test_from_engine_wraps_an_existing_engine(checkpoint: Path) -> None:
@@ -271,7 +277,7 @@ def test_from_engine_wraps_an_existing_engine(checkpoint: Path) -> None:
             assert wrapped.engine is engine
             return await _last(wrapped.generate("wrapped", GREEDY))
 
-    assert _run(main()).finish_reason == "length"
+    assert _run(main()).outputs[0].finish_reason == "length"
     with pytest.raises(EngineClosedError):
         engine.stats()
 
@@ -287,7 +293,7 @@ def test_add_request_stream_true_carries_text_while_running(offline: Engine) -> 
             if output.finished:
                 finals[output.request_id] = output
             else:
-                texts[output.request_id].append(output.text)
-    assert finals[plain].text == finals[streamed].text
+                texts[output.request_id].append(output.outputs[0].text)
+    assert finals[plain].outputs[0].text == finals[streamed].outputs[0].text
     assert all(text == "" for text in texts[plain])  # decoded once, at the end
-    assert texts[streamed][-1] and finals[streamed].text.startswith(texts[streamed][-1])
+    assert texts[streamed][-1] and finals[streamed].outputs[0].text.startswith(texts[streamed][-1])

@@ -36,12 +36,12 @@ def engine(checkpoint: Path) -> Iterator[Engine]:
 
 @pytest.fixture(scope="module")
 def expected(engine: Engine) -> list[list[int]]:
-    return [o.token_ids for o in engine.generate(PROMPTS, GREEDY, use_tqdm=False)]
+    return [o.outputs[0].token_ids for o in engine.generate(PROMPTS, GREEDY, use_tqdm=False)]
 
 
 def _still_serves(engine: Engine, expected: list[list[int]]) -> None:
     outputs = engine.generate(PROMPTS, GREEDY, use_tqdm=False)
-    assert [o.token_ids for o in outputs] == expected
+    assert [o.outputs[0].token_ids for o in outputs] == expected
     assert not engine.has_unfinished_requests()
     assert engine.stats().kv_cache_usage == 0.0
 
@@ -73,7 +73,7 @@ def test_prompt_too_long(engine: Engine, expected: list[list[int]]) -> None:
     engine.add_request([1] * 63, SamplingParams(max_tokens=5))  # the longest prompt that fits
     while engine.has_unfinished_requests():
         for output in engine.step():
-            assert output.finish_reason in (None, "length")
+            assert output.outputs[0].finish_reason in (None, "length")
     _still_serves(engine, expected)
 
 
@@ -109,7 +109,7 @@ def test_text_prompt_without_tokenizer(make_checkpoint: Callable[..., Path]) -> 
         with pytest.raises(ValueError, match="tokenizer"):
             engine.add_request("hello", GREEDY)
         (output,) = engine.generate([[1, 2, 3]], GREEDY, use_tqdm=False)
-        assert output.text == "" and len(output.token_ids) == 6
+        assert output.outputs[0].text == "" and len(output.outputs[0].token_ids) == 6
 
 
 def test_model_path_missing(tmp_path: Path) -> None:

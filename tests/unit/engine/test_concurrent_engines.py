@@ -30,7 +30,7 @@ def _runner(engine: Engine) -> ModelRunner:
 
 
 def _tokens(engine: Engine) -> list[list[int]]:
-    return [out.token_ids for out in engine.generate(PROMPTS, GREEDY, use_tqdm=False)]
+    return [out.outputs[0].token_ids for out in engine.generate(PROMPTS, GREEDY, use_tqdm=False)]
 
 
 def test_engines_built_in_threads_keep_their_dtypes(

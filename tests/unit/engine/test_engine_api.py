@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pagedinfer import Engine, RequestOutput, SamplingParams, StreamDelta
+from pagedinfer import Engine, RequestOutput, SamplingParams
 from pagedinfer.errors import EngineClosedError
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
@@ -34,21 +34,23 @@ def test_generate_text_prompts_in_input_order(engine: Engine) -> None:
     assert [o.request_id for o in outputs] == sorted(o.request_id for o in outputs)
     for prompt, output in zip(prompts, outputs, strict=True):
         assert output.prompt_token_ids == engine.tokenizer.encode(prompt)
-        assert len(output.token_ids) == 16 and output.finished
-        assert output.text == engine.tokenizer.decode(output.token_ids, skip_special_tokens=True)
+        assert len(output.outputs[0].token_ids) == 16 and output.finished
+        assert output.outputs[0].text == engine.tokenizer.decode(
+            output.outputs[0].token_ids, skip_special_tokens=True
+        )
     # Order does not depend on which request finishes first.
     short_last = engine.generate(
         ["one", "two"],
         [SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True), GREEDY],
         use_tqdm=False,
     )
-    assert [len(o.token_ids) for o in short_last] == [9, 16]
+    assert [len(o.outputs[0].token_ids) for o in short_last] == [9, 16]
 
 
 def test_single_prompt_forms(engine: Engine) -> None:
     (by_text,) = engine.generate("Hello", GREEDY, use_tqdm=False)
     (by_ids,) = engine.generate(by_text.prompt_token_ids, GREEDY, use_tqdm=False)
-    assert by_ids.token_ids == by_text.token_ids
+    assert by_ids.outputs[0].token_ids == by_text.outputs[0].token_ids
     assert engine.generate([], GREEDY, use_tqdm=False) == []
 
 
@@ -60,12 +62,14 @@ def test_dtype_auto_is_float32_on_cpu(engine: Engine) -> None:
 
 def test_stop_token_ids_and_eos(engine: Engine, checkpoint: Path) -> None:
     (free,) = engine.generate([[5, 6, 7]], GREEDY, use_tqdm=False)
-    stop_at = free.token_ids[4]
-    first = free.token_ids.index(stop_at)
+    stop_at = free.outputs[0].token_ids[4]
+    first = free.outputs[0].token_ids.index(stop_at)
     params = SamplingParams(temperature=0.0, max_tokens=16, stop_token_ids=[stop_at])
     (stopped,) = engine.generate([[5, 6, 7]], params, use_tqdm=False)
-    assert stopped.finish_reason == "stop"
-    assert stopped.token_ids == free.token_ids[: first + 1]  # the stop token is kept
+    assert stopped.outputs[0].finish_reason == "stop"
+    assert (
+        stopped.outputs[0].token_ids == free.outputs[0].token_ids[: first + 1]
+    )  # the stop token is kept
 
 
 def test_eos_stops_unless_ignored(checkpoint: Path, tmp_path: Path) -> None:
@@ -73,7 +77,7 @@ def test_eos_stops_unless_ignored(checkpoint: Path, tmp_path: Path) -> None:
         assert engine.model_config.eos_token_ids, "the tokenizer checkpoint declares an EOS"
         (free,) = engine.generate([[5, 6, 7]], GREEDY, use_tqdm=False)
     # Declare the 3rd generated token as EOS in a copy: the same greedy run must stop there.
-    eos = free.token_ids[2]
+    eos = free.outputs[0].token_ids[2]
     copy = tmp_path / "eos"
     shutil.copytree(checkpoint, copy)
     for name in ("config.json", "generation_config.json"):
@@ -86,30 +90,36 @@ def test_eos_stops_unless_ignored(checkpoint: Path, tmp_path: Path) -> None:
         (stopped,) = engine.generate(
             [[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=16), use_tqdm=False
         )
-        assert stopped.finish_reason == "stop"
-        assert stopped.token_ids == free.token_ids[: free.token_ids.index(eos) + 1]
+        assert stopped.outputs[0].finish_reason == "stop"
+        assert (
+            stopped.outputs[0].token_ids
+            == free.outputs[0].token_ids[: free.outputs[0].token_ids.index(eos) + 1]
+        )
         (ignored,) = engine.generate([[5, 6, 7]], GREEDY, use_tqdm=False)
-        assert ignored.token_ids == free.token_ids
+        assert ignored.outputs[0].token_ids == free.outputs[0].token_ids
 
 
 def test_stop_strings_cut_the_text(engine: Engine) -> None:
     (free,) = engine.generate(["Once upon a time"], GREEDY, use_tqdm=False)
-    assert len(free.text) > 8
-    stop = free.text[4:7]
-    cut = free.text.index(stop)
+    assert len(free.outputs[0].text) > 8
+    stop = free.outputs[0].text[4:7]
+    cut = free.outputs[0].text.index(stop)
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, stop=[stop])
     (stopped,) = engine.generate(["Once upon a time"], params, use_tqdm=False)
-    assert stopped.finish_reason == "stop"
-    assert stopped.text == free.text[:cut]
-    assert stopped.token_ids == free.token_ids[: len(stopped.token_ids)]
-    assert len(stopped.token_ids) < len(free.token_ids)
+    assert stopped.outputs[0].finish_reason == "stop"
+    assert stopped.outputs[0].text == free.outputs[0].text[:cut]
+    assert (
+        stopped.outputs[0].token_ids
+        == free.outputs[0].token_ids[: len(stopped.outputs[0].token_ids)]
+    )
+    assert len(stopped.outputs[0].token_ids) < len(free.outputs[0].token_ids)
 
 
 def test_max_model_len_finishes_with_length(checkpoint: Path) -> None:
     with Engine(checkpoint, device="cpu", kv_block_size=16, max_model_len=20) as engine:
         (output,) = engine.generate([[1] * 15], SamplingParams(max_tokens=100), use_tqdm=False)
-        assert output.finish_reason == "length"
-        assert len(output.prompt_token_ids) + len(output.token_ids) == 20
+        assert output.outputs[0].finish_reason == "length"
+        assert len(output.prompt_token_ids) + len(output.outputs[0].token_ids) == 20
 
 
 def test_step_loop_and_abort(engine: Engine) -> None:
@@ -117,7 +127,7 @@ def test_step_loop_and_abort(engine: Engine) -> None:
     drop = engine.add_request([4, 5, 6], GREEDY)
     outputs: list[RequestOutput] = engine.step()
     assert {o.request_id for o in outputs} == {keep, drop}
-    assert all(not o.finished and len(o.token_ids) == 1 for o in outputs)
+    assert all(not o.finished and len(o.outputs[0].token_ids) == 1 for o in outputs)
     assert engine.abort(drop)
     assert not engine.abort(drop)  # already gone
     assert not engine.abort(10**9)
@@ -129,18 +139,21 @@ def test_step_loop_and_abort(engine: Engine) -> None:
                 finished[output.request_id] = output
             else:
                 assert output.request_id == keep
-    assert len(finished[keep].token_ids) == 16
+    assert len(finished[keep].outputs[0].token_ids) == 16
     # The abort's final output reaches step(), with the token generated before it.
-    assert finished[drop].finish_reason == "abort" and len(finished[drop].token_ids) == 1
+    assert (
+        finished[drop].outputs[0].finish_reason == "abort"
+        and len(finished[drop].outputs[0].token_ids) == 1
+    )
     assert engine.stats().kv_cache_usage == 0.0
 
 
 def test_stream_yields_every_token(engine: Engine) -> None:
     (reference,) = engine.generate(["Hello, world!"], GREEDY, use_tqdm=False)
-    deltas: list[StreamDelta] = list(engine.stream("Hello, world!", GREEDY))
-    assert [t for d in deltas for t in d.token_ids] == reference.token_ids
-    assert "".join(d.text for d in deltas) == reference.text
-    assert deltas[-1].finished and deltas[-1].finish_reason == "length"
+    deltas: list[RequestOutput] = list(engine.stream("Hello, world!", GREEDY))
+    assert [t for d in deltas for t in d.outputs[0].token_ids] == reference.outputs[0].token_ids
+    assert "".join(d.outputs[0].text for d in deltas) == reference.outputs[0].text
+    assert deltas[-1].finished and deltas[-1].outputs[0].finish_reason == "length"
     assert all(not d.finished for d in deltas[:-1])
 
 
@@ -160,7 +173,7 @@ def test_requests_added_before_generate_are_not_lost(engine: Engine) -> None:
         for output in engine.step():
             if output.finished:
                 collected[output.request_id] = output
-    assert len(collected[earlier].token_ids) == 40
+    assert len(collected[earlier].outputs[0].token_ids) == 40
 
 
 def test_seeded_sampling_is_reproducible(engine: Engine) -> None:
@@ -171,10 +184,10 @@ def test_seeded_sampling_is_reproducible(engine: Engine) -> None:
         [SamplingParams(temperature=1.0, max_tokens=12), seeded, SamplingParams(max_tokens=3)],
         use_tqdm=False,
     )
-    assert batch[1].token_ids == alone.token_ids
+    assert batch[1].outputs[0].token_ids == alone.outputs[0].token_ids
     other_seed = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=12, seed=99, ignore_eos=True)
     (other,) = engine.generate([[3, 1, 4, 1, 5]], other_seed, use_tqdm=False)
-    assert other.token_ids != alone.token_ids
+    assert other.outputs[0].token_ids != alone.outputs[0].token_ids
 
 
 def test_stats_add_up(checkpoint: Path) -> None:

@@ -48,7 +48,7 @@ def test_kv_cache_memory_bytes_sizes_the_cache(checkpoint: Path) -> None:
     with Engine(checkpoint, kv_cache_memory_bytes=20 * block + 7, **OPTIONS) as engine:
         assert engine.stats().num_kv_blocks == 20
         (output,) = engine.generate([[1, 2, 3]], SamplingParams(max_tokens=4), use_tqdm=False)
-        assert len(output.token_ids) == 4
+        assert len(output.outputs[0].token_ids) == 4
 
 
 def test_the_two_cache_sizes_exclude_each_other(checkpoint: Path) -> None:

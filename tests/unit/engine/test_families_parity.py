@@ -96,7 +96,7 @@ def check(engine: Engine, checkpoint: Path, prompts: list[list[int]], max_tokens
     outputs = engine.generate(prompts, params, use_tqdm=False)
     for prompt, output in zip(prompts, outputs, strict=True):
         expected = hf_greedy(checkpoint, prompt, max_tokens)
-        assert output.token_ids == expected, f"prompt of {len(prompt)} tokens"
+        assert output.outputs[0].token_ids == expected, f"prompt of {len(prompt)} tokens"
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))

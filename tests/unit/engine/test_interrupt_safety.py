@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from pagedinfer import Engine, RequestOutput, SamplingParams, StreamDelta
+from pagedinfer import Engine, RequestOutput, SamplingParams
 from pagedinfer.engine.requests import RequestState
 
 from .bounded import within
@@ -78,7 +78,7 @@ def reference(checkpoint: Path) -> dict[tuple[int, ...], list[int]]:
     prompts = [*STEP_PROMPTS, STREAM_PROMPT, *GENERATE_PROMPTS]
     with Engine(checkpoint, device="cpu", kv_block_size=16, max_model_len=64) as engine:
         outputs = engine.generate(prompts, GREEDY, use_tqdm=False)
-    return {tuple(p): o.token_ids for p, o in zip(prompts, outputs, strict=True)}
+    return {tuple(p): o.outputs[0].token_ids for p, o in zip(prompts, outputs, strict=True)}
 
 
 def _inject(
@@ -129,7 +129,7 @@ def test_a_failure_in_a_step_driven_by_step(
 ) -> None:
     ids = [engine.add_request(prompt, GREEDY) for prompt in STEP_PROMPTS]
     stream = engine.stream(STREAM_PROMPT, GREEDY)
-    deltas: list[StreamDelta] = [next(stream)]
+    deltas: list[RequestOutput] = [next(stream)]
     calls = _inject(monkeypatch, engine, stage, when, FAILURES[failure], on_call=3)
 
     def drive() -> tuple[dict[int, RequestOutput], int]:
@@ -155,11 +155,11 @@ def test_a_failure_in_a_step_driven_by_step(
     deltas.extend(within(lambda: list(stream)))
     assert sorted(finals) == ids
     for prompt, request_id in zip(STEP_PROMPTS, ids, strict=True):
-        assert finals[request_id].finish_reason == "length"
-        assert finals[request_id].token_ids == reference[tuple(prompt)]
-    assert [t for d in deltas for t in d.token_ids] == reference[tuple(STREAM_PROMPT)]
+        assert finals[request_id].outputs[0].finish_reason == "length"
+        assert finals[request_id].outputs[0].token_ids == reference[tuple(prompt)]
+    assert [t for d in deltas for t in d.outputs[0].token_ids] == reference[tuple(STREAM_PROMPT)]
     assert [d.finished for d in deltas].count(True) == 1
-    assert deltas[-1].finish_reason == "length"
+    assert deltas[-1].outputs[0].finish_reason == "length"
     _check_idle(engine)
 
 
@@ -182,7 +182,9 @@ def test_a_failure_in_generate_aborts_only_its_own_requests(
     failing_generate()  # in this (the main) thread: a real SIGINT reaches it
     monkeypatch.undo()
     outputs = within(lambda: engine.generate(GENERATE_PROMPTS, GREEDY, use_tqdm=False))
-    assert [o.token_ids for o in outputs] == [reference[tuple(p)] for p in GENERATE_PROMPTS]
+    assert [o.outputs[0].token_ids for o in outputs] == [
+        reference[tuple(p)] for p in GENERATE_PROMPTS
+    ]
     # The request queued with add_request ran on (perhaps to its end during generate).
     finals: dict[int, RequestOutput] = {}
     for _ in range(100):
@@ -190,5 +192,5 @@ def test_a_failure_in_generate_aborts_only_its_own_requests(
         if not engine.has_unfinished_requests() and finals:
             break
     assert list(finals) == [other]
-    assert finals[other].token_ids == reference[tuple(STEP_PROMPTS[1])]
+    assert finals[other].outputs[0].token_ids == reference[tuple(STEP_PROMPTS[1])]
     _check_idle(engine)

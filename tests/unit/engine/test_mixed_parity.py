@@ -53,7 +53,7 @@ def _run_staggered(engine: Engine, prompts: list[list[int]], every: int) -> list
 def _check(engine: Engine, checkpoint: Path, prompts: list[list[int]], every: int = 2) -> None:
     for prompt, output in zip(prompts, _run_staggered(engine, prompts, every), strict=True):
         assert output.prompt_token_ids == prompt
-        assert output.token_ids == hf_greedy(checkpoint, prompt, MAX_TOKENS), (
+        assert output.outputs[0].token_ids == hf_greedy(checkpoint, prompt, MAX_TOKENS), (
             f"mismatch for a prompt of {len(prompt)} tokens"
         )
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pagedinfer import Engine, RequestOutput, SamplingParams, StreamDelta
+from pagedinfer import Engine, RequestOutput, SamplingParams
 from pagedinfer.errors import EngineClosedError, InvalidRequestError
 
 from .bounded import within
@@ -47,14 +47,14 @@ def reference(checkpoint: Path) -> Callable[[list[int], SamplingParams], list[in
             key = (tuple(prompt), params.max_tokens)
             if key not in cache:
                 (output,) = engine.generate([prompt], params, use_tqdm=False)
-                cache[key] = output.token_ids
+                cache[key] = output.outputs[0].token_ids
             return cache[key]
 
         yield tokens
 
 
-def _tokens(deltas: list[StreamDelta]) -> list[int]:
-    return [token for delta in deltas for token in delta.token_ids]
+def _tokens(deltas: list[RequestOutput]) -> list[int]:
+    return [token for delta in deltas for token in delta.outputs[0].token_ids]
 
 
 def _drain(engine: Engine) -> dict[int, RequestOutput]:
@@ -79,7 +79,7 @@ def test_two_streams_consumed_alternately(
 ) -> None:
     """Both requests finish in the same step: each stream still gets its own final delta."""
 
-    def body() -> tuple[list[StreamDelta], list[StreamDelta]]:
+    def body() -> tuple[list[RequestOutput], list[RequestOutput]]:
         first = engine.stream([1, 2, 3], GREEDY)
         second = engine.stream([4, 5, 6], second_params)
         pairs = list(zip(first, second, strict=False))  # ends with the shorter stream
@@ -89,12 +89,15 @@ def test_two_streams_consumed_alternately(
     first, second = within(body)
     assert _tokens(first) == reference([1, 2, 3], GREEDY)
     assert _tokens(second) == reference([4, 5, 6], second_params)
-    assert first[-1].finish_reason == "length" and second[-1].finish_reason == "length"
+    assert (
+        first[-1].outputs[0].finish_reason == "length"
+        and second[-1].outputs[0].finish_reason == "length"
+    )
     assert [d.finished for d in second].count(True) == 1
 
 
 def test_abort_inside_own_stream_loop_ends_with_an_abort_delta(engine: Engine) -> None:
-    def body() -> list[StreamDelta]:
+    def body() -> list[RequestOutput]:
         deltas = []
         for delta in engine.stream([1, 2, 3], LONG):
             deltas.append(delta)
@@ -104,34 +107,34 @@ def test_abort_inside_own_stream_loop_ends_with_an_abort_delta(engine: Engine) -
 
     deltas = within(body)
     assert len(deltas) == 3
-    assert deltas[-1].finished and deltas[-1].finish_reason == "abort"
-    assert deltas[-1].token_ids == []  # nothing was generated after the abort
+    assert deltas[-1].finished and deltas[-1].outputs[0].finish_reason == "abort"
+    assert deltas[-1].outputs[0].token_ids == []  # nothing was generated after the abort
     assert not any(d.finished for d in deltas[:-1])
 
 
 def test_generate_inside_a_stream_loop(engine: Engine, reference: Callable) -> None:
     """The streamed request finishes while generate() drives the engine."""
 
-    def body() -> tuple[list[StreamDelta], list[list[int]]]:
+    def body() -> tuple[list[RequestOutput], list[list[int]]]:
         deltas, generated = [], []
         for delta in engine.stream([1, 2, 3], GREEDY):
             deltas.append(delta)
             if not generated:
                 (output,) = engine.generate([[7, 8]], LONG, use_tqdm=False)
-                generated.append(output.token_ids)
+                generated.append(output.outputs[0].token_ids)
         return deltas, generated
 
     deltas, generated = within(body)
     assert _tokens(deltas) == reference([1, 2, 3], GREEDY)
     assert generated == [reference([7, 8], LONG)]
-    assert len(deltas) == 2 and deltas[-1].finish_reason == "length"
+    assert len(deltas) == 2 and deltas[-1].outputs[0].finish_reason == "length"
 
 
 @pytest.mark.parametrize("driver", ["generate", "step"])
 def test_a_stream_resumes_after_others_drove_the_engine(
     engine: Engine, reference: Callable, driver: str
 ) -> None:
-    def body() -> list[StreamDelta]:
+    def body() -> list[RequestOutput]:
         stream = engine.stream([1, 2, 3], GREEDY)
         deltas = [next(stream)]
         if driver == "generate":  # long enough to finish the stream's request meanwhile
@@ -145,7 +148,7 @@ def test_a_stream_resumes_after_others_drove_the_engine(
 
     deltas = within(body)
     assert _tokens(deltas) == reference([1, 2, 3], GREEDY)
-    assert deltas[-1].finished and deltas[-1].finish_reason == "length"
+    assert deltas[-1].finished and deltas[-1].outputs[0].finish_reason == "length"
     assert len(deltas) == 2  # the rest came as one delta
 
 
@@ -159,15 +162,15 @@ def test_abort_output_reaches_step(engine: Engine) -> None:
 
     finals = within(body)
     (output,) = finals.values()
-    assert output.finish_reason == "abort" and len(output.token_ids) == 1
+    assert output.outputs[0].finish_reason == "abort" and len(output.outputs[0].token_ids) == 1
 
 
 def test_abort_of_a_waiting_request_reaches_step(engine: Engine) -> None:
     request_id = engine.add_request([1, 2, 3], LONG)
     assert engine.abort(request_id)
     finals = within(lambda: _drain(engine))
-    assert finals[request_id].finish_reason == "abort"
-    assert finals[request_id].token_ids == []
+    assert finals[request_id].outputs[0].finish_reason == "abort"
+    assert finals[request_id].outputs[0].token_ids == []
 
 
 def test_generate_returns_once_its_own_requests_are_done(
@@ -184,8 +187,8 @@ def test_generate_returns_once_its_own_requests_are_done(
         return outputs, finals
 
     outputs, finals = within(body)
-    assert outputs[0].token_ids == reference([1, 2], GREEDY)
-    assert len(next(iter(finals.values())).token_ids) == 100
+    assert outputs[0].outputs[0].token_ids == reference([1, 2], GREEDY)
+    assert len(next(iter(finals.values())).outputs[0].token_ids) == 100
 
 
 def test_step_outputs_are_the_latest_state_of_each_request(engine: Engine) -> None:
@@ -194,7 +197,7 @@ def test_step_outputs_are_the_latest_state_of_each_request(engine: Engine) -> No
     within(lambda: engine.generate([[1, 2]], GREEDY, use_tqdm=False))
     (output,) = engine.step()
     assert output.request_id == request_id and not output.finished
-    assert len(output.token_ids) == GREEDY.max_tokens + 1
+    assert len(output.outputs[0].token_ids) == GREEDY.max_tokens + 1
     within(lambda: _drain(engine))
 
 
@@ -234,7 +237,7 @@ def test_closing_the_engine_ends_open_streams_with_abort(checkpoint: Path) -> No
     request_id = engine.add_request([4, 5, 6], LONG)
     engine.close()
     (last,) = list(stream)
-    assert last.finished and last.finish_reason == "abort"
+    assert last.finished and last.outputs[0].finish_reason == "abort"
     with pytest.raises(EngineClosedError):
         engine.step()
     with pytest.raises(EngineClosedError):

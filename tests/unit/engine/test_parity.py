@@ -35,10 +35,10 @@ def _check(engine: Engine, checkpoint: Path, prompts: list[list[int]]) -> list[A
     outputs = engine.generate(prompts, params, use_tqdm=False)
     for prompt, output in zip(prompts, outputs, strict=True):
         assert output.prompt_token_ids == prompt
-        assert output.token_ids == hf_greedy(checkpoint, prompt, MAX_TOKENS), (
+        assert output.outputs[0].token_ids == hf_greedy(checkpoint, prompt, MAX_TOKENS), (
             f"mismatch for a prompt of {len(prompt)} tokens"
         )
-        assert output.finish_reason == "length"
+        assert output.outputs[0].finish_reason == "length"
     return outputs
 
 

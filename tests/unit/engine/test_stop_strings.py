@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from pagedinfer import Engine, SamplingParams
+from pagedinfer.domain.step_output import StepOutput
 from pagedinfer.engine.detokenizer import CompletionText, IncrementalDetokenizer
 
 
@@ -108,13 +109,13 @@ class ScriptedExecutor:
         self.script = script
         self.num_kv_blocks = engine.scheduler.pool.num_blocks
 
-    def execute(self, plan: Any) -> list[int]:
+    def execute(self, plan: Any) -> StepOutput:
         sampled = []
         for seq_id in plan.sampled_seq_ids:
             seq = self.engine.scheduler.get(seq_id)
             assert seq is not None
             sampled.append(self.script[seq.num_completion_tokens])
-        return sampled
+        return StepOutput(sampled)
 
     def close(self) -> None:
         pass
@@ -135,15 +136,18 @@ def engine(tokenizer: Any, make_checkpoint: Callable[..., Path], tmp_path: Path)
 def test_the_engine_stops_at_the_token_that_completes_the_stop_string(engine: Engine) -> None:
     params = SamplingParams(max_tokens=8, ignore_eos=True, stop=["ab"])
     (output,) = engine.generate([[X]], params, use_tqdm=False)
-    assert output.finish_reason == "stop"
-    assert output.token_ids == [A, B_LEAD]  # not one token later
-    assert output.text == ""
+    assert output.outputs[0].finish_reason == "stop"
+    assert output.outputs[0].token_ids == [A, B_LEAD]  # not one token later
+    assert output.outputs[0].text == ""
     deltas = list(engine.stream([X], params))
-    assert [t for d in deltas for t in d.token_ids] == [A, B_LEAD]
-    assert "".join(d.text for d in deltas) == "" and deltas[-1].finish_reason == "stop"
+    assert [t for d in deltas for t in d.outputs[0].token_ids] == [A, B_LEAD]
+    assert (
+        "".join(d.outputs[0].text for d in deltas) == ""
+        and deltas[-1].outputs[0].finish_reason == "stop"
+    )
 
 
 def test_text_streams_as_soon_as_it_is_final(engine: Engine) -> None:
     params = SamplingParams(max_tokens=4, ignore_eos=True)
     deltas = list(engine.stream([X], params))
-    assert [d.text for d in deltas] == ["a", "b", "é", "x"]
+    assert [d.outputs[0].text for d in deltas] == ["a", "b", "é", "x"]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pagedinfer import Engine, RequestOutput, SamplingParams, StreamDelta
+from pagedinfer import Engine, RequestOutput, SamplingParams
 from pagedinfer.errors import EngineClosedError
 
 from .bounded import within
@@ -44,7 +44,7 @@ def _engine(checkpoint: Path, **overrides: object) -> Engine:
 def reference(checkpoint: Path) -> dict[tuple[int, ...], list[int]]:
     with _engine(checkpoint) as engine:
         outputs = engine.generate(PROMPTS, GREEDY, use_tqdm=False)
-    return {tuple(p): o.token_ids for p, o in zip(PROMPTS, outputs, strict=True)}
+    return {tuple(p): o.outputs[0].token_ids for p, o in zip(PROMPTS, outputs, strict=True)}
 
 
 def _run_threads(*bodies: Callable[[], None]) -> None:
@@ -81,7 +81,7 @@ def test_concurrent_generate_calls_are_each_correct(
                     outputs = engine.generate(batch, GREEDY, use_tqdm=False)
                     for prompt, output in zip(batch, outputs, strict=True):
                         assert output.prompt_token_ids == prompt
-                        assert output.token_ids == reference[tuple(prompt)]
+                        assert output.outputs[0].token_ids == reference[tuple(prompt)]
 
             return body
 
@@ -90,7 +90,7 @@ def test_concurrent_generate_calls_are_each_correct(
         assert engine.stats().kv_cache_usage == 0.0
         # Correct service afterwards.
         (output,) = engine.generate([PROMPTS[0]], GREEDY, use_tqdm=False)
-        assert output.token_ids == reference[tuple(PROMPTS[0])]
+        assert output.outputs[0].token_ids == reference[tuple(PROMPTS[0])]
 
 
 def test_abort_from_another_thread_ends_the_waiting_generate(checkpoint: Path) -> None:
@@ -106,8 +106,8 @@ def test_abort_from_another_thread_ends_the_waiting_generate(checkpoint: Path) -
         thread.start()
         (output,) = within(lambda: engine.generate([[1, 2, 3]], long, use_tqdm=False))
         thread.join()
-        assert output.finished and output.finish_reason == "abort"
-        assert 5 <= len(output.token_ids) < 120
+        assert output.finished and output.outputs[0].finish_reason == "abort"
+        assert 5 <= len(output.outputs[0].token_ids) < 120
         assert engine.stats().kv_cache_usage == 0.0
 
 
@@ -120,8 +120,8 @@ def test_abort_from_another_thread_ends_a_stream(checkpoint: Path) -> None:
         aborter.start()
         aborter.join()
         deltas = [first, *within(lambda: list(stream))]
-        assert deltas[-1].finish_reason == "abort"
-        assert sum(len(d.token_ids) for d in deltas) < 120
+        assert deltas[-1].outputs[0].finish_reason == "abort"
+        assert sum(len(d.outputs[0].token_ids) for d in deltas) < 120
 
 
 def test_a_background_stepper_serves_requests_from_other_threads(
@@ -156,11 +156,11 @@ def test_a_background_stepper_serves_requests_from_other_threads(
                         engine.abort(request_id)
                     output = waiting[request_id].get(timeout=30)
                     if abort_some and i % 2:
-                        assert output.finish_reason in ("abort", "length")
+                        assert output.outputs[0].finish_reason in ("abort", "length")
                     else:
-                        assert output.finish_reason == "length"
-                    if output.finish_reason == "length":
-                        assert output.token_ids == reference[tuple(prompt)]
+                        assert output.outputs[0].finish_reason == "length"
+                    if output.outputs[0].finish_reason == "length":
+                        assert output.outputs[0].token_ids == reference[tuple(prompt)]
 
             return body
 
@@ -182,7 +182,7 @@ def test_streams_and_generate_in_different_threads(
     checkpoint: Path, reference: dict[tuple[int, ...], list[int]]
 ) -> None:
     with _engine(checkpoint) as engine:
-        streamed: list[list[StreamDelta]] = []
+        streamed: list[list[RequestOutput]] = []
 
         def streamer() -> None:
             for prompt in PROMPTS[:3]:
@@ -191,12 +191,14 @@ def test_streams_and_generate_in_different_threads(
         def generator() -> None:
             for _ in range(3):
                 outputs = engine.generate(PROMPTS[3:], GREEDY, use_tqdm=False)
-                assert [o.token_ids for o in outputs] == [reference[tuple(p)] for p in PROMPTS[3:]]
+                assert [o.outputs[0].token_ids for o in outputs] == [
+                    reference[tuple(p)] for p in PROMPTS[3:]
+                ]
 
         within(lambda: _run_threads(streamer, generator))
         for prompt, deltas in zip(PROMPTS[:3], streamed, strict=True):
-            assert [t for d in deltas for t in d.token_ids] == reference[tuple(prompt)]
-            assert deltas[-1].finish_reason == "length"
+            assert [t for d in deltas for t in d.outputs[0].token_ids] == reference[tuple(prompt)]
+            assert deltas[-1].outputs[0].finish_reason == "length"
 
 
 def test_close_from_another_thread_ends_a_waiting_generate(checkpoint: Path) -> None:
@@ -219,7 +221,7 @@ def test_close_from_another_thread_ends_a_waiting_generate(checkpoint: Path) -> 
     assert not thread.is_alive()
     (result,) = results
     if isinstance(result, list):  # the step it was running ended first
-        assert all(output.finish_reason == "abort" for output in result)
+        assert all(output.outputs[0].finish_reason == "abort" for output in result)
     else:
         assert isinstance(result, EngineClosedError)
 
@@ -256,11 +258,13 @@ def test_add_request_does_not_wait_for_a_running_step(idle_engine: Engine) -> No
     executor.execute = real_execute  # type: ignore[method-assign]
     # The abort came while that step ran: the step() call returned its final output.
     (aborted,) = returned
-    assert aborted.request_id == first and aborted.finish_reason == "abort"
-    assert aborted.token_ids == []
+    assert aborted.request_id == first and aborted.outputs[0].finish_reason == "abort"
+    assert aborted.outputs[0].token_ids == []
     finals = {}
     while engine.has_unfinished_requests():
         for output in engine.step():
             if output.finished:
                 finals[output.request_id] = output
-    assert list(finals) == [second] and len(finals[second].token_ids) == GREEDY.max_tokens
+    assert (
+        list(finals) == [second] and len(finals[second].outputs[0].token_ids) == GREEDY.max_tokens
+    )

@@ -62,8 +62,8 @@ def test_triton_engine_matches_transformers(make_checkpoint: Callable[..., Path]
         cold_stats = engine.scheduler.stats()
         warm = engine.generate(prompts, params, use_tqdm=False)
 
-    assert [o.token_ids for o in cold] == expected
-    assert [o.token_ids for o in warm] == expected
+    assert [o.outputs[0].token_ids for o in cold] == expected
+    assert [o.outputs[0].token_ids for o in warm] == expected
     # The 51-token prompt cannot be prefilled in one 32-token step: chunked prefill, some
     # chunks beside the decode rows of the prompts already done (mixed steps).
     chunk_steps = cold_stats.num_prefill_steps + cold_stats.num_mixed_steps
@@ -101,5 +101,5 @@ def test_moe_engine_on_the_triton_path_matches_transformers(
         runner = engine._executor
         assert isinstance(runner, ModelRunner)
         assert runner.model.get_submodule("model.layers.0.mlp").run_experts is fused_moe
-    assert [o.token_ids for o in cold] == expected
-    assert [o.token_ids for o in warm] == expected
+    assert [o.outputs[0].token_ids for o in cold] == expected
+    assert [o.outputs[0].token_ids for o in warm] == expected

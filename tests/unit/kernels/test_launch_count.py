@@ -64,7 +64,7 @@ def test_decode_step_launches_per_layer(
         scheduler.add(Sequence(index, [1 + index] * 10, params))
     prefill = scheduler.schedule()
     assert prefill is not None and prefill.is_prefill
-    scheduler.postprocess(prefill, runner.execute(prefill))
+    scheduler.postprocess(prefill, runner.execute(prefill).sampled_token_ids)
     decode = scheduler.schedule()
     assert decode is not None and not decode.is_prefill
 

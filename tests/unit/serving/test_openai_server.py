@@ -74,13 +74,13 @@ def test_completions_equal_engine_generate(client: openai.OpenAI, reference_engi
     response = client.completions.create(model=MODEL_NAME, prompt=PROMPTS, **GREEDY_BODY)
     assert [choice.index for choice in response.choices] == list(range(len(PROMPTS)))
     for choice, want in zip(response.choices, expected, strict=False):
-        assert choice.text == want.text
-        assert choice.model_extra["token_ids"] == want.token_ids
+        assert choice.text == want.outputs[0].text
+        assert choice.model_extra["token_ids"] == want.outputs[0].token_ids
         assert choice.finish_reason == "length"
     assert response.usage.prompt_tokens == sum(len(o.prompt_token_ids) for o in expected[:4])
     assert response.usage.completion_tokens == 4 * MAX_TOKENS
     by_ids = client.completions.create(model=MODEL_NAME, prompt=[5, 6, 7, 8], **GREEDY_BODY)
-    assert by_ids.choices[0].model_extra["token_ids"] == expected[4].token_ids
+    assert by_ids.choices[0].model_extra["token_ids"] == expected[4].outputs[0].token_ids
 
 
 def test_streamed_completion_equals_the_whole(
@@ -98,9 +98,9 @@ def test_streamed_completion_equals_the_whole(
     )
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == MAX_TOKENS
     text_chunks = [chunk for chunk in chunks if chunk.choices]
-    assert "".join(chunk.choices[0].text for chunk in text_chunks) == want.text
+    assert "".join(chunk.choices[0].text for chunk in text_chunks) == want.outputs[0].text
     tokens = [t for chunk in text_chunks for t in chunk.choices[0].model_extra["token_ids"]]
-    assert tokens == want.token_ids
+    assert tokens == want.outputs[0].token_ids
     assert [chunk.choices[0].finish_reason for chunk in text_chunks][-1] == "length"
     assert all(chunk.choices[0].finish_reason is None for chunk in text_chunks[:-1])
 
@@ -117,7 +117,7 @@ def test_streamed_completion_of_several_prompts_keeps_choices_apart(
         (choice,) = chunk.choices
         texts[choice.index] += choice.text
         reasons[choice.index] = choice.finish_reason or reasons[choice.index]
-    assert texts == [want.text for want in expected]
+    assert texts == [want.outputs[0].text for want in expected]
     assert reasons == ["length"] * 3
 
 
@@ -129,8 +129,8 @@ def test_chat_equals_engine_generate_on_the_template(
     response = client.chat.completions.create(model=MODEL_NAME, messages=messages, **GREEDY_BODY)
     choice = response.choices[0]
     assert choice.message.role == "assistant"
-    assert choice.message.content == want.text
-    assert choice.model_extra["token_ids"] == want.token_ids
+    assert choice.message.content == want.outputs[0].text
+    assert choice.model_extra["token_ids"] == want.outputs[0].token_ids
     assert response.usage.prompt_tokens == len(want.prompt_token_ids)
     chunks = list(
         client.chat.completions.create(
@@ -138,22 +138,55 @@ def test_chat_equals_engine_generate_on_the_template(
         )
     )
     assert chunks[0].choices[0].delta.role == "assistant"
-    assert "".join(c.choices[0].delta.content or "" for c in chunks) == want.text
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == want.outputs[0].text
     assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_n_completions_with_logprobs_equal_engine_generate(
+    client: openai.OpenAI, reference_engine: Engine
+) -> None:
+    fields = {"n": 2, "seed": 9, "logprobs": 2}
+    (want,) = reference_engine.generate(
+        [PROMPTS[2]],
+        SamplingParams(max_tokens=6, ignore_eos=True, **fields),  # type: ignore[arg-type]
+        use_tqdm=False,
+    )
+    response = client.completions.create(
+        model=MODEL_NAME,
+        prompt=PROMPTS[2],
+        max_tokens=6,
+        n=2,
+        seed=9,
+        logprobs=2,
+        extra_body={"ignore_eos": True, "return_token_ids": True},
+    )
+    assert [choice.index for choice in response.choices] == [0, 1]
+    for choice, completion in zip(response.choices, want.outputs, strict=True):
+        assert choice.model_extra["token_ids"] == completion.token_ids
+        assert choice.logprobs is not None and completion.logprobs is not None
+        expected = [
+            entries[t].logprob
+            for t, entries in zip(completion.token_ids, completion.logprobs, strict=True)
+        ]
+        assert choice.logprobs.token_logprobs == pytest.approx(expected, abs=1e-5)
+        # The top 2 and the sampled token, keyed by text (tokens with equal text share a key).
+        assert all(1 <= len(top) <= 3 for top in choice.logprobs.top_logprobs)
 
 
 def test_stop_string_streamed_and_whole_agree(
     client: openai.OpenAI, reference_engine: Engine
 ) -> None:
     (free,) = _offline(reference_engine, [PROMPTS[0]])
-    stop = free.text[len(free.text) // 2 : len(free.text) // 2 + 2]
-    assert stop, free.text
+    stop = free.outputs[0].text[len(free.outputs[0].text) // 2 : len(free.outputs[0].text) // 2 + 2]
+    assert stop, free.outputs[0].text
     (want,) = _offline(reference_engine, [PROMPTS[0]], stop=[stop])
     body = {**GREEDY_BODY, "stop": [stop]}
     whole = client.completions.create(model=MODEL_NAME, prompt=PROMPTS[0], **body)
-    assert whole.choices[0].text == want.text and whole.choices[0].finish_reason == "stop"
+    assert (
+        whole.choices[0].text == want.outputs[0].text and whole.choices[0].finish_reason == "stop"
+    )
     streamed = client.completions.create(model=MODEL_NAME, prompt=PROMPTS[0], stream=True, **body)
-    assert "".join(chunk.choices[0].text for chunk in streamed) == want.text
+    assert "".join(chunk.choices[0].text for chunk in streamed) == want.outputs[0].text
 
 
 # ---------------------------------------------------------------------- concurrency
@@ -198,8 +231,8 @@ def test_64_concurrent_streaming_clients(server: ServerProcess, reference_engine
 
     results = asyncio.run(main())
     for (text, tokens, reason), want in zip(results, expected, strict=True):
-        assert tokens == want.token_ids
-        assert text == want.text
+        assert tokens == want.outputs[0].token_ids
+        assert text == want.outputs[0].text
         assert reason == "length"
     metrics = server.metrics()
     assert metrics["pagedinfer_num_requests_running"] == 0

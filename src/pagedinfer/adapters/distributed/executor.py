@@ -46,6 +46,7 @@ from pagedinfer.adapters.models.config import ModelConfig
 from pagedinfer.adapters.models.registry import read_model_config
 from pagedinfer.adapters.runner_config import RunnerConfig
 from pagedinfer.domain.plan import BatchPlan
+from pagedinfer.domain.step_output import StepOutput
 from pagedinfer.errors import (
     ConfigurationError,
     EngineClosedError,
@@ -213,8 +214,8 @@ class TensorParallelExecutor:
             raise EngineClosedError("the tensor-parallel executor is closed")
         return channel.capacity
 
-    def execute(self, plan: BatchPlan) -> list[int]:
-        """Run one step on every rank; return rank 0's sampled token ids."""
+    def execute(self, plan: BatchPlan) -> StepOutput:
+        """Run one step on every rank; return rank 0's output."""
         group = self._group
         if self._failure is not None:
             kind, message = self._failure

@@ -40,13 +40,25 @@ STARTED: Final = "started"
 READY: Final = "ready"
 FAILED: Final = "failed"
 
-SAMPLER_ONLY_FIELDS: Final = ("sample_slots", "released_slots", "new_requests")
+SAMPLER_ONLY_FIELDS: Final = (
+    "sample_slots",
+    "released_slots",
+    "new_requests",
+    "forks",
+    "prompt_logprob_targets",
+)
 """``BatchPlan`` fields only rank 0's sampler reads; they never cross the channel."""
 
 
 def execute_message(plan: BatchPlan) -> tuple[str, BatchPlan]:
     """The worker's copy of ``plan``: everything the model reads, nothing the sampler reads."""
-    empty: dict[str, Any] = {"sample_slots": array("i"), "released_slots": (), "new_requests": ()}
+    empty: dict[str, Any] = {
+        "sample_slots": array("i"),
+        "released_slots": (),
+        "new_requests": (),
+        "forks": (),
+        "prompt_logprob_targets": array("q"),
+    }
     assert set(empty) == set(SAMPLER_ONLY_FIELDS)
     return (EXECUTE, replace(plan, **empty))
 

@@ -110,8 +110,8 @@ def _serve(spec: WorkerSpec) -> None:
             message = reader.receive(check=check_parent)
             command = message[0]
             if command == EXECUTE:
-                sampled = runner.execute(message[1])
-                assert not sampled, "only rank 0 samples"
+                output = runner.execute(message[1])
+                assert not output.sampled_token_ids, "only rank 0 samples"
             elif command == SHUTDOWN:
                 return
             else:

@@ -1,0 +1,51 @@
+"""``StepOutput``: what running one ``BatchPlan`` produced, in plain Python values.
+
+The executor that samples returns one per step: the sampled token of every sample (in
+``plan.sample_indices`` order, which is what :meth:`Scheduler.postprocess` takes) and, only
+for requests that asked for them, log-probabilities. Ranks that do not sample return
+:data:`EMPTY_STEP_OUTPUT`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["EMPTY_STEP_OUTPUT", "PromptLogprobsChunk", "StepOutput", "TokenLogprobs"]
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """Log-probabilities around one chosen token (a sampled token, or the next prompt token).
+
+    ``token_ids[0]`` / ``logprobs[0]`` are the chosen token's, followed by the ``k`` most
+    likely tokens in descending order (their ranks are 1..k); ``rank`` is the chosen token's
+    rank (1 = most likely). From the model's distribution before any sampling processing.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    rank: int
+
+
+@dataclass(frozen=True, slots=True)
+class PromptLogprobsChunk:
+    """Prompt logprobs of one sequence from one step: entry ``i`` is about the prompt token
+    at position ``first_position + i`` (given the tokens before it; ``first_position >= 1``)."""
+
+    seq_id: int
+    first_position: int
+    entries: list[TokenLogprobs]
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    """One step's results: a token per sample; logprobs for the samples that asked
+    (``None`` entries for the others, ``None`` altogether when none asked); prompt logprobs
+    of the prefill chunks that asked."""
+
+    sampled_token_ids: list[int]
+    logprobs: list[TokenLogprobs | None] | None = None
+    prompt_logprobs: list[PromptLogprobsChunk] = field(default_factory=list)
+
+
+EMPTY_STEP_OUTPUT = StepOutput([])
