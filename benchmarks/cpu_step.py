@@ -81,7 +81,8 @@ def measure(checkout: Path, cache_dir: Path) -> dict[str, float]:
         prepared = time.process_time()
         sampled = runner.execute(plan)
         done = time.process_time()
-        scheduler.postprocess(plan, sampled)
+        # A StepOutput (or, in checkouts before it, the list of sampled ids).
+        scheduler.postprocess(plan, getattr(sampled, "sampled_token_ids", sampled))
         if step > 10:  # the first step is the prefill; then warm up
             prepare.append(prepared - began)
             execute.append(done - prepared)
