@@ -302,6 +302,7 @@ class StepPacker:
             has_padding_slots=bool(plan.slot_mapping) and min(plan.slot_mapping) < 0,
             query_lens_host=plan.query_lens.tolist(),
             context_lens_host=plan.context_lens.tolist(),
+            num_decode_rows=plan.num_decode_rows,
         )
         return StepInputs(
             input_ids=tensors["input_ids"],

@@ -119,6 +119,22 @@ def test_decode_steps_within_the_largest_bucket_replay() -> None:
     assert not layout.covers(too_many)
 
 
+def test_mixed_steps_never_replay() -> None:
+    # Decode rows and a prefill chunk in one step run eagerly, however few rows they hold.
+    layout = DecodeGraphLayout.for_limits(max_num_seqs=20, max_model_len=256, block_size=16)
+    scheduler = Scheduler(
+        SchedulerConfig(num_blocks=256, block_size=16, max_num_seqs=64, max_model_len=256)
+    )
+    scheduler.add(Sequence(0, [1, 2, 3], GREEDY))
+    first = scheduler.schedule()
+    assert first is not None
+    scheduler.postprocess(first, [5])
+    scheduler.add(Sequence(1, [4], GREEDY))  # one token: the mixed step has two tokens
+    mixed = scheduler.schedule()
+    assert mixed is not None and mixed.is_mixed and mixed.num_tokens == 2
+    assert not layout.covers(mixed)
+
+
 def test_a_step_wider_than_the_captured_tables_runs_eagerly() -> None:
     _, decode = _plans(2, prompt_len=100)  # 101 tokens: 7 blocks of 16
     assert not DecodeGraphLayout.for_limits(max_num_seqs=4, max_model_len=96, block_size=16).covers(
@@ -391,3 +407,34 @@ def test_warm_up_pass_runs_on_a_one_block_cache(tiny_checkpoint: Path, backend: 
     sampled = runner.execute(plan).sampled_token_ids
     assert len(sampled) == 6
     assert torch.count_nonzero(one_block) == 0
+
+
+def test_mixed_steps_run_eagerly_beside_graph_decode(make_checkpoint: Callable[..., Path]) -> None:
+    """Requests arriving while others decode: mixed steps go through the packer's one-copy
+    path and the eager model, pure decode steps through the (stand-in) graphs; tokens match
+    transformers."""
+    checkpoint = make_checkpoint("tiny")
+    prompts = random_prompts(seed=5, count=6, lengths=(1, 40))
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    with Engine(
+        checkpoint,
+        device="cpu",
+        kv_block_size=16,
+        max_model_len=96,
+        max_num_seqs=8,
+        max_num_batched_tokens=24,
+    ) as engine:
+        graphs = install_stand_in(_runner_of(engine), max_num_seqs=8)
+        ids = []
+        finals = {}
+        while len(finals) < len(prompts):
+            if len(ids) < len(prompts):
+                ids.append(engine.add_request(prompts[len(ids)], params))
+            for output in engine.step():
+                if output.finished:
+                    finals[output.request_id] = output
+        stats = engine.scheduler.stats()
+    assert stats.num_mixed_steps > 0 and stats.num_decode_steps > 0
+    assert graphs.num_replays == stats.num_decode_steps
+    for request_id, prompt in zip(ids, prompts, strict=True):
+        assert finals[request_id].outputs[0].token_ids == hf_greedy(checkpoint, prompt, 6)

@@ -65,12 +65,14 @@ def make_batch(
     is_prefill: bool = True,
     pending_tokens: int = 0,
     table_width: int | None = None,
+    num_decode_rows: int = 0,
     seed: int = 0,
 ) -> PagedBatch:
     """A step in which sequence ``i`` computes its last ``query_lens[i]`` of
     ``context_lens[i]`` tokens. ``pending_tokens`` more prompt tokens follow each context
     (a chunk in the middle of a prompt); ``table_width`` pads the block tables (the
-    fixed width of a captured CUDA graph)."""
+    fixed width of a captured CUDA graph); ``num_decode_rows`` marks the first rows (query
+    length 1) as decode rows of a mixed step."""
     assert len(query_lens) == len(context_lens)
     assert all(0 < q <= c for q, c in zip(query_lens, context_lens, strict=True))
     generator = torch.Generator().manual_seed(seed)
@@ -85,6 +87,9 @@ def make_batch(
         seq.num_computed_tokens = ctx - q_len
         chunks.append(ScheduledChunk(seq, q_len))
     plan = build_batch_plan(chunks, is_prefill=is_prefill, block_size=block_size)
+    if num_decode_rows:
+        assert is_prefill and query_lens[:num_decode_rows] == [1] * num_decode_rows
+        plan = dataclasses.replace(plan, num_decode_rows=num_decode_rows)
     meta = AttentionMetadata.from_plan(plan, device)
     if table_width is not None:
         tables = meta.block_tables

@@ -37,6 +37,11 @@ class AttentionMetadata:
     on the CUDA-graph decode path, whose tensors are overwritten in place between replays.
     ``derived`` holds what a backend derives from this step's metadata once and reuses in every
     layer (index tensors, masks), keyed by the backend; it lives and dies with the step.
+
+    A *mixed* step (``is_prefill`` with ``num_decode_rows = D > 0``) holds decode rows first:
+    rows ``0..D-1`` are one query token each (tokens ``0..D-1``) over their cached context,
+    the other rows prefill chunks. :meth:`split_mixed` views it as a decode step and a prefill
+    step, which backends attend to with their decode and prefill kernels in one forward.
     """
 
     is_prefill: bool
@@ -52,11 +57,68 @@ class AttentionMetadata:
     has_padding_slots: bool = False  # some slot_mapping entries are -1
     query_lens_host: list[int] | None = None
     context_lens_host: list[int] | None = None
+    num_decode_rows: int = 0  # leading decode rows (BatchPlan.num_decode_rows)
     derived: dict[str, object] = field(default_factory=dict)
 
     @property
     def num_seqs(self) -> int:
         return int(self.context_lens.shape[0])
+
+    @property
+    def is_mixed(self) -> bool:
+        """True for a step with decode rows and prefill chunks."""
+        return self.is_prefill and self.num_decode_rows > 0
+
+    def split_mixed(self) -> tuple[AttentionMetadata, AttentionMetadata]:
+        """A mixed step's decode part (rows and tokens ``0..D-1``) and prefill part (rows
+        ``D..``, tokens ``D..``), as metadata of a decode and a prefill step of their own.
+
+        Derived once per step (kept in ``derived``, so every layer reuses the parts and what
+        backends derive from them): views of this step's tensors, plus two small device ops
+        re-basing the prefill part's prefix sums. Mixed steps are never captured in CUDA
+        graphs, so the host mirrors are there to read.
+        """
+        cached = self.derived.get("mixed_parts")
+        if cached is not None:
+            return cached  # type: ignore[return-value]
+        assert self.is_mixed, "only a mixed step has two parts"
+        assert self.query_lens_host is not None and self.context_lens_host is not None
+        rows = self.num_decode_rows
+        query_lens, context_lens = self.query_lens_host, self.context_lens_host
+        decode = AttentionMetadata(
+            is_prefill=False,
+            block_size=self.block_size,
+            slot_mapping=self.slot_mapping[:rows],
+            cu_seqlens_q=self.cu_seqlens_q[: rows + 1],
+            cu_seqlens_k=self.cu_seqlens_k[: rows + 1],
+            context_lens=self.context_lens[:rows],
+            block_tables=self.block_tables[:rows],
+            max_seqlen_q=1,
+            max_seqlen_k=max(context_lens[:rows]),
+            has_cached_prefix=True,
+            has_padding_slots=self.has_padding_slots,
+            query_lens_host=query_lens[:rows],
+            context_lens_host=context_lens[:rows],
+            num_decode_rows=rows,
+        )
+        prefill_q, prefill_k = query_lens[rows:], context_lens[rows:]
+        prefill = AttentionMetadata(
+            is_prefill=True,
+            block_size=self.block_size,
+            slot_mapping=self.slot_mapping[rows:],
+            cu_seqlens_q=self.cu_seqlens_q[rows:] - rows,  # decode rows: one token each
+            cu_seqlens_k=self.cu_seqlens_k[rows:] - self.cu_seqlens_k[rows],
+            context_lens=self.context_lens[rows:],
+            block_tables=self.block_tables[rows:],
+            max_seqlen_q=max(prefill_q),
+            max_seqlen_k=max(prefill_k),
+            has_cached_prefix=any(k > q for q, k in zip(prefill_q, prefill_k, strict=True)),
+            has_padding_slots=self.has_padding_slots,
+            query_lens_host=prefill_q,
+            context_lens_host=prefill_k,
+        )
+        self.derived["mixed_parts"] = (decode, prefill)
+        return decode, prefill
 
     @classmethod
     def from_plan(cls, plan: BatchPlan, device: torch.device) -> AttentionMetadata:
@@ -81,6 +143,7 @@ class AttentionMetadata:
             has_padding_slots=bool(plan.slot_mapping) and min(plan.slot_mapping) < 0,
             query_lens_host=plan.query_lens.tolist(),
             context_lens_host=plan.context_lens.tolist(),
+            num_decode_rows=plan.num_decode_rows,
         )
 
 

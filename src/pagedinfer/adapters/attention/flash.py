@@ -6,6 +6,12 @@
   the paged cache through ``block_table``;
 * decode: ``flash_attn_with_kvcache`` with ``cache_seqlens`` and ``block_table``.
 
+A mixed step (decode rows first, then prefill chunks) runs both calls in one forward: the
+decode call over its decode rows (flash-attn packs a KV head's query heads into one tile when
+each sequence has one query, and splits long contexts) and the varlen call over its chunks
+(``split_mixed_steps``, the default); with ``split_mixed_steps=False`` one varlen call over the
+paged cache serves every row (what vLLM's FlashAttention backend does).
+
 flash-attn's paged kernels need pages of a multiple of 256 tokens; other block sizes are
 refused at construction. ``flash_attn`` is imported when the backend is built, so the rest of
 the package works without it (install it with the ``flash`` extra).
@@ -44,7 +50,7 @@ class FlashAttentionBackend:
     name: ClassVar[str] = "flash"
     supports_cuda_graphs: ClassVar[bool] = True
 
-    def __init__(self, block_size: int) -> None:
+    def __init__(self, block_size: int, *, split_mixed_steps: bool = True) -> None:
         if block_size <= 0 or block_size % FLASH_BLOCK_SIZE_MULTIPLE != 0:
             raise ConfigurationError(
                 f"kv_block_size={block_size} does not suit the flash attention backend: "
@@ -54,6 +60,7 @@ class FlashAttentionBackend:
             )
         flash_attn = _import_flash_attn()
         self.block_size = block_size
+        self.split_mixed_steps = split_mixed_steps
         self._varlen = flash_attn.flash_attn_varlen_func
         self._with_kvcache = flash_attn.flash_attn_with_kvcache
 
@@ -83,24 +90,57 @@ class FlashAttentionBackend:
         scale: float,
     ) -> torch.Tensor:
         self.store_kv(key, value, k_cache, v_cache, meta.slot_mapping)
-        if meta.is_prefill:
-            # Without a cached prefix the step's own K/V are the whole context: no page reads.
-            paged = meta.has_cached_prefix
-            output: torch.Tensor = self._varlen(
-                query,
-                k_cache if paged else key,
-                v_cache if paged else value,
-                cu_seqlens_q=meta.cu_seqlens_q,
-                cu_seqlens_k=meta.cu_seqlens_k,
-                max_seqlen_q=meta.max_seqlen_q,
-                max_seqlen_k=meta.max_seqlen_k,
-                softmax_scale=scale,
-                causal=True,
-                block_table=meta.block_tables if paged else None,
+        if meta.is_mixed and self.split_mixed_steps:
+            decode, prefill = meta.split_mixed()
+            rows = meta.num_decode_rows  # = decode tokens
+            return torch.cat(
+                [
+                    self._decode(query[:rows], k_cache, v_cache, decode, scale),
+                    self._prefill(
+                        query[rows:], key[rows:], value[rows:], k_cache, v_cache, prefill, scale
+                    ),
+                ]
             )
-            return output
+        if meta.is_prefill:
+            return self._prefill(query, key, value, k_cache, v_cache, meta, scale)
+        return self._decode(query, k_cache, v_cache, meta, scale)
+
+    def _prefill(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        # Without a cached prefix the step's own K/V are the whole context: no page reads.
+        paged = meta.has_cached_prefix
+        output: torch.Tensor = self._varlen(
+            query,
+            k_cache if paged else key,
+            v_cache if paged else value,
+            cu_seqlens_q=meta.cu_seqlens_q,
+            cu_seqlens_k=meta.cu_seqlens_k,
+            max_seqlen_q=meta.max_seqlen_q,
+            max_seqlen_k=meta.max_seqlen_k,
+            softmax_scale=scale,
+            causal=True,
+            block_table=meta.block_tables if paged else None,
+        )
+        return output
+
+    def _decode(
+        self,
+        query: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
         # Decode reads tensors only (no host values): safe to capture in a CUDA graph.
-        output = self._with_kvcache(
+        output: torch.Tensor = self._with_kvcache(
             query.unsqueeze(1),
             k_cache,
             v_cache,

@@ -3,7 +3,8 @@
 Runs on CPU and CUDA and is the oracle the Triton and flash backends are tested against.
 It is also the production backend on CPU, so the common cases avoid needless work: a
 prefill with no cached prefix attends over the step's own K/V without touching the cache,
-and decode is a few batched SDPA calls over the gathered pages.
+and decode is a few batched SDPA calls over the gathered pages. A mixed step runs its decode
+rows through the decode path and its prefill chunks through the prefill path.
 
 Decode pads every sequence of a batch to the longest context, so a batch of very different
 lengths would gather and attend over mostly padding. The batch is therefore split into a few
@@ -162,13 +163,20 @@ def _sdpa(
 
 
 class TorchAttentionBackend:
-    """Paged attention with plain torch ops; any block size."""
+    """Paged attention with plain torch ops; any block size.
+
+    A mixed step (decode rows, then prefill chunks) is split into its decode part, which takes
+    the batched decode path, and its prefill part (``split_mixed_steps``, the default);
+    ``split_mixed_steps=False`` runs every row through the prefill path instead (a decode row
+    is then a one-token chunk with a cached prefix: one gather and SDPA call per row).
+    """
 
     name: ClassVar[str] = "torch"
     supports_cuda_graphs: ClassVar[bool] = False
 
-    def __init__(self, block_size: int) -> None:
+    def __init__(self, block_size: int, *, split_mixed_steps: bool = True) -> None:
         self.block_size = block_size
+        self.split_mixed_steps = split_mixed_steps
 
     def store_kv(
         self,
@@ -198,6 +206,22 @@ class TorchAttentionBackend:
             meta.slot_mapping,
             has_padding_slots=meta.has_padding_slots,
         )
+        if meta.is_mixed and self.split_mixed_steps:
+            decode, prefill = meta.split_mixed()
+            rows = meta.num_decode_rows  # = decode tokens
+            output = torch.empty_like(query)
+            output[:rows] = self._decode(query[:rows], k_cache, v_cache, decode, scale)
+            self._prefill(
+                query[rows:],
+                key[rows:],
+                value[rows:],
+                k_cache,
+                v_cache,
+                prefill,
+                scale,
+                output=output[rows:],
+            )
+            return output
         if meta.is_prefill:
             return self._prefill(query, key, value, k_cache, v_cache, meta, scale)
         return self._decode(query, k_cache, v_cache, meta, scale)
@@ -211,10 +235,13 @@ class TorchAttentionBackend:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        *,
+        output: torch.Tensor | None = None,
     ) -> torch.Tensor:
         query_lens = _host(meta.query_lens_host, meta.cu_seqlens_q.diff())
         context_lens = _host(meta.context_lens_host, meta.context_lens)
-        output = torch.empty_like(query)
+        if output is None:
+            output = torch.empty_like(query)
         start = 0
         for index, (q_len, ctx_len) in enumerate(zip(query_lens, context_lens, strict=True)):
             end = start + q_len

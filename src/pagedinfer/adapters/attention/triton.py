@@ -6,6 +6,13 @@
 * decode: GQA-grouped split-KV kernel plus a reduction,
   :func:`~pagedinfer.adapters.kernels.decode_attention.paged_decode_attention`
 
+A mixed step (decode rows first, then prefill chunks) launches both in one forward: the decode
+kernel over its decode rows (GQA-grouped and split-KV: each K/V page is read once per KV head,
+and long contexts spread over many programs) and the prefill kernel over its chunks, each
+writing its rows of one output (``split_mixed_steps``, the default). With
+``split_mixed_steps=False`` the prefill kernel serves every row, a decode row being a
+one-query tile of ``BLOCK_M`` rows that reads its pages once per query head.
+
 Decode reads no host values: the batch size and the context capacity come from tensor
 shapes (the captured block-table width covers ``max_model_len``), so decode steps can be
 captured in CUDA graphs. The split-KV partials live in a workspace owned by the backend; call
@@ -45,12 +52,15 @@ class TritonAttentionBackend:
     ``num_splits`` fixes the number of split-KV partitions for decode (``1`` turns splitting
     off); ``None`` picks it per batch from the batch size, kv heads, SM count and block-table
     width (see :func:`~pagedinfer.adapters.kernels.decode_attention.choose_num_splits`).
+    ``split_mixed_steps``: see the module docstring.
     """
 
     name: ClassVar[str] = "triton"
     supports_cuda_graphs: ClassVar[bool] = True
 
-    def __init__(self, block_size: int, *, num_splits: int | None = None) -> None:
+    def __init__(
+        self, block_size: int, *, num_splits: int | None = None, split_mixed_steps: bool = True
+    ) -> None:
         if block_size <= 0 or block_size % BLOCK_SIZE_MULTIPLE != 0:
             raise ConfigurationError(
                 f"kv_block_size={block_size} does not suit the triton attention backend: it "
@@ -64,6 +74,7 @@ class TritonAttentionBackend:
             )
         self.block_size = block_size
         self.num_splits = num_splits
+        self.split_mixed_steps = split_mixed_steps
         self._workspace: torch.Tensor | None = None
         # Every workspace ever handed out, replaced ones included: a CUDA graph captured over
         # one keeps writing to its address on every replay, so none may be freed (and its
@@ -130,18 +141,37 @@ class TritonAttentionBackend:
         """Attention over the cache, which already holds this step's K/V (stored by
         :meth:`forward`, or by the fused q/k-norm + RoPE + store kernel of the layer)."""
         assert k_cache.shape[1] == self.block_size, (k_cache.shape, self.block_size)
+        if meta.is_mixed and self.split_mixed_steps:
+            decode, prefill = meta.split_mixed()
+            rows = meta.num_decode_rows  # = decode tokens
+            out = torch.empty_like(query)
+            self._decode(query[:rows], k_cache, v_cache, decode, scale, out=out[:rows])
+            self._prefill(query[rows:], k_cache, v_cache, prefill, scale, out=out[rows:])
+            return out
         if meta.is_prefill:
-            return paged_prefill_attention(
-                query,
-                k_cache,
-                v_cache,
-                cu_seqlens_q=meta.cu_seqlens_q,
-                context_lens=meta.context_lens,
-                block_tables=meta.block_tables,
-                max_seqlen_q=meta.max_seqlen_q,
-                scale=scale,
-            )
+            return self._prefill(query, k_cache, v_cache, meta, scale)
         return self._decode(query, k_cache, v_cache, meta, scale)
+
+    @staticmethod
+    def _prefill(
+        query: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return paged_prefill_attention(
+            query,
+            k_cache,
+            v_cache,
+            cu_seqlens_q=meta.cu_seqlens_q,
+            context_lens=meta.context_lens,
+            block_tables=meta.block_tables,
+            max_seqlen_q=meta.max_seqlen_q,
+            scale=scale,
+            out=out,
+        )
 
     def _decode(
         self,
@@ -150,6 +180,7 @@ class TritonAttentionBackend:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         # Shapes and static settings only: this runs inside CUDA-graph captures.
         num_seqs, num_heads, head_dim = query.shape
@@ -169,6 +200,7 @@ class TritonAttentionBackend:
             scale=scale,
             num_splits=num_splits,
             partials=partials,
+            out=out,
         )
 
     def _splits(
