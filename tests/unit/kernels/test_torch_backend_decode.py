@@ -89,3 +89,20 @@ def test_grouped_decode_matches_the_dense_reference_and_the_single_call(
     torch.testing.assert_close(single.double(), expected, **tolerance(torch.float32))
     # Only the padded length differs, which moves SDPA's blocking: rounding-level changes.
     torch.testing.assert_close(grouped, single, rtol=1e-5, atol=1e-6)
+
+
+def test_a_large_batch_is_gathered_in_cache_sized_groups(monkeypatch: pytest.MonkeyPatch) -> None:
+    # One K+V row of this batch is 2 * 2 heads * 16 dims * 4 bytes = 256 bytes: a bound of
+    # 300 rows' worth cuts the 12 ragged rows into groups of at most 300 padded positions.
+    monkeypatch.setattr(torch_ref, "_GROUP_GATHER_BYTES", 300 * 256)
+    bounded, expected, num_groups = _decode(RAGGED, 1 << 40, monkeypatch)
+    assert num_groups >= 6  # every group but those of the shortest rows holds one or two
+    torch.testing.assert_close(bounded.double(), expected, **tolerance(torch.float32))
+
+
+def test_bounded_groups_keep_every_row_once() -> None:
+    lengths = [500, 20, 300, 10]
+    groups = torch_ref._bounded([[0, 1, 2, 3]], lengths, max_tokens=1000)
+    assert groups == [[0, 1], [2, 3]]  # 2 x 500 and 2 x 300 padded positions
+    assert torch_ref._bounded([[0, 1, 2, 3]], lengths, max_tokens=2000) is None
+    assert torch_ref._bounded([[3, 1], [2, 0]], lengths, max_tokens=400) == [[3, 1], [2], [0]]
