@@ -264,3 +264,20 @@ def test_throughput_benchmark_smoke_run(tmp_path: Path) -> None:
     table = _table_rows(result.stdout, "| system |")
     assert [row[0] for row in table] == names
     assert table[0][5] == "1.00x"
+
+
+def test_sampling_features_example_runs() -> None:
+    """The vLLM-style example (n, logprobs, penalties, chat, stream) on a random checkpoint."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
+    result = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "sampling_features.py")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("cumulative logprob") == 3
+    assert "chat prompt:" in result.stdout and "delta:" in result.stdout
