@@ -604,7 +604,6 @@ class Scheduler:
         """The plan that forked was never recorded: back to pending, planned again later."""
         for parent_id, children in self._forking.items():
             for child in children:
-                self._drop_copy(child.seq_id)
                 self._release_blocks(child)
                 self._release_slot(child)
                 child.num_computed_tokens = 0
@@ -818,7 +817,6 @@ class Scheduler:
             self._stop_running(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
-        self._drop_copy(seq.seq_id)
         self._release_blocks(seq)
         self._release_slot(seq)
         seq.status = SequenceStatus.FINISHED
@@ -855,6 +853,10 @@ class Scheduler:
             self._prefilling.remove(seq)
 
     def _release_blocks(self, seq: Sequence) -> None:
+        # A fork's pending copy targets one of these blocks: it must not run once they are
+        # free (finished, preempted or undone; a preempted fork recomputes instead).
+        if self._copies_after_fork or self._block_copies:
+            self._drop_copy(seq.seq_id)
         self.pool.free(seq.block_table[::-1])
         seq.block_table = []
         seq.num_registered_blocks = 0

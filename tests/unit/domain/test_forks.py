@@ -244,3 +244,24 @@ def test_a_parent_kept_prefilling_to_fork_decodes_once_its_forks_are_gone() -> N
     plan = run_step(scheduler)
     assert not plan.is_prefill and plan.sampled_seq_ids == [0]
     run_all(scheduler)
+
+
+def test_a_preempted_fork_drops_its_pending_copy() -> None:
+    # Found by the state machine: a fork preempted while its copy of the prompt's last block
+    # was still pending (the plan carrying it was abandoned) left the copy targeting a freed
+    # block, which another sequence could get.
+    scheduler = make(num_blocks=16)
+    seqs = request(0, list(range(10)), n=3)
+    add(scheduler, seqs)
+    run_step(scheduler)  # the fork: copies pending for the next plan
+    pending = scheduler.schedule()  # carries them, and is abandoned
+    assert pending is not None and len(pending.block_copies) == 2
+    child = seqs[2]
+    target = child.block_table[-1]
+    scheduler._preempt(child)
+    assert all(dst != target for _, dst in scheduler.pending_block_copies)
+    scheduler.check_integrity()
+    scheduler.pool.check_integrity()
+    run_all(scheduler)
+    assert all(s.num_completion_tokens == 20 for s in seqs)
+    assert scheduler.pool.num_free_blocks == scheduler.pool.num_blocks
