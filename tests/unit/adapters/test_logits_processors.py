@@ -11,7 +11,8 @@ import torch
 from transformers import MinPLogitsWarper
 
 from pagedinfer.adapters.logits_processors import LogitsProcessors, ProcessingStep
-from pagedinfer.adapters.sampler import Sampler, SamplingBatch
+from pagedinfer.adapters.sampler import Sampler
+from pagedinfer.adapters.sampling_batch import SamplingBatch
 from pagedinfer.domain import SamplingParams
 
 CPU = torch.device("cpu")

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from pagedinfer.adapters.sampler import NO_SEED, Sampler, SamplingBatch
+from pagedinfer.adapters.sampler import Sampler
+from pagedinfer.adapters.sampling_batch import NO_SEED, SamplingBatch
 
 CPU = torch.device("cpu")
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pagedinfer.adapters.sampler import Sampler, SamplingBatch
+from pagedinfer.adapters.sampler import Sampler
+from pagedinfer.adapters.sampling_batch import SamplingBatch
 from pagedinfer.domain import SamplingParams
 from pagedinfer.domain.sampling import GREEDY_TEMPERATURE_EPSILON
 
