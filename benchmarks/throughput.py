@@ -11,7 +11,12 @@ wall time including prefill. The baselines run on the same workload, in the same
 
 With ``--repeats N`` every system runs N times, round-robin (ours, baselines, ours, ...), each
 time from a freshly built engine or model (no prefix cache carried over), and the table shows
-the median run and the range; short CPU runs vary by 10-20 % from run to run.
+the median run and the range; short CPU runs vary by 10-20 % from run to run. The table also
+gives each run's CPU time (``time.process_time``, all threads of this process), which other
+processes on a shared machine disturb less than wall time.
+
+``--scheduling-policy both`` runs pagedinfer under both policies (``mixed``, the default, and
+``prefill_first``) side by side, alternating with the baselines.
 
 Examples::
 
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import json
 import platform
@@ -88,6 +94,7 @@ class Result:
     name: str
     output_tokens: int
     seconds: float
+    cpu_seconds: float = float("nan")  # CPU time of this process (all threads)
 
     @property
     def throughput(self) -> float:
@@ -108,6 +115,10 @@ class Summary:
     @property
     def median_seconds(self) -> float:
         return statistics.median(r.seconds for r in self.runs)
+
+    @property
+    def median_cpu_seconds(self) -> float:
+        return statistics.median(r.cpu_seconds for r in self.runs)
 
     @property
     def throughput_range(self) -> tuple[float, float]:
@@ -133,12 +144,14 @@ def synchronize(device: str) -> None:
 
 @contextlib.contextmanager
 def timed(device: str) -> Iterator[list[float]]:
+    """``box[0]``: wall seconds of the block; ``box[1]``: CPU seconds of this process."""
     box: list[float] = []
     synchronize(device)
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.process_time()
     yield box
     synchronize(device)
     box.append(time.perf_counter() - started)
+    box.append(time.process_time() - started_cpu)
 
 
 def release_memory(device: str) -> None:
@@ -148,7 +161,9 @@ def release_memory(device: str) -> None:
 
 
 # ----------------------------------------------------------------------------- pagedinfer
-def run_pagedinfer(model: str, workload: Workload, args: argparse.Namespace) -> Result:
+def run_pagedinfer(
+    model: str, workload: Workload, args: argparse.Namespace, policy: str = "mixed"
+) -> Result:
     max_len = max(len(p) for p in workload.prompts) + max(workload.output_lens) + 1
     engine = Engine(
         model,
@@ -162,6 +177,7 @@ def run_pagedinfer(model: str, workload: Workload, args: argparse.Namespace) -> 
         attention_backend=args.attention_backend,
         enforce_eager=args.enforce_eager,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        scheduling_policy=policy,
     )
     try:
         engine.generate([[1, 2, 3]], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
@@ -177,14 +193,13 @@ def run_pagedinfer(model: str, workload: Workload, args: argparse.Namespace) -> 
                 f"pagedinfer produced {produced} tokens, expected {workload.output_tokens}"
             )
         name = f"pagedinfer ({engine.attention_backend}"
-        name += (
-            ", eager)" if args.enforce_eager or engine.device.type == "cpu" else ", CUDA graphs)"
-        )
+        name += ", eager" if args.enforce_eager or engine.device.type == "cpu" else ", CUDA graphs"
+        name += ")" if args.scheduling_policy != "both" else f", {policy})"
     finally:
         engine.close()
         del engine
         release_memory(args.device)
-    return Result(name, produced, seconds[0])
+    return Result(name, produced, seconds[0], seconds[1])
 
 
 # --------------------------------------------------------------------------- transformers
@@ -250,7 +265,10 @@ def run_hf_generate(model: str, workload: Workload, args: argparse.Namespace) ->
         del hf_model
         release_memory(args.device)
     return Result(
-        f"transformers generate (padded, batch {batch_size})", workload.output_tokens, seconds[0]
+        f"transformers generate (padded, batch {batch_size})",
+        workload.output_tokens,
+        seconds[0],
+        seconds[1],
     )
 
 
@@ -297,7 +315,7 @@ def run_hf_generate_batch(model: str, workload: Workload, args: argparse.Namespa
     finally:
         del hf_model
         release_memory(args.device)
-    return Result("transformers generate_batch (paged, sdpa)", produced, seconds[0])
+    return Result("transformers generate_batch (paged, sdpa)", produced, seconds[0], seconds[1])
 
 
 BASELINES: dict[str, Callable[[str, Workload, argparse.Namespace], Result]] = {
@@ -374,6 +392,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num-kv-blocks", type=int, default=None)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument(
+        "--scheduling-policy",
+        choices=("mixed", "prefill_first", "both"),
+        default="mixed",
+        help="pagedinfer's scheduling policy; both: one row each, side by side",
+    )
     parser.add_argument("--progress", action="store_true", help="show pagedinfer's progress bar")
     parser.add_argument("--json", default=None, help="also write the results to this file")
     args = parser.parse_args(argv)
@@ -402,7 +426,12 @@ def main(argv: list[str] | None = None) -> int:
         f"outputs U{list(args.output_len)} ({workload.output_tokens} output tokens); "
         f"device: {describe_device(args.device)}; torch {torch.__version__}"
     )
-    systems: list[Callable[[str, Workload, argparse.Namespace], Result]] = [run_pagedinfer]
+    policies = ("mixed", "prefill_first") if args.scheduling_policy == "both" else None
+    systems: list[Callable[[str, Workload, argparse.Namespace], Result]] = (
+        [functools.partial(run_pagedinfer, policy=policy) for policy in policies]
+        if policies
+        else [functools.partial(run_pagedinfer, policy=args.scheduling_policy)]
+    )
     if args.baselines != "none":
         systems += [BASELINES[name] for name in args.baselines.split(",")]
     runs: list[list[Result]] = [[] for _ in systems]
@@ -416,15 +445,16 @@ def main(argv: list[str] | None = None) -> int:
     ours = summaries[0]
     print(
         f"\n| system | output tokens | time (s, median) | output tok/s (median) "
-        f"| range over {args.repeats} run(s) | pagedinfer speed-up |"
+        f"| range over {args.repeats} run(s) | pagedinfer speed-up | CPU s (median) |"
     )
-    print("|---|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for summary in summaries:
         low, high = summary.throughput_range
         print(
             f"| {summary.name} | {summary.runs[0].output_tokens} | {summary.median_seconds:.2f} "
             f"| {summary.median_throughput:.1f} | {low:.0f}-{high:.0f} "
-            f"| {ours.median_throughput / summary.median_throughput:.2f}x |"
+            f"| {ours.median_throughput / summary.median_throughput:.2f}x "
+            f"| {summary.median_cpu_seconds:.2f} |"
         )
     if args.json:
         payload = {

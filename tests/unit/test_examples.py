@@ -22,6 +22,7 @@ EXAMPLE = REPO / "examples" / "custom_runtime.py"
 BENCHMARK = REPO / "benchmarks" / "block_pool.py"
 THROUGHPUT = REPO / "benchmarks" / "throughput.py"
 SCHEDULER_BENCHMARK = REPO / "benchmarks" / "scheduler.py"
+MIXED_STEPS_BENCHMARK = REPO / "benchmarks" / "mixed_steps.py"
 HEAVY = ("torch", "numpy", "triton", "transformers", "safetensors")
 
 # Runs a script as __main__ with the heavy packages blocked, then proves none was loaded.
@@ -281,3 +282,43 @@ def test_sampling_features_example_runs() -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("cumulative logprob") == 3
     assert "chat prompt:" in result.stdout and "delta:" in result.stdout
+
+
+# --------------------------------------------------------------- the mixed-steps benchmark
+
+
+def test_mixed_steps_benchmark_counts_decode_stalls_without_torch() -> None:
+    output = _run_script(MIXED_STEPS_BENCHMARK, "--quick", "--section", "stalls")
+    rows = {row[0]: row for row in _table_rows(output, "| policy | steps |")}
+    assert set(rows) == {"mixed", "prefill_first"}
+    # steps, mixed steps, stall steps, stalled tokens, longest wait, preemptions
+    assert rows["mixed"][3:] == ["0", "0", "0", "0"] and int(rows["mixed"][2]) > 0
+    assert int(rows["prefill_first"][3]) > 0 and rows["prefill_first"][2] == "0"
+    assert rows["prefill_first"][6] == "0"
+
+
+def test_mixed_steps_benchmark_quick_run(tmp_path: Path) -> None:
+    """Both policies through the Engine on a tiny model: the same tokens (the script raises
+    otherwise), no stall under the mixed policy."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(MIXED_STEPS_BENCHMARK),
+            "--quick",
+            "--threads=1",
+            f"--cache-dir={tmp_path}",
+            "--section=latency",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    rows = {row[0]: row for row in _table_rows(result.stdout, "| policy | ITL p50")}
+    assert set(rows) == {"mixed", "prefill_first"}
+    assert rows["mixed"][9] == "0" and int(rows["prefill_first"][9]) > 0  # stall steps
+    assert float(rows["mixed"][1]) > 0 and float(rows["mixed"][2]) > 0
