@@ -111,7 +111,12 @@ def check_context(plan: BatchPlan, scheduler: Scheduler, executor: FakeExecutor)
 
 def describe(plan: BatchPlan, step: int) -> str:
     """A readable rendering of one plan: one line per scheduled sequence."""
-    kind = "prefill" if plan.is_prefill else "decode"
+    # A mixed step: the first num_decode_rows rows decode (one token each), the rest prefill.
+    kind = "mixed" if plan.is_mixed else "prefill" if plan.is_prefill else "decode"
+    if plan.is_mixed:
+        kind += (
+            f" ({plan.num_decode_rows} decode rows + {plan.num_seqs - plan.num_decode_rows} chunks)"
+        )
     lines = [
         f"step {step}: {kind}, is_prefill={plan.is_prefill}, {plan.num_seqs} seqs, "
         f"{plan.num_tokens} query tokens, sample_indices={plan.sample_indices.tolist()} "
@@ -218,8 +223,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{pool.prefix_query_tokens} tokens ({pool.prefix_hit_rate:.0%})"
     )
     print(
-        f"scheduler: prefill_steps={sched.num_prefill_steps} decode_steps="
-        f"{sched.num_decode_steps} preemptions={sched.num_preemptions} "
+        f"scheduler: prefill_steps={sched.num_prefill_steps} mixed_steps="
+        f"{sched.num_mixed_steps} decode_steps={sched.num_decode_steps} "
+        f"preemptions={sched.num_preemptions} "
         f"waiting={sched.num_waiting} running={sched.num_running}"
     )
     print(f"torch imported: {'torch' in sys.modules}")

@@ -66,7 +66,10 @@ def _run_script(script: Path, *args: str, timeout: float = 120) -> str:
 
 # ------------------------------------------------------------------------- the example
 
-_PLAN_HEADER = re.compile(r"^step (\d+): (prefill|decode), is_prefill=(True|False)")
+_PLAN_HEADER = re.compile(
+    r"^step (\d+): (prefill|decode|mixed)(?: \((\d+) decode rows \+ \d+ chunks\))?, "
+    r"is_prefill=(True|False)"
+)
 _PLAN_ROW = re.compile(
     r"^  seq (\d+): query_len=\s*(\d+) positions=\[([^\]]*)\] context_len=\s*(\d+) "
     r"slots=\[([^\]]*)\] block_table=\[([^\]]*)\]"
@@ -96,10 +99,12 @@ def test_example_runs_without_torch(example_output: str) -> None:
 
 def test_example_plans_are_consistent(example_output: str) -> None:
     plans: list[tuple[bool, list[tuple[int, ...]]]] = []
+    kinds: set[str] = set()
     for line in example_output.splitlines():
         if header := _PLAN_HEADER.match(line):
-            assert (header[2] == "prefill") == (header[3] == "True")
-            plans.append((header[3] == "True", []))
+            assert (header[2] != "decode") == (header[4] == "True")
+            plans.append((header[4] == "True", []))
+            kinds.add(header[2])
         elif row := _PLAN_ROW.match(line):
             seq_id, query_len, positions, context_len = (
                 int(row[1]),
@@ -118,6 +123,7 @@ def test_example_plans_are_consistent(example_output: str) -> None:
             assert len(table) == -(-context_len // 8)
             plans[-1][1].append((seq_id, query_len, positions[0], context_len))
     assert len(plans) > 5
+    assert kinds == {"prefill", "mixed", "decode"}, kinds
     assert any(is_prefill for is_prefill, _ in plans)
     assert any(not is_prefill for is_prefill, _ in plans)
     for is_prefill, rows in plans:
