@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["CompletionText", "IncrementalDetokenizer", "StopStringMatcher"]
+__all__ = ["CompletionText", "IncrementalDetokenizer", "StopStringMatcher", "decode_completion"]
 
 # Tokens of the prompt kept as left context: some tokenizers (SentencePiece) decode a token
 # differently at the start of a string than after other text.
@@ -78,6 +78,27 @@ class IncrementalDetokenizer:
     def _decode(self, token_ids: list[int]) -> str:
         text: str = self._tokenizer.decode(token_ids, skip_special_tokens=self._skip_special_tokens)
         return text
+
+
+def decode_completion(
+    tokenizer: Any,
+    prompt_token_ids: list[int],
+    completion_token_ids: list[int],
+    *,
+    skip_special_tokens: bool = True,
+) -> str:
+    """A whole completion's text as :class:`IncrementalDetokenizer` streams it: decoded after
+    the prompt's last tokens, not on its own.
+
+    The two differ where a tokenizer decodes a token differently at the start of a string:
+    SentencePiece drops the leading space of a first word (``"▁Hello"`` is ``"Hello"`` alone
+    but ``" Hello"`` after other text). A completion continues its prompt, so it keeps the
+    space (as vLLM's outputs do), and its final text equals its streamed text.
+    """
+    detokenizer = IncrementalDetokenizer(
+        tokenizer, prompt_token_ids, skip_special_tokens=skip_special_tokens
+    )
+    return detokenizer.append(list(completion_token_ids)) + detokenizer.flush()
 
 
 class StopStringMatcher:

@@ -18,7 +18,7 @@ from typing import Any
 
 from pagedinfer.domain.sequence import FinishReason, Sequence
 from pagedinfer.domain.step_output import TokenLogprobs
-from pagedinfer.engine.detokenizer import CompletionText
+from pagedinfer.engine.detokenizer import CompletionText, decode_completion
 from pagedinfer.engine.outputs import (
     CompletionOutput,
     Logprob,
@@ -192,14 +192,20 @@ class CompletionState:
         return text[:end]
 
     def finalize_text(self, tokenizer: Any) -> None:
+        """The final text: the tracked text if there is one (so a stream's text never
+        changes at the end), else the completion decoded the same way, after the prompt."""
         if tokenizer is None:
             self.final_text = ""
-        elif self.text is not None and self.text.stopped:
+        elif self.text is not None:
+            self.catch_up()  # an aborted completion was not flushed yet
             self.final_text = self.text.text
         else:
-            self.final_text = tokenizer.decode(
-                self.seq.completion_token_ids,
-                skip_special_tokens=self.seq.params.skip_special_tokens,
+            seq = self.seq
+            self.final_text = decode_completion(
+                tokenizer,
+                seq.prompt_token_ids,
+                seq.completion_token_ids,
+                skip_special_tokens=seq.params.skip_special_tokens,
             )
 
     def stop_reason(self, eos_token_ids: Collection[int]) -> int | str | None:
