@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from pagedinfer.domain.sampling import SamplingParams
 from pagedinfer.engine.async_engine import AsyncEngine, AsyncRequestStream
 from pagedinfer.engine.outputs import RequestOutput
 from pagedinfer.errors import EngineDeadError
@@ -35,6 +36,7 @@ from pagedinfer.serving.protocol import (
     chat_sampling_params,
     completion_prompts,
     completion_sampling_params,
+    echoes_prompt_only,
 )
 from pagedinfer.serving.responses import (
     ChoiceCursor,
@@ -44,6 +46,7 @@ from pagedinfer.serving.responses import (
     completion_chunk,
     completion_response,
     completions_of,
+    prompt_of,
     sse,
     usage_chunk,
 )
@@ -81,14 +84,20 @@ def build_app(engine: AsyncEngine, *, served_model_name: str) -> FastAPI:
                 code="model_not_found",
             )
 
-    def context(prefix: str, num_logprobs: int | None, token_ids: bool) -> ResponseContext:
+    token_text = _token_text(engine)
+    decode = _decode(engine)
+
+    def context(prefix: str, params: SamplingParams, body: Any, **fields: bool) -> ResponseContext:
         return ResponseContext(
             response_id=f"{prefix}-{uuid.uuid4().hex}",
             model=served_model_name,
             created=int(time.time()),
-            token_text=_token_text(engine),
-            num_logprobs=num_logprobs,
-            return_token_ids=token_ids,
+            token_text=token_text,
+            num_logprobs=params.logprobs,
+            return_token_ids=body.return_token_ids,
+            decode=decode,
+            prompt_logprobs=body.prompt_logprobs is not None,
+            **fields,
         )
 
     @app.get("/health")
@@ -127,7 +136,7 @@ def build_app(engine: AsyncEngine, *, served_model_name: str) -> FastAPI:
         check_model(body.model)
         params = completion_sampling_params(body)
         streams = _submit_all(engine, completion_prompts(body), params)
-        ctx = context("cmpl", params.logprobs, body.return_token_ids)
+        ctx = context("cmpl", params, body, echo=body.echo, echo_only=echoes_prompt_only(body))
         timers = [metrics.timer() for _ in streams]
         if body.stream:
             events = _stream_completions(ctx, streams, timers, params.n, body.include_usage)
@@ -147,7 +156,7 @@ def build_app(engine: AsyncEngine, *, served_model_name: str) -> FastAPI:
             chat_template_kwargs=body.chat_template_kwargs,
             add_generation_prompt=body.add_generation_prompt,
         )
-        ctx = context("chatcmpl", params.logprobs, body.return_token_ids)
+        ctx = context("chatcmpl", params, body)
         timer = metrics.timer()
         if body.stream:
             return _event_stream(_stream_chat(ctx, stream, timer, body.include_usage))
@@ -233,7 +242,7 @@ async def _stream_completions(
             for completion in completions_of(output):
                 index = prompt_index * n + completion.index
                 cursor = cursors.setdefault(index, ChoiceCursor())
-                chunk = completion_chunk(ctx, index, completion, cursor, output.prompt_token_ids)
+                chunk = completion_chunk(ctx, index, completion, cursor, prompt_of(output))
                 if chunk is not None:
                     yield sse(chunk)
             if output.finished:
@@ -326,6 +335,16 @@ def _num_tokens(output: RequestOutput) -> int:
 def _finish_reason(output: RequestOutput) -> str | None:
     reasons = {c.finish_reason for c in completions_of(output)}
     return "abort" if "abort" in reasons else next(iter(sorted(r for r in reasons if r)), None)
+
+
+def _decode(engine: AsyncEngine) -> Any:
+    tokenizer = engine.tokenizer
+
+    def decode(token_ids: Sequence[int]) -> str:
+        text: str = tokenizer.decode(list(token_ids)) if tokenizer is not None else ""
+        return text
+
+    return decode
 
 
 def _token_text(engine: AsyncEngine) -> Any:

@@ -30,6 +30,7 @@ __all__ = [
     "chat_sampling_params",
     "completion_prompts",
     "completion_sampling_params",
+    "echoes_prompt_only",
 ]
 
 # Most top log-probabilities a request may ask for per token (vLLM's default max_logprobs).
@@ -77,12 +78,21 @@ class _SamplingFields(_Request):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     return_token_ids: bool = False
+    prompt_logprobs: int | None = None
 
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
-    def _sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    def _sampling_params(
+        self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None
+    ) -> SamplingParams:
+        if prompt_logprobs is None:
+            prompt_logprobs = self.prompt_logprobs
+        if self.prompt_logprobs is not None:
+            if self.stream:
+                raise _bad("prompt_logprobs", "prompt_logprobs are not available with stream=true")
+            _check_logprobs("prompt_logprobs", self.prompt_logprobs)
         fields: dict[str, Any] = {
             "n": self.n,
             "max_tokens": max_tokens,
@@ -94,6 +104,7 @@ class _SamplingFields(_Request):
             "skip_special_tokens": self.skip_special_tokens,
             "include_stop_str_in_output": self.include_stop_str_in_output,
             "logprobs": logprobs,
+            "prompt_logprobs": prompt_logprobs,
         }
         # A field left out (or null) keeps SamplingParams' default.
         for name in (
@@ -158,16 +169,28 @@ def completion_prompts(request: CompletionRequest) -> list[str | list[int]]:
 
 
 def completion_sampling_params(request: CompletionRequest) -> SamplingParams:
-    if request.echo:
-        raise _bad("echo", "echo=true is not supported: the response holds the completion")
+    """The request's ``SamplingParams``. ``echo`` asks for the prompt's logprobs too when
+    ``logprobs`` is set, and with ``max_tokens=0`` (the prompt alone, as vLLM serves it) one
+    token is generated and dropped."""
     if request.suffix is not None:
         raise _bad("suffix", "suffix is not supported (no insertion models)")
     if request.best_of is not None and request.best_of != request.n:
         raise _bad("best_of", "best_of must equal n (or be left out)")
     logprobs = request.logprobs
-    if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
-        raise _bad("logprobs", f"logprobs must be in [0, {MAX_LOGPROBS}], got {logprobs}")
-    return request._sampling_params(request.max_tokens, logprobs)
+    _check_logprobs("logprobs", logprobs)
+    max_tokens = request.max_tokens
+    prompt_logprobs = None
+    if request.echo:
+        if max_tokens == 0:
+            max_tokens = 1
+        if logprobs is not None:
+            prompt_logprobs = max(logprobs, request.prompt_logprobs or 0)
+    return request._sampling_params(max_tokens, logprobs, prompt_logprobs)
+
+
+def echoes_prompt_only(request: CompletionRequest) -> bool:
+    """``echo`` with ``max_tokens=0``: the response holds the prompt and nothing generated."""
+    return request.echo and request.max_tokens == 0
 
 
 def chat_sampling_params(request: ChatCompletionRequest) -> SamplingParams:
@@ -175,8 +198,7 @@ def chat_sampling_params(request: ChatCompletionRequest) -> SamplingParams:
     if max_tokens is None:
         max_tokens = request.max_tokens
     top = request.top_logprobs
-    if top is not None and not 0 <= top <= MAX_LOGPROBS:
-        raise _bad("top_logprobs", f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {top}")
+    _check_logprobs("top_logprobs", top)
     if top is not None and top > 0 and not request.logprobs:
         raise _bad("top_logprobs", "top_logprobs needs logprobs=true")
     logprobs = (top or 0) if request.logprobs else None
@@ -211,6 +233,11 @@ def _logit_bias(bias: dict[str, float]) -> dict[int, float]:
         return {int(token): value for token, value in bias.items()}
     except ValueError as error:
         raise _bad("logit_bias", "logit_bias keys must be token ids (integers)") from error
+
+
+def _check_logprobs(param: str, value: int | None) -> None:
+    if value is not None and not 0 <= value <= MAX_LOGPROBS:
+        raise _bad(param, f"{param} must be in [0, {MAX_LOGPROBS}], got {value}")
 
 
 def _bad(param: str, message: str) -> RequestFieldError:

@@ -6,7 +6,9 @@ engine's output shape is one edit here. Bodies are plain dicts (serialized once 
 ``json.dumps``): a streamed token costs one small dict, not a pydantic model.
 
 Choices are numbered as OpenAI and vLLM do: with several prompts and ``n`` completions each,
-choice ``prompt_index * n + completion_index``.
+choice ``prompt_index * n + completion_index``. Streams cut each choice's deltas from the
+cumulative outputs with a :class:`ChoiceCursor`; a choice's last chunk carries its
+``finish_reason`` (once, even when other choices of the request run on).
 """
 
 from __future__ import annotations
@@ -22,20 +24,26 @@ from pagedinfer.engine.outputs import RequestOutput
 __all__ = [
     "ChoiceCursor",
     "Completion",
+    "Prompt",
     "ResponseContext",
     "chat_chunk",
     "chat_response",
     "completion_chunk",
     "completion_response",
     "completions_of",
+    "prompt_of",
     "sse",
     "usage",
+    "usage_chunk",
 ]
 
 # JSON has no -inf: a token the model rules out gets vLLM's stand-in.
 _MIN_LOGPROB = -9999.0
 
 TokenText = Callable[[int], str]
+DecodeText = Callable[[Sequence[int]], str]
+# (token id, {token id: Logprob} or None) per token a logprobs block describes.
+TokenEntries = list[tuple[int, Mapping[int, Any] | None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +74,21 @@ def completions_of(output: RequestOutput) -> list[Completion]:
     ]
 
 
-def prompt_length(output: RequestOutput) -> int:
-    return len(output.prompt_token_ids)
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """The prompt of one engine output, as the server needs it."""
+
+    text: str | None  # None for token-id prompts
+    token_ids: Sequence[int]
+    # Per prompt token, {token_id: Logprob} (None for the first); None unless asked for.
+    logprobs: Sequence[Mapping[int, Any] | None] | None
+
+
+def prompt_of(output: RequestOutput) -> Prompt:
+    """The prompt of one engine output (the only other place that knows its shape)."""
+    return Prompt(
+        text=output.prompt, token_ids=output.prompt_token_ids, logprobs=output.prompt_logprobs
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +101,13 @@ class ResponseContext:
     token_text: TokenText  # decodes one token id (logprobs entries without decoded text)
     num_logprobs: int | None  # top log-probabilities per token; None: none asked for
     return_token_ids: bool = False
+    decode: DecodeText | None = None  # decodes a prompt given as token ids (echo)
+    # Completions: the prompt's text (and logprobs) come before each choice's own.
+    echo: bool = False
+    # echo with max_tokens=0: the prompt alone (the one token generated is dropped).
+    echo_only: bool = False
+    # vLLM's prompt_logprobs extension: {token_id: {logprob, rank, decoded_token}} per token.
+    prompt_logprobs: bool = False
 
 
 class ChoiceCursor:
@@ -89,11 +117,12 @@ class ChoiceCursor:
     stop string is held back until it cannot), so a delta is a plain slice.
     """
 
-    __slots__ = ("chars", "finished", "started", "tokens")
+    __slots__ = ("chars", "echoed_chars", "finished", "started", "tokens")
 
     def __init__(self) -> None:
         self.tokens = 0
         self.chars = 0
+        self.echoed_chars = 0  # the prompt text sent before the completion's (echo)
         self.started = False
         self.finished = False
 
@@ -106,11 +135,15 @@ class ChoiceCursor:
         return text, tokens
 
 
-def usage(outputs: Sequence[RequestOutput]) -> dict[str, int]:
-    prompt_tokens = sum(prompt_length(output) for output in outputs)
-    completion_tokens = sum(
-        len(completion.token_ids) for output in outputs for completion in completions_of(output)
-    )
+def usage(outputs: Sequence[RequestOutput], *, echo_only: bool = False) -> dict[str, int]:
+    """Token counts: each prompt once (however many completions it has), every completion's
+    generated tokens (none when only the prompt is echoed)."""
+    prompt_tokens = sum(len(prompt_of(output).token_ids) for output in outputs)
+    completion_tokens = 0
+    if not echo_only:
+        completion_tokens = sum(
+            len(completion.token_ids) for output in outputs for completion in completions_of(output)
+        )
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
@@ -130,19 +163,26 @@ def completion_response(
 ) -> dict[str, Any]:
     choices = []
     for prompt_index, output in enumerate(outputs):
+        prompt = prompt_of(output)
         for completion in completions_of(output):
+            text, entries = completion.text, _entries(completion, slice(None))
+            if context.echo_only:
+                text, entries = "", []
+            if context.echo:
+                text = _prompt_text(context, prompt) + text
+                entries = _prompt_entries(prompt) + entries
             choice: dict[str, Any] = {
                 "index": prompt_index * n + completion.index,
-                "text": completion.text,
-                "logprobs": _completion_logprobs(
-                    context, completion, slice(0, len(completion.token_ids)), 0
-                ),
-                "finish_reason": _finish_reason(completion.finish_reason),
+                "text": text,
+                "logprobs": _completion_logprobs(context, entries, 0),
+                "finish_reason": completion.finish_reason,
                 "stop_reason": completion.stop_reason,
             }
+            if context.prompt_logprobs:
+                choice["prompt_logprobs"] = _vllm_prompt_logprobs(context, prompt)
             if context.return_token_ids:
-                choice["token_ids"] = list(completion.token_ids)
-                choice["prompt_token_ids"] = list(output.prompt_token_ids)
+                choice["token_ids"] = [] if context.echo_only else list(completion.token_ids)
+                choice["prompt_token_ids"] = list(prompt.token_ids)
             choices.append(choice)
     choices.sort(key=lambda choice: choice["index"])
     return {
@@ -151,7 +191,7 @@ def completion_response(
         "created": context.created,
         "model": context.model,
         "choices": choices,
-        "usage": usage(outputs),
+        "usage": usage(outputs, echo_only=context.echo_only),
     }
 
 
@@ -160,51 +200,86 @@ def completion_chunk(
     index: int,
     completion: Completion,
     cursor: ChoiceCursor,
-    prompt_token_ids: Sequence[int],
+    prompt: Prompt,
 ) -> dict[str, Any] | None:
-    """The chunk for what is new in one choice; None when nothing is."""
-    offset = cursor.chars
-    text, tokens = cursor.advance(completion)
+    """The chunk for what is new in one choice; None when nothing is (or it has ended)."""
+    if cursor.finished:
+        return None
+    offset = cursor.echoed_chars + cursor.chars
+    text, new = cursor.advance(completion)
+    entries = _entries(completion, new)
+    if context.echo_only:
+        text, entries = "", []
     finished = completion.finish_reason is not None
-    if not text and tokens.start == tokens.stop and not finished:
+    if context.echo and not cursor.started:
+        echoed = _prompt_text(context, prompt)
+        cursor.echoed_chars = len(echoed)
+        text = echoed + text
+        entries = _prompt_entries(prompt) + entries
+    elif not text and not entries and not finished:
         return None
     choice: dict[str, Any] = {
         "index": index,
         "text": text,
-        "logprobs": _completion_logprobs(context, completion, tokens, offset),
-        "finish_reason": _finish_reason(completion.finish_reason),
+        "logprobs": _completion_logprobs(context, entries, offset),
+        "finish_reason": completion.finish_reason,
         "stop_reason": completion.stop_reason,
     }
     if context.return_token_ids:
-        choice["token_ids"] = list(completion.token_ids[tokens])
+        choice["token_ids"] = [] if context.echo_only else list(completion.token_ids[new])
         if not cursor.started:
-            choice["prompt_token_ids"] = list(prompt_token_ids)
+            choice["prompt_token_ids"] = list(prompt.token_ids)
     cursor.started = True
     cursor.finished = finished
     return _chunk(context, "text_completion", choice)
 
 
+def _entries(completion: Completion, tokens: slice) -> TokenEntries:
+    token_ids = completion.token_ids[tokens]
+    if completion.logprobs is None:
+        return [(token_id, None) for token_id in token_ids]
+    return list(zip(token_ids, completion.logprobs[tokens], strict=True))
+
+
+def _prompt_text(context: ResponseContext, prompt: Prompt) -> str:
+    if prompt.text is not None:
+        return prompt.text
+    return context.decode(prompt.token_ids) if context.decode is not None else ""
+
+
+def _prompt_entries(prompt: Prompt) -> TokenEntries:
+    logprobs = prompt.logprobs or [None] * len(prompt.token_ids)
+    return list(zip(prompt.token_ids, logprobs, strict=True))
+
+
 def _completion_logprobs(
-    context: ResponseContext, completion: Completion, tokens: slice, text_offset: int
+    context: ResponseContext, entries: TokenEntries, text_offset: int
 ) -> dict[str, Any] | None:
-    if context.num_logprobs is None or completion.logprobs is None:
+    """OpenAI's completions logprobs: per token its text, its logprob, the top logprobs by
+    text (the sampled token's too), its offset in the choice's text. A token nothing
+    predicts (the first prompt token, echoed) has ``null`` logprob and top logprobs."""
+    limit = context.num_logprobs
+    if limit is None:
         return None
     token_strings: list[str] = []
-    token_logprobs: list[float] = []
-    top_logprobs: list[dict[str, float]] = []
+    token_logprobs: list[float | None] = []
+    top_logprobs: list[dict[str, float] | None] = []
     offsets: list[int] = []
-    for token_id, entries in zip(
-        completion.token_ids[tokens], completion.logprobs[tokens], strict=True
-    ):
-        token = _token_string(context, token_id, entries.get(token_id))
+    for token_id, ranked in entries:
+        entry = ranked.get(token_id) if ranked is not None else None
+        token = _token_string(context, token_id, entry)
         token_strings.append(token)
-        token_logprobs.append(_logprob_value(entries.get(token_id)))
-        top_logprobs.append(
-            {
-                _token_string(context, other, entry): _logprob_value(entry)
-                for other, entry in _ranked(entries, context.num_logprobs, keep=token_id)
-            }
-        )
+        if ranked is None:
+            token_logprobs.append(None)
+            top_logprobs.append(None)
+        else:
+            token_logprobs.append(_logprob_value(entry))
+            top_logprobs.append(
+                {
+                    _token_string(context, other, top): _logprob_value(top)
+                    for other, top in _ranked(ranked, limit, keep=token_id)
+                }
+            )
         offsets.append(text_offset)
         text_offset += len(token)
     return {
@@ -213,6 +288,26 @@ def _completion_logprobs(
         "top_logprobs": top_logprobs,
         "text_offset": offsets,
     }
+
+
+def _vllm_prompt_logprobs(context: ResponseContext, prompt: Prompt) -> list[Any] | None:
+    """vLLM's ``prompt_logprobs``: per prompt token ``{token_id: {logprob, rank,
+    decoded_token}}`` (``null`` for the first)."""
+    if prompt.logprobs is None:
+        return None
+    return [
+        None
+        if ranked is None
+        else {
+            str(token_id): {
+                "logprob": _logprob_value(entry),
+                "rank": getattr(entry, "rank", None),
+                "decoded_token": _token_string(context, token_id, entry),
+            }
+            for token_id, entry in ranked.items()
+        }
+        for ranked in prompt.logprobs
+    ]
 
 
 # -------------------------------------------------------------------------------- chat
@@ -225,7 +320,7 @@ def chat_response(
             "index": completion.index,
             "message": {"role": role, "content": completion.text},
             "logprobs": _chat_logprobs(context, completion, slice(0, len(completion.token_ids))),
-            "finish_reason": _finish_reason(completion.finish_reason),
+            "finish_reason": completion.finish_reason,
             "stop_reason": completion.stop_reason,
         }
         if context.return_token_ids:
@@ -239,8 +334,10 @@ def chat_response(
         "choices": choices,
         "usage": usage([output]),
     }
+    if context.prompt_logprobs:
+        body["prompt_logprobs"] = _vllm_prompt_logprobs(context, prompt_of(output))
     if context.return_token_ids:
-        body["prompt_token_ids"] = list(output.prompt_token_ids)
+        body["prompt_token_ids"] = list(prompt_of(output).token_ids)
     return body
 
 
@@ -251,7 +348,10 @@ def chat_chunk(
     *,
     role: str = "assistant",
 ) -> dict[str, Any] | None:
-    """The chunk for what is new in one choice; the first also carries the role."""
+    """The chunk for what is new in one choice; the first also carries the role. None when
+    nothing is new (or the choice has ended)."""
+    if cursor.finished:
+        return None
     text, tokens = cursor.advance(completion)
     finished = completion.finish_reason is not None
     if not text and tokens.start == tokens.stop and not finished and cursor.started:
@@ -265,7 +365,7 @@ def chat_chunk(
         "index": completion.index,
         "delta": delta,
         "logprobs": _chat_logprobs(context, completion, tokens),
-        "finish_reason": _finish_reason(completion.finish_reason),
+        "finish_reason": completion.finish_reason,
         "stop_reason": completion.stop_reason,
     }
     if context.return_token_ids:
@@ -314,7 +414,7 @@ def usage_chunk(
         "created": context.created,
         "model": context.model,
         "choices": [],
-        "usage": usage(outputs),
+        "usage": usage(outputs, echo_only=context.echo_only),
     }
 
 
@@ -326,10 +426,6 @@ def _chunk(context: ResponseContext, object_name: str, choice: dict[str, Any]) -
         "model": context.model,
         "choices": [choice],
     }
-
-
-def _finish_reason(reason: str | None) -> str | None:
-    return reason
 
 
 def _ranked(entries: Mapping[int, Any], limit: int, *, keep: int | None) -> list[tuple[int, Any]]:

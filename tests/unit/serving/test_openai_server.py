@@ -189,6 +189,236 @@ def test_stop_string_streamed_and_whole_agree(
     assert "".join(chunk.choices[0].text for chunk in streamed) == want.outputs[0].text
 
 
+# ----------------------------------------------------- n > 1, logprobs, stop reasons, echo
+CHAT = [{"role": "user", "content": "Tell me a story"}]
+
+
+def _logprob_values(completion: Any) -> list[float]:
+    return [
+        entries[token].logprob
+        for token, entries in zip(completion.token_ids, completion.logprobs, strict=True)
+    ]
+
+
+def _top_values(entries: dict[int, Any], k: int) -> list[float]:
+    return [e.logprob for e in sorted(entries.values(), key=lambda e: e.rank) if e.rank <= k]
+
+
+@pytest.mark.parametrize("seed", [None, 5], ids=["greedy", "seeded"])
+def test_chat_n_with_logprobs_equals_engine_chat(
+    client: openai.OpenAI, reference_engine: Engine, seed: int | None
+) -> None:
+    sampling: dict[str, Any] = {"temperature": 0.0} if seed is None else {"seed": seed}
+    params = SamplingParams(n=2, max_tokens=6, ignore_eos=True, logprobs=3, **sampling)
+    (want,) = reference_engine.chat(CHAT, params, use_tqdm=False)
+    response = client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=CHAT,  # type: ignore[arg-type]
+        n=2,
+        max_completion_tokens=6,
+        logprobs=True,
+        top_logprobs=3,
+        extra_body={"ignore_eos": True, "return_token_ids": True},
+        **sampling,
+    )
+    assert [choice.index for choice in response.choices] == [0, 1]
+    for choice, completion in zip(response.choices, want.outputs, strict=True):
+        assert choice.model_extra["token_ids"] == completion.token_ids
+        assert choice.message.content == completion.text
+        assert choice.finish_reason == "length" and choice.model_extra["stop_reason"] is None
+        content = choice.logprobs.content
+        assert [entry.logprob for entry in content] == pytest.approx(
+            _logprob_values(completion), abs=1e-5
+        )
+        for entry, token_id, entries in zip(
+            content, completion.token_ids, completion.logprobs, strict=True
+        ):
+            assert entry.token == entries[token_id].decoded_token
+            assert entry.bytes == list(entry.token.encode())
+            assert len(entry.top_logprobs) == 3
+            assert [top.logprob for top in entry.top_logprobs] == pytest.approx(
+                _top_values(entries, 3), abs=1e-5
+            )
+    if seed is None:  # greedy: both completions are the one greedy continuation
+        assert response.choices[0].message.content == response.choices[1].message.content
+    assert response.usage.prompt_tokens == len(want.prompt_token_ids)  # counted once
+    assert response.usage.completion_tokens == 2 * 6
+
+
+def _stop_for_choice_0(texts: list[str]) -> str:
+    """Two characters from the middle of the first text that the second text lacks."""
+    first, second = texts
+    for start in range(len(first) // 3, len(first) - 2):
+        stop = first[start : start + 2]
+        if stop.strip() and "\ufffd" not in stop and stop not in second:
+            return stop
+    pytest.skip(f"no stop string only in the first text: {texts}")
+
+
+def _reassemble(chunks: list[Any], chat: bool) -> dict[int, dict[str, Any]]:
+    """Per choice index: text, token ids, logprobs, the finish chunks seen, stop_reason."""
+    choices: dict[int, dict[str, Any]] = {}
+    for number, chunk in enumerate(chunks):
+        for choice in chunk.choices:
+            state = choices.setdefault(
+                choice.index,
+                {"text": "", "tokens": [], "logprobs": [], "finishes": [], "last": 0},
+            )
+            state["last"] = number
+            state["text"] += (choice.delta.content or "") if chat else choice.text
+            state["tokens"] += choice.model_extra["token_ids"]
+            if chat:
+                state["logprobs"] += [e.logprob for e in choice.logprobs.content]
+            else:
+                state["logprobs"] += choice.logprobs.token_logprobs
+            if choice.finish_reason is not None:
+                state["finishes"].append(number)
+                state["finish_reason"] = choice.finish_reason
+                state["stop_reason"] = choice.model_extra["stop_reason"]
+    return choices
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+def test_streamed_n_completions_reassembled_equal_the_whole(
+    client: openai.OpenAI, reference_engine: Engine, chat: bool
+) -> None:
+    """n=2 (and two prompts for completions), seeded, with logprobs; one choice ends early
+    on a stop string while the other runs on: each choice's chunks add up to its whole,
+    each ends once with its own finish_reason, and usage counts agree."""
+    fields: dict[str, Any] = {"n": 2, "seed": 11, "max_tokens": 10}
+    extra = {"ignore_eos": True, "return_token_ids": True}
+    prompts = PROMPTS[:2]
+    if chat:
+        fields |= {"logprobs": True, "top_logprobs": 1}
+
+        def create(**more: Any) -> Any:
+            return client.chat.completions.create(
+                model=MODEL_NAME,
+                messages=CHAT,  # type: ignore[arg-type]
+                extra_body=extra,
+                **fields,
+                **more,
+            )
+
+        def text_of(choice: Any) -> str:
+            return str(choice.message.content)
+    else:
+        fields |= {"logprobs": 1}
+
+        def create(**more: Any) -> Any:
+            return client.completions.create(
+                model=MODEL_NAME, prompt=prompts, extra_body=extra, **fields, **more
+            )
+
+        def text_of(choice: Any) -> str:
+            return str(choice.text)
+
+    free = create()
+    stop = _stop_for_choice_0([text_of(choice) for choice in free.choices[:2]])
+    whole = create(stop=[stop])
+    assert whole.choices[0].finish_reason == "stop"
+    assert whole.choices[0].model_extra["stop_reason"] == stop
+    assert whole.choices[1].finish_reason == "length"
+    assert len(whole.choices[0].model_extra["token_ids"]) < 10
+    # The engine offline, with the same seed, gives the same completions.
+    params = SamplingParams(stop=[stop], ignore_eos=True, n=2, seed=11, max_tokens=10, logprobs=1)
+    offline = (
+        reference_engine.chat(CHAT, params, use_tqdm=False)
+        if chat
+        else reference_engine.generate(prompts, params, use_tqdm=False)
+    )
+    wanted = [completion for output in offline for completion in output.outputs]
+    assert [choice.model_extra["token_ids"] for choice in whole.choices] == [
+        completion.token_ids for completion in wanted
+    ]
+    assert [text_of(choice) for choice in whole.choices] == [c.text for c in wanted]
+
+    chunks = list(create(stop=[stop], stream=True, stream_options={"include_usage": True}))
+    usage = chunks[-1]
+    assert not usage.choices and usage.usage == whole.usage
+    streamed = _reassemble(chunks[:-1], chat)
+    assert sorted(streamed) == [choice.index for choice in whole.choices]
+    for choice in whole.choices:
+        got = streamed[choice.index]
+        assert got["text"] == text_of(choice)
+        assert got["tokens"] == choice.model_extra["token_ids"]
+        logprobs = (
+            [e.logprob for e in choice.logprobs.content] if chat else choice.logprobs.token_logprobs
+        )
+        assert got["logprobs"] == pytest.approx(logprobs, abs=1e-6)
+        assert got["finishes"] == [got["last"]]  # once, in the choice's last chunk
+        assert (got["finish_reason"], got["stop_reason"]) == (
+            choice.finish_reason,
+            choice.model_extra["stop_reason"],
+        )
+    # The choice that stopped early ended before the other.
+    assert streamed[0]["last"] < streamed[1]["last"]
+    n_prompts = 1 if chat else 2
+    assert whole.usage.prompt_tokens == sum(len(o.prompt_token_ids) for o in offline)
+    assert whole.usage.completion_tokens == sum(len(c.token_ids) for c in wanted)
+    assert len(whole.choices) == 2 * n_prompts
+
+
+def test_stop_token_id_is_the_stop_reason(client: openai.OpenAI, reference_engine: Engine) -> None:
+    (free,) = _offline(reference_engine, [PROMPTS[3]])
+    stop_token = free.outputs[0].token_ids[3]
+    response = client.completions.create(
+        model=MODEL_NAME,
+        prompt=PROMPTS[3],
+        **{
+            **GREEDY_BODY,
+            "extra_body": {**GREEDY_BODY["extra_body"], "stop_token_ids": [stop_token]},
+        },
+    )
+    (choice,) = response.choices
+    assert choice.finish_reason == "stop" and choice.model_extra["stop_reason"] == stop_token
+    index = free.outputs[0].token_ids.index(stop_token)
+    assert choice.model_extra["token_ids"] == free.outputs[0].token_ids[: index + 1]
+
+
+@pytest.mark.parametrize("max_tokens", [0, 3])
+def test_echo_returns_the_prompt_with_its_logprobs(
+    client: openai.OpenAI, reference_engine: Engine, max_tokens: int
+) -> None:
+    prompt = PROMPTS[1]
+    (want,) = reference_engine.generate(
+        [prompt],
+        SamplingParams(
+            temperature=0.0, max_tokens=max(max_tokens, 1), logprobs=2, prompt_logprobs=2
+        ),
+        use_tqdm=False,
+    )
+    body: dict[str, Any] = {"model": MODEL_NAME, "prompt": prompt, "temperature": 0.0}
+    body |= {"max_tokens": max_tokens, "echo": True, "logprobs": 2}
+    response = client.completions.create(**body, extra_body={"prompt_logprobs": 2})
+    (choice,) = response.choices
+    completion = want.outputs[0]
+    generated = completion.text if max_tokens else ""
+    assert choice.text == prompt + generated
+    prompt_ids = want.prompt_token_ids
+    tokens = choice.logprobs.token_logprobs
+    assert len(tokens) == len(prompt_ids) + (len(completion.token_ids) if max_tokens else 0)
+    assert tokens[0] is None and choice.logprobs.top_logprobs[0] is None
+    expected = [
+        entries[token].logprob
+        for token, entries in zip(prompt_ids[1:], want.prompt_logprobs[1:], strict=True)
+    ]
+    if max_tokens:
+        expected += _logprob_values(completion)
+    assert tokens[1:] == pytest.approx(expected, abs=1e-5)
+    assert choice.logprobs.text_offset[0] == 0
+    # vLLM's prompt_logprobs: {token id: {logprob, rank, decoded_token}} per prompt token.
+    vllm = choice.model_extra["prompt_logprobs"]
+    assert vllm[0] is None and len(vllm) == len(prompt_ids)
+    assert vllm[1][str(prompt_ids[1])]["logprob"] == pytest.approx(expected[0], abs=1e-5)
+    assert response.usage.completion_tokens == (len(completion.token_ids) if max_tokens else 0)
+    streamed = list(client.completions.create(**body, stream=True))
+    assert "".join(chunk.choices[0].text for chunk in streamed) == choice.text
+    assert [
+        value for chunk in streamed for value in chunk.choices[0].logprobs.token_logprobs
+    ] == pytest.approx(tokens, abs=1e-6)
+
+
 # ---------------------------------------------------------------------- concurrency
 def test_64_concurrent_streaming_clients(server: ServerProcess, reference_engine: Engine) -> None:
     """Text prompts, token-id prompts and chats at once; each equals its offline result."""
@@ -260,7 +490,13 @@ def _post(server: ServerProcess, path: str, body: Any) -> httpx.Response:
         ("/completions", {"prompt": "hi", "temperature": -1}, 400, "temperature"),
         ("/completions", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
         ("/completions", {"prompt": "hi", "logprobs": 50}, 400, "logprobs"),
-        ("/completions", {"prompt": "hi", "echo": True}, 400, "echo"),
+        ("/completions", {"prompt": "hi", "suffix": "!"}, 400, "suffix"),
+        (
+            "/completions",
+            {"prompt": "hi", "stream": True, "prompt_logprobs": 1},
+            400,
+            "prompt_logprobs",
+        ),
         ("/completions", {"prompt": [1, 99999]}, 400, None),
         ("/completions", {"prompt": ""}, 400, None),
         ("/completions", {"prompt": [1] * 3000}, 400, None),
@@ -318,9 +554,9 @@ def _wait_for(predicate: Any, timeout: float = 60.0) -> None:
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize(("stream", "n"), [(True, 1), (False, 1), (True, 2)])
 def test_client_that_disconnects_gets_its_request_aborted(
-    server: ServerProcess, stream: bool
+    server: ServerProcess, stream: bool, n: int
 ) -> None:
     before = server.metrics().get('pagedinfer_requests_finished_total{finish_reason="abort"}', 0)
     body = {
@@ -328,6 +564,8 @@ def test_client_that_disconnects_gets_its_request_aborted(
         "max_tokens": 2000,
         "ignore_eos": True,
         "stream": stream,
+        "n": n,
+        "seed": 3,
     }
     if stream:
         with (

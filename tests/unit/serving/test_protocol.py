@@ -20,6 +20,7 @@ from pagedinfer.serving.protocol import (
     chat_sampling_params,
     completion_prompts,
     completion_sampling_params,
+    echoes_prompt_only,
 )
 
 REPO = Path(__file__).resolve().parents[3]
@@ -97,11 +98,11 @@ def test_bad_completion_fields_name_the_parameter() -> None:
     with pytest.raises(InvalidRequestError):
         completion_prompts(CompletionRequest(prompt=[]))
     cases = {
-        "echo": {"echo": True},
         "suffix": {"suffix": "x"},
         "best_of": {"best_of": 2},
         "logprobs": {"logprobs": 21},
         "logit_bias": {"logit_bias": {"x": 1.0}},
+        "prompt_logprobs": {"prompt_logprobs": 1, "stream": True},
     }
     for param, fields in cases.items():
         with pytest.raises(RequestFieldError) as error:
@@ -109,6 +110,27 @@ def test_bad_completion_fields_name_the_parameter() -> None:
         assert error.value.param == param
     with pytest.raises(InvalidSamplingParamsError, match="top_p"):
         completion_sampling_params(CompletionRequest(prompt="hi", top_p=0))
+
+
+def test_echo_asks_for_the_prompts_logprobs() -> None:
+    def params(**fields: object) -> SamplingParams:
+        return completion_sampling_params(
+            CompletionRequest.model_validate({"prompt": "hi", **fields})
+        )
+
+    assert params(echo=True) == SamplingParams(max_tokens=16)
+    assert params(echo=True, logprobs=2) == SamplingParams(
+        max_tokens=16, logprobs=2, prompt_logprobs=2
+    )
+    # max_tokens=0: the prompt alone; one token is generated (and dropped by the response).
+    assert params(echo=True, max_tokens=0, logprobs=1) == SamplingParams(
+        max_tokens=1, logprobs=1, prompt_logprobs=1
+    )
+    assert echoes_prompt_only(CompletionRequest(prompt="hi", echo=True, max_tokens=0))
+    assert not echoes_prompt_only(CompletionRequest(prompt="hi", max_tokens=0))
+    with pytest.raises(InvalidSamplingParamsError, match="max_tokens"):
+        params(max_tokens=0)  # without echo there would be nothing to return
+    assert params(prompt_logprobs=3).prompt_logprobs == 3  # vLLM's extension
 
 
 def test_chat_fields_map_to_sampling_params() -> None:
