@@ -4,6 +4,7 @@ a failing step, close."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import itertools
 import time
@@ -92,6 +93,81 @@ def test_outputs_arrive_as_tokens_do_and_are_cumulative(
         want.outputs[0].text,
         want.outputs[0].finish_reason,
     )
+
+
+def test_n_completions_stream_cumulatively_each_on_its_own(
+    shared: AsyncEngine, offline: Engine
+) -> None:
+    """n=3, seeded, one completion cut short by a stop string: every output holds the three
+    completions so far, each only grows, one that finished keeps its finish reason while
+    the others run on, and the final output equals Engine.generate's."""
+    free = SamplingParams(n=3, seed=4, max_tokens=20, ignore_eos=True, logprobs=1)
+    (unstopped,) = offline.generate(["three ways"], free, use_tqdm=False)
+    texts = [completion.text for completion in unstopped.outputs]
+    stop = next(
+        texts[0][i : i + 2]
+        for i in range(len(texts[0]) // 3, len(texts[0]) - 2)
+        if texts[0][i : i + 2].strip() and all(texts[0][i : i + 2] not in t for t in texts[1:])
+    )
+    params = dataclasses.replace(free, stop=(stop,))
+    (want,) = offline.generate(["three ways"], params, use_tqdm=False)
+
+    async def main() -> list[RequestOutput]:
+        return [output async for output in shared.generate("three ways", params)]
+
+    outputs = _run(main())
+    assert len(outputs) > 2
+    assert all([c.index for c in output.outputs] == [0, 1, 2] for output in outputs)
+    for index in range(3):
+        seen = [output.outputs[index] for output in outputs]
+        for before, after in itertools.pairwise(seen):
+            assert after.token_ids[: len(before.token_ids)] == before.token_ids
+            assert after.text.startswith(before.text)
+            assert after.logprobs is not None and before.logprobs is not None
+            assert after.logprobs[: len(before.logprobs)] == before.logprobs
+            if before.finish_reason is not None:
+                assert after == before  # a finished completion no longer changes
+    final = outputs[-1]
+    assert [(c.token_ids, c.text, c.finish_reason, c.stop_reason) for c in final.outputs] == [
+        (c.token_ids, c.text, c.finish_reason, c.stop_reason) for c in want.outputs
+    ]
+    assert final.outputs[0].finish_reason == "stop" and final.outputs[0].stop_reason == stop
+    assert final.outputs[1].finish_reason == "length"
+    # The stopped completion finished while the others still ran.
+    assert any(
+        o.outputs[0].finish_reason == "stop" and o.outputs[1].finish_reason is None for o in outputs
+    )
+
+
+def test_cancelling_an_n_request_aborts_every_completion(shared: AsyncEngine) -> None:
+    params = SamplingParams(n=3, seed=1, max_tokens=1000, ignore_eos=True)
+
+    async def main() -> RequestOutput:
+        first = asyncio.Event()
+        seen: list[RequestOutput] = []
+
+        async def consume() -> None:
+            async for output in shared.generate("cancel all three", params):
+                seen.append(output)
+                if all(c.token_ids for c in output.outputs):
+                    first.set()
+
+        task = asyncio.create_task(consume())
+        await first.wait()
+        assert shared.engine.stats().num_running == 3
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return seen[-1]
+
+    before = shared.engine.stats()
+    last = _run(main())
+    assert len(last.outputs) == 3
+    _wait_idle(shared)  # nothing running, every KV block free
+    after = shared.engine.stats()
+    assert after.num_requests_finished == before.num_requests_finished + 1
+    assert after.num_generated_tokens - before.num_generated_tokens < 3 * 1000
+    assert not shared._ids and not shared._streams
 
 
 def test_many_coroutines_batch_together(
