@@ -117,12 +117,14 @@ class ChoiceCursor:
     stop string is held back until it cannot), so a delta is a plain slice.
     """
 
-    __slots__ = ("chars", "echoed_chars", "finished", "started", "tokens")
+    __slots__ = ("chars", "finished", "started", "text_offset", "tokens")
 
     def __init__(self) -> None:
         self.tokens = 0
         self.chars = 0
-        self.echoed_chars = 0  # the prompt text sent before the completion's (echo)
+        # Where the next token's logprobs entry starts: the lengths of the token strings
+        # sent so far (echoed prompt tokens included), as in a whole response.
+        self.text_offset = 0
         self.started = False
         self.finished = False
 
@@ -174,7 +176,7 @@ def completion_response(
             choice: dict[str, Any] = {
                 "index": prompt_index * n + completion.index,
                 "text": text,
-                "logprobs": _completion_logprobs(context, entries, 0),
+                "logprobs": _completion_logprobs(context, entries, 0)[0],
                 "finish_reason": completion.finish_reason,
                 "stop_reason": completion.stop_reason,
             }
@@ -205,23 +207,21 @@ def completion_chunk(
     """The chunk for what is new in one choice; None when nothing is (or it has ended)."""
     if cursor.finished:
         return None
-    offset = cursor.echoed_chars + cursor.chars
     text, new = cursor.advance(completion)
     entries = _entries(completion, new)
     if context.echo_only:
         text, entries = "", []
     finished = completion.finish_reason is not None
     if context.echo and not cursor.started:
-        echoed = _prompt_text(context, prompt)
-        cursor.echoed_chars = len(echoed)
-        text = echoed + text
+        text = _prompt_text(context, prompt) + text
         entries = _prompt_entries(prompt) + entries
     elif not text and not entries and not finished:
         return None
+    logprobs, cursor.text_offset = _completion_logprobs(context, entries, cursor.text_offset)
     choice: dict[str, Any] = {
         "index": index,
         "text": text,
-        "logprobs": _completion_logprobs(context, entries, offset),
+        "logprobs": logprobs,
         "finish_reason": completion.finish_reason,
         "stop_reason": completion.stop_reason,
     }
@@ -254,13 +254,14 @@ def _prompt_entries(prompt: Prompt) -> TokenEntries:
 
 def _completion_logprobs(
     context: ResponseContext, entries: TokenEntries, text_offset: int
-) -> dict[str, Any] | None:
-    """OpenAI's completions logprobs: per token its text, its logprob, the top logprobs by
-    text (the sampled token's too), its offset in the choice's text. A token nothing
+) -> tuple[dict[str, Any] | None, int]:
+    """OpenAI's completions logprobs, and the offset after them: per token its text, its
+    logprob, the top logprobs by text (the sampled token's too), its offset in the choice's
+    text (the lengths of the tokens' texts before it, as vLLM counts). A token nothing
     predicts (the first prompt token, echoed) has ``null`` logprob and top logprobs."""
     limit = context.num_logprobs
     if limit is None:
-        return None
+        return None, text_offset
     token_strings: list[str] = []
     token_logprobs: list[float | None] = []
     top_logprobs: list[dict[str, float] | None] = []
@@ -282,12 +283,13 @@ def _completion_logprobs(
             )
         offsets.append(text_offset)
         text_offset += len(token)
-    return {
+    logprobs = {
         "tokens": token_strings,
         "token_logprobs": token_logprobs,
         "top_logprobs": top_logprobs,
         "text_offset": offsets,
     }
+    return logprobs, text_offset
 
 
 def _vllm_prompt_logprobs(context: ResponseContext, prompt: Prompt) -> list[Any] | None:

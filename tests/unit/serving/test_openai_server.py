@@ -271,6 +271,7 @@ def _reassemble(chunks: list[Any], chat: bool) -> dict[int, dict[str, Any]]:
                 state["logprobs"] += [e.logprob for e in choice.logprobs.content]
             else:
                 state["logprobs"] += choice.logprobs.token_logprobs
+                state.setdefault("offsets", []).extend(choice.logprobs.text_offset)
             if choice.finish_reason is not None:
                 state["finishes"].append(number)
                 state["finish_reason"] = choice.finish_reason
@@ -346,6 +347,8 @@ def test_streamed_n_completions_reassembled_equal_the_whole(
             [e.logprob for e in choice.logprobs.content] if chat else choice.logprobs.token_logprobs
         )
         assert got["logprobs"] == pytest.approx(logprobs, abs=1e-6)
+        if not chat:
+            assert got["offsets"] == choice.logprobs.text_offset
         assert got["finishes"] == [got["last"]]  # once, in the choice's last chunk
         assert (got["finish_reason"], got["stop_reason"]) == (
             choice.finish_reason,
@@ -417,6 +420,9 @@ def test_echo_returns_the_prompt_with_its_logprobs(
     assert [
         value for chunk in streamed for value in chunk.choices[0].logprobs.token_logprobs
     ] == pytest.approx(tokens, abs=1e-6)
+    assert [
+        offset for chunk in streamed for offset in chunk.choices[0].logprobs.text_offset
+    ] == choice.logprobs.text_offset
 
 
 # ---------------------------------------------------------------------- concurrency
