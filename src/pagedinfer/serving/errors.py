@@ -20,7 +20,7 @@ from pagedinfer.serving.protocol import RequestFieldError
 
 __all__ = ["OpenAIError", "error_body", "install_error_handlers"]
 
-# "SamplingParams.top_p=2.0 is invalid: ..." (or "SamplingParams.n is not served") names the
+# "SamplingParams.top_p=2.0 is invalid: ..." (or "SamplingParams.logprobs=... exceeds") names the
 # field; OpenAI's param is the same name.
 _FIELD = re.compile(r"SamplingParams\.(\w+)")
 

@@ -154,6 +154,12 @@ class ChatCompletionRequest(_SamplingFields):
     # whether the template appends the assistant turn's opening.
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
+    # Refused unless they ask for nothing (no tool-call parsing, no guided decoding): read
+    # so that a client relying on them gets a 400, not free text it did not ask for.
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
 
 
 def completion_prompts(request: CompletionRequest) -> list[str | list[int]]:
@@ -194,6 +200,16 @@ def echoes_prompt_only(request: CompletionRequest) -> bool:
 
 
 def chat_sampling_params(request: ChatCompletionRequest) -> SamplingParams:
+    if request.tools or request.functions:
+        param = "tools" if request.tools else "functions"
+        raise _bad(param, f"{param} are not supported: pagedinfer does not parse tool calls")
+    if request.tool_choice not in (None, "none", "auto"):
+        raise _bad("tool_choice", "tool_choice is not supported: pagedinfer does not call tools")
+    if request.response_format is not None and request.response_format.get("type") != "text":
+        raise _bad(
+            "response_format",
+            "response_format other than {'type': 'text'} is not supported (no guided decoding)",
+        )
     max_tokens = request.max_completion_tokens
     if max_tokens is None:
         max_tokens = request.max_tokens

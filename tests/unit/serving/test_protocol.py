@@ -170,6 +170,25 @@ def test_chat_fields_map_to_sampling_params() -> None:
 def test_bad_chat_fields_name_the_parameter() -> None:
     with pytest.raises(ValidationError):
         ChatCompletionRequest.model_validate({"messages": []})
+    messages = [{"role": "user", "content": "x"}]
+    tool = {"type": "function", "function": {"name": "f", "parameters": {}}}
+    cases = {
+        "tools": {"tools": [tool]},
+        "functions": {"functions": [tool["function"]]},
+        "tool_choice": {"tool_choice": "required"},
+        "response_format": {"response_format": {"type": "json_object"}},
+        "top_logprobs": {"top_logprobs": 21, "logprobs": True},
+        "prompt_logprobs": {"prompt_logprobs": 1, "stream": True},
+    }
+    for param, fields in cases.items():
+        with pytest.raises(RequestFieldError) as error:
+            chat_sampling_params(
+                ChatCompletionRequest.model_validate({"messages": messages, **fields})
+            )
+        assert error.value.param == param
+    # Asking for nothing is fine (clients send these by default).
+    for fields in ({"tools": [], "tool_choice": "none"}, {"response_format": {"type": "text"}}):
+        chat_sampling_params(ChatCompletionRequest.model_validate({"messages": messages, **fields}))
     message = {"role": "user", "content": "x"}
     with pytest.raises(RequestFieldError) as error:
         chat_sampling_params(
@@ -219,8 +238,8 @@ def test_library_errors_become_openai_errors() -> None:
 
     bad = from_exception(InvalidSamplingParamsError("SamplingParams.top_p=2 is invalid: ..."))
     assert (bad.status, bad.param, bad.type) == (400, "top_p", "invalid_request_error")
-    unserved = from_exception(InvalidRequestError("SamplingParams.n is not served yet: ..."))
-    assert (unserved.status, unserved.param) == (400, "n")
+    vocab = from_exception(InvalidRequestError("SamplingParams.logprobs=9999 exceeds the ..."))
+    assert (vocab.status, vocab.param) == (400, "logprobs")
     too_long = from_exception(InvalidRequestError("the prompt has 9 tokens; ... max_model_len=8"))
     assert (too_long.status, too_long.param) == (400, None)
     dead = from_exception(EngineDeadError("the engine failed"))
