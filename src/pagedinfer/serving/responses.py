@@ -208,14 +208,14 @@ def completion_chunk(
     if cursor.finished:
         return None
     text, new = cursor.advance(completion)
-    entries = _entries(completion, new)
     if context.echo_only:
-        text, entries = "", []
+        text, new = "", slice(new.stop, new.stop)
+    entries = _entries(completion, new) if context.num_logprobs is not None else []
     finished = completion.finish_reason is not None
     if context.echo and not cursor.started:
         text = _prompt_text(context, prompt) + text
         entries = _prompt_entries(prompt) + entries
-    elif not text and not entries and not finished:
+    elif not text and new.start == new.stop and not finished:
         return None
     logprobs, cursor.text_offset = _completion_logprobs(context, entries, cursor.text_offset)
     choice: dict[str, Any] = {
@@ -226,7 +226,7 @@ def completion_chunk(
         "stop_reason": completion.stop_reason,
     }
     if context.return_token_ids:
-        choice["token_ids"] = [] if context.echo_only else list(completion.token_ids[new])
+        choice["token_ids"] = list(completion.token_ids[new])
         if not cursor.started:
             choice["prompt_token_ids"] = list(prompt.token_ids)
     cursor.started = True
