@@ -120,10 +120,19 @@ def test_replay_matches_the_eager_forward_pass_at_every_step(
     runner.close()
 
 
-def test_prefill_and_oversized_batches_do_not_replay(make_checkpoint: Callable[..., Path]) -> None:
-    runner = cuda_runner(make_checkpoint("tiny"), max_num_seqs=4)
+def test_prefill_and_oversized_batches_do_not_replay(
+    make_checkpoint: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Batches above the largest graph happen when max_num_seqs > MAX_GRAPH_BATCH_SIZE (512):
+    # shrink that limit to 4 rather than run 513 sequences. The scheduler and the runner
+    # agree on max_num_seqs (the sampling table has one slot per running sequence).
+    monkeypatch.setattr("pagedinfer.adapters.cuda_graph.MAX_GRAPH_BATCH_SIZE", 4)
+    runner = cuda_runner(make_checkpoint("tiny"), max_num_seqs=6)
     graphs = graphs_of(runner)
-    scheduler = Scheduler(SchedulerConfig(num_blocks=512, block_size=16, max_model_len=1024))
+    assert graphs.layout.buckets == (1, 2, 4)
+    scheduler = Scheduler(
+        SchedulerConfig(num_blocks=512, block_size=16, max_num_seqs=6, max_model_len=1024)
+    )
     for index in range(6):
         params = SamplingParams(temperature=0.0, max_tokens=2 + index, ignore_eos=True)
         scheduler.add(Sequence(index, [index + 1] * 30, params))

@@ -47,7 +47,10 @@ def test_add_rms_norm_and_silu_at_model_size(dtype: torch.dtype, num_tokens: int
     expected_normed, expected_summed = add_rms_norm_torch(x, residual, weight, 1e-6)
     assert torch.equal(summed, expected_summed)
     torch.testing.assert_close(normed, expected_normed, **TOLERANCE[dtype])
-    torch.testing.assert_close(rms_norm(x, weight, 1e-6), rms_norm_torch(x, weight, 1e-6))
+    # One rounding of the output dtype apart at most (the float32 reduction order differs).
+    torch.testing.assert_close(
+        rms_norm(x, weight, 1e-6), rms_norm_torch(x, weight, 1e-6), **TOLERANCE[dtype]
+    )
 
     gate_up = randn(num_tokens, 2 * INTERMEDIATE, dtype=dtype, seed=3)
     torch.testing.assert_close(
