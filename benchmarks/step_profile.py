@@ -3,7 +3,9 @@
 ``benchmarks/gpu_report.py`` says how fast pagedinfer runs nano-vLLM's workload and how far
 that is from the HBM bound; this script says why, in one process:
 
-1. **Timed run**: the workload once, uninstrumented (output tok/s, as in the report).
+1. **Timed run**: the workload once, uninstrumented but for a timer per step (output tok/s,
+   as in the report), then a second time: the slowest steps of each, and the Triton kernel
+   variants compiled during each run (a compile mid-run costs ~1 s of wall time).
 2. **Phases**: the workload again with wall-clock timers around each part of a step:
    scheduling, packing the inputs, launching the model, launching the sampler, waiting for the
    sampled ids (the step's one device-to-host wait: device time the host did not hide), and
@@ -77,11 +79,104 @@ class PhaseTimers:
         self._wrapped.clear()
 
 
+def compiled_kernels() -> dict[str, set[str]]:
+    """Specialization keys of every compiled variant of pagedinfer's Triton kernels (empty
+    where Triton or its cache internals are absent)."""
+    import importlib
+    import pkgutil
+
+    try:
+        import triton.runtime.jit as jit
+
+        import pagedinfer.adapters.kernels as package
+    except Exception:
+        return {}
+    found: dict[str, set[str]] = {}
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        for name, value in vars(module).items():
+            caches = getattr(value, "device_caches", None)
+            if not isinstance(value, jit.JITFunction) or caches is None:
+                continue
+            keys = {str(key) for entry in caches.values() for key in entry[0]}
+            found[f"{info.name}.{name}"] = keys
+    return found
+
+
+def new_compiles(before: dict[str, set[str]], after: dict[str, set[str]]) -> list[str]:
+    lines = []
+    for name, keys in sorted(after.items()):
+        for key in sorted(keys - before.get(name, set())):
+            lines.append(f"- `{name}`: {key[:300]}")
+    return lines or ["- none"]
+
+
+class StepLog:
+    """Wall time of each step with its shape, from a wrapper around ``Engine._execute``."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.rows: list[tuple[str, int, int, float]] = []
+        self._engine = engine
+        original = engine._execute
+
+        def timed(plan: Any) -> Any:
+            began = time.perf_counter()
+            result = original(plan)
+            kind = "mixed" if plan.is_mixed else "prefill" if plan.is_prefill else "decode"
+            self.rows.append((kind, plan.num_seqs, plan.num_tokens, time.perf_counter() - began))
+            return result
+
+        engine._execute = timed  # type: ignore[method-assign]
+
+    def close(self) -> None:
+        vars(self._engine).pop("_execute", None)
+
+    def slowest(self, count: int) -> list[str]:
+        order = sorted(range(len(self.rows)), key=lambda i: -self.rows[i][3])[:count]
+        return [
+            f"| {i} | {self.rows[i][0]} | {self.rows[i][1]} | {self.rows[i][2]} "
+            f"| {self.rows[i][3] * 1e3:.1f} |"
+            for i in order
+        ]
+
+    def totals(self) -> str:
+        by_kind: dict[str, tuple[int, float]] = {}
+        for kind, _, _, seconds in self.rows:
+            steps, total = by_kind.get(kind, (0, 0.0))
+            by_kind[kind] = (steps + 1, total + seconds)
+        return ", ".join(f"{k}: {n} steps {t:.2f} s" for k, (n, t) in sorted(by_kind.items()))
+
+
+def logged_run(engine: Engine, workload: throughput.Workload, label: str) -> list[str]:
+    before = compiled_kernels()
+    log = StepLog(engine)
+    try:
+        wall, produced = run_workload(engine, workload)
+    finally:
+        log.close()
+    return [
+        f"{label}: {produced} output tokens in {wall:.2f} s: "
+        f"**{produced / wall:.0f} output tok/s**; execute time by step kind: {log.totals()}.",
+        "",
+        "Slowest steps:",
+        "",
+        "| step | kind | sequences | tokens | execute (ms) |",
+        "|---:|---|---:|---:|---:|",
+        *log.slowest(8),
+        "",
+        "Triton kernel variants compiled during this run:",
+        "",
+        *new_compiles(before, compiled_kernels()),
+        "",
+    ]
+
+
 def run_workload(engine: Engine, workload: throughput.Workload) -> tuple[float, int]:
     params = [
         SamplingParams(temperature=workload.temperature, ignore_eos=True, max_tokens=n)
         for n in workload.output_lens
     ]
+    engine.reset_prefix_cache()  # every run prefills its prompts, as the first one does
     gpu_report.synchronize(torch.device(engine.device))
     began = time.perf_counter()
     outputs = engine.generate(workload.prompts, params, use_tqdm=False)
@@ -206,12 +301,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         engine.generate([[1, 2, 3]], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
-        wall, produced = run_workload(engine, workload)
-        add(
-            f"Timed run: {produced} output tokens in {wall:.2f} s: "
-            f"**{produced / wall:.0f} output tok/s**.",
-            "",
-        )
+        add(*logged_run(engine, workload, "First timed run"))
+        add(*logged_run(engine, workload, "Second timed run"))
         add(*phase_table(engine, workload), "")
         if ours.cprofile:
             add("Host profile (cProfile, own time):", "", *host_profile(engine, workload, ours.top))
