@@ -63,3 +63,61 @@ def test_decode_compiles_one_variant_for_every_split_count_and_width() -> None:
     torch.cuda.synchronize()
     assert compiled_variants(decode_attention._decode_kernel) - before_decode <= 1
     assert compiled_variants(decode_attention._reduce_splits_kernel) - before_reduce <= 1
+
+
+def compiled_layer_and_attention_variants() -> dict[str, int]:
+    """Compiled variants of the kernels every forward pass runs, by kernel."""
+    from pagedinfer.adapters.kernels import (
+        add_rms_norm,
+        decode_attention,
+        prefill_attention,
+        qk_norm_rope,
+        silu_and_mul,
+        store_kv,
+    )
+
+    kernels = {
+        "add_rms_norm": add_rms_norm._add_rms_norm_kernel,
+        "decode": decode_attention._decode_kernel,
+        "reduce_splits": decode_attention._reduce_splits_kernel,
+        "prefill": prefill_attention._prefill_kernel,
+        "qk_norm_rope": qk_norm_rope._qk_norm_rope_kernel,
+        "silu_and_mul": silu_and_mul._silu_and_mul_kernel,
+        "store_kv": store_kv._store_kv_kernel,
+    }
+    return {name: compiled_variants(kernel) for name, kernel in kernels.items()}
+
+
+def test_mixed_steps_compile_nothing_after_a_plain_start(make_checkpoint: Any) -> None:
+    """Seen on an H100: the first run of the GPU report's workload compiled two prefill
+    variants (~1 s each) in its mixed steps, whose prefill rows' int32 metadata are slices
+    starting after the decode rows (4-byte, not 16-byte, aligned)."""
+    from pagedinfer import Engine, SamplingParams
+
+    with Engine(
+        str(make_checkpoint("tiny")),
+        device="cuda",
+        dtype="bfloat16",
+        attention_backend="triton",
+        kv_block_size=16,
+        max_model_len=1024,
+        max_num_seqs=16,
+        max_num_batched_tokens=256,
+        num_kv_blocks=512,
+    ) as engine:
+        sampled = SamplingParams(temperature=0.6, max_tokens=4, ignore_eos=True)
+        engine.generate([[1, 2, 3]], sampled, use_tqdm=False)  # a plain prefill, then decode
+        torch.cuda.synchronize()
+        before = compiled_layer_and_attention_variants()
+        num_mixed = engine.scheduler.stats().num_mixed_steps
+        params = SamplingParams(temperature=0.6, max_tokens=24, ignore_eos=True)
+        # Requests arriving one per step while others decode: mixed steps with 1, 2, 3, ...
+        # decode rows ahead of prompt chunks of every length.
+        for index in range(13):
+            engine.add_request([(5 * index + j) % 500 + 1 for j in range(37 + 29 * index)], params)
+            engine.step()
+        while engine.has_unfinished_requests():
+            engine.step()
+        torch.cuda.synchronize()
+        assert engine.scheduler.stats().num_mixed_steps - num_mixed >= 5
+        assert compiled_layer_and_attention_variants() == before

@@ -138,8 +138,11 @@ class SplitPartials:
 
 
 # num_splits and the block-table row stride (its width) change from step to step; Triton would
-# otherwise specialize on them (value 1, divisibility by 16) and compile mid-run.
-@triton.jit(do_not_specialize=["num_splits", "stride_table_seq"])  # type: ignore[untyped-decorator]
+# otherwise specialize on them (value 1, divisibility by 16) and compile mid-run. Likewise the
+# int32 metadata pointers (slices of a step's packed inputs; 16-byte alignment would be a key).
+@triton.jit(  # type: ignore[untyped-decorator]
+    do_not_specialize=["block_tables_ptr", "context_lens_ptr", "num_splits", "stride_table_seq"]
+)
 def _decode_kernel(  # type: ignore[no-untyped-def]
     out_ptr,
     part_acc_ptr,

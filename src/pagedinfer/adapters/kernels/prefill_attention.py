@@ -80,9 +80,19 @@ def choose_prefill_tiles(head_dim: int, dtype: torch.dtype, max_seqlen_q: int) -
     )
 
 
-# The block-table row stride (the step's table width) changes from step to step: not a
-# specialization key, or every new width class would compile a new kernel mid-run.
-@triton.jit(do_not_specialize=["stride_table_seq"])  # type: ignore[untyped-decorator]
+# Not specialization keys, or a new kernel would compile mid-run (~1 s each; seen on an H100):
+# the block-table row stride (the step's table width) changes from step to step, and the
+# int32 metadata of a mixed step's prefill rows are slices that start after the decode rows,
+# at any 4-byte offset (Triton specializes pointers on 16-byte alignment; these are only
+# ever read one element at a time, so the alignment buys nothing).
+@triton.jit(  # type: ignore[untyped-decorator]
+    do_not_specialize=[
+        "block_tables_ptr",
+        "cu_seqlens_q_ptr",
+        "context_lens_ptr",
+        "stride_table_seq",
+    ]
+)
 def _prefill_kernel(  # type: ignore[no-untyped-def]
     out_ptr,
     q_ptr,
