@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import itertools
 import json
 import pstats
 import sys
@@ -112,10 +113,13 @@ def new_compiles(before: dict[str, set[str]], after: dict[str, set[str]]) -> lis
 
 
 class StepLog:
-    """Wall time of each step with its shape, from a wrapper around ``Engine._execute``."""
+    """Each step's shape and times, from a wrapper around ``Engine._execute``: ``execute``
+    is the runner's part (packing, launches, the wait for the sampled ids), ``cycle`` the time
+    from this step's start to the next one's (everything the engine does per step)."""
 
     def __init__(self, engine: Engine) -> None:
-        self.rows: list[tuple[str, int, int, float]] = []
+        # (kind, sequences, tokens, summed context lengths, execute s, start s)
+        self.rows: list[tuple[str, int, int, int, float, float]] = []
         self._engine = engine
         original = engine._execute
 
@@ -123,31 +127,72 @@ class StepLog:
             began = time.perf_counter()
             result = original(plan)
             kind = "mixed" if plan.is_mixed else "prefill" if plan.is_prefill else "decode"
-            self.rows.append((kind, plan.num_seqs, plan.num_tokens, time.perf_counter() - began))
+            contexts = sum(plan.context_lens)
+            seconds = time.perf_counter() - began
+            self.rows.append((kind, plan.num_seqs, plan.num_tokens, contexts, seconds, began))
             return result
 
         engine._execute = timed  # type: ignore[method-assign]
+        self.ended = 0.0
 
     def close(self) -> None:
         vars(self._engine).pop("_execute", None)
+        self.ended = time.perf_counter()
+
+    def cycles(self) -> list[float]:
+        starts = [row[5] for row in self.rows] + [self.ended]
+        return [later - earlier for earlier, later in itertools.pairwise(starts)]
+
+    def decode_efficiency(self, facts: gpu_report.ModelFacts, bandwidth: float) -> list[str]:
+        """Decode steps by batch size: their time against their own HBM bound (each step's
+        K/V plus the weights, once, at the copy bandwidth)."""
+        bands = [(1, 16), (17, 64), (65, 128), (129, 192), (193, 256), (257, 1 << 30)]
+        lines = [
+            "| decode batch | steps | cycle (s) | execute (s) | bound (s) | bound / cycle |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        cycles = self.cycles()
+        for low, high in bands:
+            picked = [
+                (row, cycle)
+                for row, cycle in zip(self.rows, cycles, strict=True)
+                if row[0] == "decode" and low <= row[1] <= high
+            ]
+            if not picked:
+                continue
+            cycle = sum(c for _, c in picked)
+            execute = sum(row[4] for row, _ in picked)
+            kv = sum(row[3] for row, _ in picked) * facts.kv_bytes_per_token
+            bound = (kv + len(picked) * facts.weight_bytes) / bandwidth
+            lines.append(
+                f"| {low}-{min(high, 99999)} | {len(picked)} | {cycle:.2f} | {execute:.2f} "
+                f"| {bound:.2f} | {bound / cycle:.0%} |"
+            )
+        return lines
 
     def slowest(self, count: int) -> list[str]:
-        order = sorted(range(len(self.rows)), key=lambda i: -self.rows[i][3])[:count]
+        order = sorted(range(len(self.rows)), key=lambda i: -self.rows[i][4])[:count]
         return [
             f"| {i} | {self.rows[i][0]} | {self.rows[i][1]} | {self.rows[i][2]} "
-            f"| {self.rows[i][3] * 1e3:.1f} |"
+            f"| {self.rows[i][4] * 1e3:.1f} |"
             for i in order
         ]
 
     def totals(self) -> str:
         by_kind: dict[str, tuple[int, float]] = {}
-        for kind, _, _, seconds in self.rows:
+        for kind, _, _, _, seconds, _ in self.rows:
             steps, total = by_kind.get(kind, (0, 0.0))
             by_kind[kind] = (steps + 1, total + seconds)
         return ", ".join(f"{k}: {n} steps {t:.2f} s" for k, (n, t) in sorted(by_kind.items()))
 
 
-def logged_run(engine: Engine, workload: throughput.Workload, label: str) -> list[str]:
+def logged_run(
+    engine: Engine,
+    workload: throughput.Workload,
+    label: str,
+    facts: gpu_report.ModelFacts,
+    bandwidth: float,
+) -> list[str]:
     before = compiled_kernels()
     log = StepLog(engine)
     try:
@@ -167,6 +212,11 @@ def logged_run(engine: Engine, workload: throughput.Workload, label: str) -> lis
         "Triton kernel variants compiled during this run:",
         "",
         *new_compiles(before, compiled_kernels()),
+        "",
+        "Decode steps against their own bound (K/V of the step's contexts plus the weights at "
+        f"{bandwidth / 1e9:.0f} GB/s):",
+        "",
+        *log.decode_efficiency(facts, bandwidth),
         "",
     ]
 
@@ -301,8 +351,10 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         engine.generate([[1, 2, 3]], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
-        add(*logged_run(engine, workload, "First timed run"))
-        add(*logged_run(engine, workload, "Second timed run"))
+        bandwidth = gpu_report.copy_bandwidth(torch.device(engine.device), args.bandwidth_mb)
+        facts = gpu_report.model_facts(Path(model), gpu_report.engine_dtype(engine))
+        add(*logged_run(engine, workload, "First timed run", facts, bandwidth))
+        add(*logged_run(engine, workload, "Second timed run", facts, bandwidth))
         add(*phase_table(engine, workload), "")
         if ours.cprofile:
             add("Host profile (cProfile, own time):", "", *host_profile(engine, workload, ours.top))
