@@ -279,6 +279,7 @@ def engine_for(model: str, args: argparse.Namespace, max_model_len: int) -> Engi
         attention_backend=args.attention_backend,
         enforce_eager=args.enforce_eager,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        scheduling_policy=args.scheduling_policy,
     )
 
 
@@ -527,6 +528,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--scheduling-policy", default="mixed", choices=["mixed", "prefill_first"])
     parser.add_argument("--profile-batch", type=int, default=None, help="decode batch to profile")
     parser.add_argument("--profile-context", type=int, default=None, help="its prompt length")
     parser.add_argument("--bandwidth-mb", type=int, default=None, help="copy-bandwidth buffer size")
@@ -583,7 +585,8 @@ def main(argv: list[str] | None = None) -> int:
             f"prompts U{list(args.input_len)}, outputs U{list(args.output_len)} "
             f"({workload.output_tokens} output tokens), temperature {args.temperature}, "
             f"ignore_eos, seed {args.seed}; block size {args.kv_block_size}, max_num_seqs "
-            f"{args.max_num_seqs}, max_num_batched_tokens {args.max_num_batched_tokens}. "
+            f"{args.max_num_seqs}, max_num_batched_tokens {args.max_num_batched_tokens}, "
+            f"scheduling policy {args.scheduling_policy}. "
             "Every system runs once, in this process, one after the other.",
             "",
         )
