@@ -5,7 +5,9 @@ In place on ``noise [n, vocab]`` float32 that holds the engine generator's unifo
 ``seeded[r]`` are overwritten with the counter-based hash of ``(seeds[r], steps[r], v)``, and
 every row becomes ``-log(U)``. Program ``(r, b)`` handles ``BLOCK`` tokens of row ``r``; the
 hash is computed on int32 words exactly as the twin does (wrapping multiplies, logical shifts
-as arithmetic shift plus mask), so the seeded uniforms match it bit for bit.
+as arithmetic shift plus mask), so the seeded uniforms match it bit for bit. The rule's two
+halves (:func:`seed_rule_row_keys`, :func:`seed_rule_uniform`) are ``triton.jit`` functions
+that :mod:`~pagedinfer.adapters.kernels.race_sample` shares.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["exponential_noise_"]
+__all__ = ["exponential_noise_", "seed_rule_row_keys", "seed_rule_uniform"]
 
 _BLOCK = 2048
 
@@ -28,6 +30,25 @@ def _mix(x):  # type: ignore[no-untyped-def]
     x = x * -1028477387
     x = x ^ ((x >> 16) & 0xFFFF)
     return x
+
+
+@triton.jit
+def seed_rule_row_keys(seed_lo, seed_hi, step32):  # type: ignore[no-untyped-def]
+    """The rule's ``(k0, k1)`` of one row from its seed's 32-bit halves and its step (int32)."""
+    # Salts 0x243F6A88, 0x85A308D3, 0x13198A2E as int32.
+    s = _mix(seed_lo ^ _mix(seed_hi ^ 608135816))
+    k0 = _mix(s ^ _mix(step32 ^ -2052912941))
+    k1 = _mix(s + _mix(step32 ^ 320440878))
+    return k0, k1
+
+
+@triton.jit
+def seed_rule_uniform(offs, k0, k1):  # type: ignore[no-untyped-def]
+    """The rule's uniforms in (0, 1) (float32) of token indices ``offs`` of a row keyed
+    ``(k0, k1)``: bit for bit :func:`~pagedinfer.adapters.sampling_noise.seeded_uniform_torch`."""
+    x = offs.to(tl.int32) * -1640531527  # 0x9E3779B9
+    x = _mix(_mix(x ^ k0) + k1)
+    return (((x >> 9) & 0x7FFFFF).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
 
 
 @triton.jit  # type: ignore[untyped-decorator]
@@ -51,13 +72,8 @@ def _exponential_noise_kernel(  # type: ignore[no-untyped-def]
         seed_lo = (seed & 0xFFFFFFFF).to(tl.int32)
         seed_hi = ((seed >> 32) & 0xFFFFFFFF).to(tl.int32)
         step32 = (step & 0xFFFFFFFF).to(tl.int32)
-        # Salts 0x243F6A88, 0x85A308D3, 0x13198A2E as int32.
-        s = _mix(seed_lo ^ _mix(seed_hi ^ 608135816))
-        k0 = _mix(s ^ _mix(step32 ^ -2052912941))
-        k1 = _mix(s + _mix(step32 ^ 320440878))
-        x = offs.to(tl.int32) * -1640531527  # 0x9E3779B9
-        x = _mix(_mix(x ^ k0) + k1)
-        uniform = (((x >> 9) & 0x7FFFFF).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
+        k0, k1 = seed_rule_row_keys(seed_lo, seed_hi, step32)
+        uniform = seed_rule_uniform(offs, k0, k1)
     else:
         uniform = tl.load(ptrs, mask=mask, other=1.0)
     if TAKE_LOG:
