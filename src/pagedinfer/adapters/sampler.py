@@ -19,9 +19,18 @@ that use it, or ``None``: then none of it runs.
 Order (vLLM v1's): masks, bias and penalties on the raw logits; greedy rows take the argmax of
 those; sampled rows are divided by their temperature, then ``min_p``, top-k and top-p filter,
 then the race draws.
+
+On CUDA, a step with none of that processing and no top-k or top-p row (temperature only, the
+common case; :func:`uses_fused_race` says when) samples in one fused pass over the logits
+instead (:mod:`pagedinfer.adapters.kernels.race_sample`: the race in its log form, two
+launches, no probabilities or noise tensor). Its seeded rows use the same noise as here; its
+unseeded rows take hash noise keyed by a per-step value drawn from the sampler's own
+``random.Random(seed)`` rather than uniforms from its ``torch.Generator``.
 """
 
 from __future__ import annotations
+
+import random
 
 import torch
 
@@ -30,7 +39,7 @@ from pagedinfer.adapters.sampling_batch import NO_SEED, SamplingBatch
 from pagedinfer.adapters.sampling_noise import exponential_noise
 from pagedinfer.domain.sampling import GREEDY_TEMPERATURE_EPSILON
 
-__all__ = ["Sampler"]
+__all__ = ["Sampler", "uses_fused_race"]
 
 _MASK64 = (1 << 64) - 1
 
@@ -47,6 +56,8 @@ class Sampler:
         # Noise for rows without a per-request seed.
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed & _MASK64)
+        # Keys of the fused race's unseeded noise: one host draw per step, no device read.
+        self.step_keys = random.Random(seed)
 
     def __call__(
         self,
@@ -57,6 +68,36 @@ class Sampler:
     ) -> torch.Tensor:
         """``logits [n, vocab]`` -> token ids ``[n]`` (int64). ``logits`` may be changed in
         place (when ``processing`` applies and they are float32)."""
+        if uses_fused_race(logits.device, batch, processing):
+            return self.race(logits, batch)
+        return self.sample_with_torch_ops(logits, batch, processors, processing)
+
+    def race(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        """The fused path (CUDA, temperature only; see :func:`uses_fused_race`): two launches.
+
+        Draws this step's key of the unseeded rows' noise from :attr:`step_keys`.
+        """
+        from pagedinfer.adapters.kernels.race_sample import race_sample
+
+        assert batch.temperatures is not None and batch.seeds is not None
+        return race_sample(
+            logits,
+            batch.temperatures,
+            batch.seeds,
+            batch.sample_steps,
+            step_key=self.step_keys.getrandbits(63),
+            greedy_epsilon=GREEDY_TEMPERATURE_EPSILON,
+        )
+
+    def sample_with_torch_ops(
+        self,
+        logits: torch.Tensor,
+        batch: SamplingBatch,
+        processors: LogitsProcessors | None = None,
+        processing: ProcessingStep | None = None,
+    ) -> torch.Tensor:
+        """The general path (any device, every option): processing, temperature, top-k /
+        top-p, then the race in its ratio form with noise from :meth:`_noise`."""
         if processing is not None:
             assert processors is not None
             logits = logits.float()
@@ -97,6 +138,21 @@ class Sampler:
             steps=batch.sample_steps,
             seeded=batch.seeds != NO_SEED,
         )
+
+
+def uses_fused_race(
+    device: torch.device, batch: SamplingBatch, processing: ProcessingStep | None
+) -> bool:
+    """Whether a step samples with the fused race kernel: on CUDA, with some sampled row, no
+    logits processing and no top-k or top-p row. Everything else runs the torch ops (an
+    all-greedy step is one ``argmax``)."""
+    return (
+        device.type == "cuda"
+        and processing is None
+        and not batch.all_greedy
+        and not batch.any_top_k
+        and not batch.any_top_p
+    )
 
 
 def _filter_top_k_top_p(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

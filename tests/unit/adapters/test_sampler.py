@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from pagedinfer.adapters.sampler import Sampler
+from pagedinfer.adapters.logits_processors import ProcessingStep
+from pagedinfer.adapters.sampler import Sampler, uses_fused_race
 from pagedinfer.adapters.sampling_batch import NO_SEED, SamplingBatch
 
 CPU = torch.device("cpu")
@@ -187,3 +188,23 @@ def test_sampling_batch_from_params_summaries() -> None:
     assert sampling.temperatures is not None
     assert sampling.temperatures.tolist() == pytest.approx([0.0, 0.8])
     assert SamplingBatch.from_params([params[0]], CPU).all_greedy
+
+
+def test_the_fused_race_runs_only_for_temperature_only_steps_on_cuda() -> None:
+    cuda = torch.device("cuda")  # a device name: no CUDA needed to build it
+    processing = ProcessingStep(
+        batch_rows=None,
+        table_rows=torch.zeros(1, dtype=torch.int64),
+        held_back=None,
+        any_bias=True,
+        any_penalties=False,
+        any_min_p=False,
+    )
+    plain = batch(3, temperature=[0.0, 0.7, 1.0], seeds=[None, 5, None])
+    assert uses_fused_race(cuda, plain, None)
+    assert uses_fused_race(cuda, batch(2, temperature=0.5), None)
+    assert not uses_fused_race(CPU, plain, None)
+    assert not uses_fused_race(cuda, plain, processing)
+    assert not uses_fused_race(cuda, batch(3, temperature=0.0), None)  # all greedy: argmax
+    assert not uses_fused_race(cuda, batch(3, temperature=0.7, top_k=[0, 5, 0]), None)
+    assert not uses_fused_race(cuda, batch(3, temperature=0.7, top_p=[1.0, 1.0, 0.9]), None)
