@@ -2,7 +2,11 @@
 
 The race ``argmax_v p_v / E_v`` with ``p = softmax(logits / T)`` and ``E_v = -log U_v`` picks
 the same token as ``argmax_v (logits_v / T - log E_v)`` (the log is monotonic and the softmax's
-normaliser is the same for every ``v``), i.e. Gumbel-max. In that form a row needs one pass
+normaliser is the same for every ``v``), i.e. Gumbel-max. The kernel ranks the same keys in
+base 2, ``logits_v * log2(e) / T - log2(-log2 U_v)`` (``log2(e)`` times the key above, minus
+the constant ``log2(log2(e))``): the same argmax, with a multiply instead of a division and
+the GPU's fast ``log2``, since the integer hash and the logs, not the memory, bound this
+kernel. In that form a row needs one pass
 over its logits, read in their own dtype and computed in float32; neither the probabilities
 nor the noise are ever stored. Rows whose temperature is below ``greedy_epsilon`` (the table
 stores greedy rows as 0.0) take ``argmax_v logits_v``. Ties go to the lowest token index, as
@@ -15,7 +19,7 @@ Noise: every row's ``U`` comes from the seed rule of
 * a **seeded** row (``seeds[r] != NO_SEED``) is keyed by ``(seeds[r], steps[r])`` as always,
   so its ``E`` is the very number the unfused sampler divides by; the tokens are the same up
   to float near-ties between the ratio and the log form (a different rounding of two keys
-  that agree to ~1e-7 relative);
+  that agree to within a few float32 ulps);
 * an **unseeded** row is keyed by ``(step_key, r)``: ``step_key`` is one 63-bit value the
   sampler draws on the host per step (from its own ``random.Random(engine seed)``, no device
   read) and ``r`` the row's index in the batch, so no two rows of a step and no two steps
@@ -52,7 +56,7 @@ _INT32_MAX = 2**31 - 1
 
 @triton.jit  # type: ignore[untyped-decorator]
 def _chunk_best(  # type: ignore[no-untyped-def]
-    row_ptr, start, end, temperature, k0, k1, BLOCK: tl.constexpr, SAMPLE: tl.constexpr
+    row_ptr, start, end, scale, k0, k1, BLOCK: tl.constexpr, SAMPLE: tl.constexpr
 ):
     # Per lane: the best key so far and the first index that reached it (strict ">" keeps
     # the earlier tile on a tie); across lanes, the lowest index among the best keys.
@@ -63,9 +67,9 @@ def _chunk_best(  # type: ignore[no-untyped-def]
         mask = offs < end
         key = tl.load(row_ptr + offs, mask=mask, other=float("-inf")).to(tl.float32)
         if SAMPLE:
+            # In base 2 (see the module docstring): a multiply and two log2s per token.
             uniform = seed_rule_uniform(offs, k0, k1)
-            # Correctly rounded division, as torch's ``logits / T``.
-            key = tl.math.div_rn(key, temperature) - tl.log(-tl.log(uniform))
+            key = key * scale - tl.log2(-tl.log2(uniform))
         better = key > best
         best = tl.where(better, key, best)
         best_index = tl.where(better, offs, best_index)
@@ -115,7 +119,8 @@ def _race_chunks_kernel(  # type: ignore[no-untyped-def]
         seed_hi = tl.where(unseeded, key_hi, ((seed >> 32) & 0xFFFFFFFF).to(tl.int32))
         step32 = tl.where(unseeded, row.to(tl.int32), (step & 0xFFFFFFFF).to(tl.int32))
         k0, k1 = seed_rule_row_keys(seed_lo, seed_hi, step32)
-        top, index = _chunk_best(row_ptr, start, end, temperature, k0, k1, BLOCK, True)
+        scale = 1.4426950408889634 / temperature  # log2(e) / T
+        top, index = _chunk_best(row_ptr, start, end, scale, k0, k1, BLOCK, True)
     tl.store(keys_ptr + row * NUM_CHUNKS + chunk, top)
     tl.store(indices_ptr + row * NUM_CHUNKS + chunk, index)
 
