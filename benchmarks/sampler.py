@@ -1,11 +1,11 @@
 """The sampler's two paths side by side: torch ops (ratio form) against the fused race kernel.
 
 A decode step's sampling at Qwen3's vocabulary (151936), bf16 logits, temperature 0.6 (the
-report's workload), every row sampled and unseeded. Per path and row count: device time per
-call (CUDA events over a loop of calls) and host time per call (the loop's wall time with the
-device kept ahead: a full queue would otherwise make the host wait). Same process, same inputs::
+report's workload), every row sampled and unseeded. Per path and row count: device time and
+host (launch) time per call, both over one loop of calls queued behind a sleep kernel (see
+:func:`timed`). Same process, same inputs::
 
-    PYTHONPATH=src python3 benchmarks/sampler.py [--rows 1 64 256] [--iters 200]
+    PYTHONPATH=src python3 benchmarks/sampler.py [--rows 1 64 256] [--iters 50]
 
 Needs CUDA.
 """
@@ -31,32 +31,31 @@ VOCAB = 151936
 
 
 def timed(call: Callable[[], torch.Tensor], iters: int) -> tuple[float, float]:
-    """(device µs per call, host µs per call)."""
+    """(device µs per call, host µs per call) of ``iters`` calls in a row.
+
+    A long sleep kernel goes first, so the host queues every call before the device starts on
+    them: the events then time the device alone (not the host's launch rate), and the host's
+    wall time is the launch cost alone (not waits for a full queue).
+    """
     for _ in range(5):
         call()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(200_000_000)  # ~0.1 s of device clock cycles
     start.record()
+    began = time.perf_counter()
     for _ in range(iters):
         call()
+    host_s = time.perf_counter() - began
     end.record()
     torch.cuda.synchronize()
-    device_us = start.elapsed_time(end) * 1e3 / iters
-    # Host: a long sleep kernel keeps the device busy, so launches never wait for a full queue.
-    host = 0.0
-    for _ in range(iters):
-        torch.cuda._sleep(2_000_000)
-        began = time.perf_counter()
-        call()
-        host += time.perf_counter() - began
-        torch.cuda.synchronize()
-    return device_us, host * 1e6 / iters
+    return start.elapsed_time(end) * 1e3 / iters, host_s * 1e6 / iters
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 64, 256])
-    parser.add_argument("--iters", type=int, default=200)
+    parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--temperature", type=float, default=0.6)
     args = parser.parse_args()
     device = torch.device("cuda")

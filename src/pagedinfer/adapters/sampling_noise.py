@@ -5,7 +5,9 @@ the noise tensor ``E [n, vocab]``. Two sources:
 
 * **Unseeded rows** take ``E = -log(U)`` with ``U`` from the engine's generator (one
   ``uniform_`` over the batch): fast everywhere, and reproducible for a given engine seed and
-  request order.
+  request order. (The fused CUDA path, :mod:`pagedinfer.adapters.kernels.race_sample`, keys
+  them by the rule below instead, with a per-step key from the sampler as the seed and the
+  row index as the step.)
 * **Seeded rows** take ``U`` from a counter-based hash of ``(seed, sample_step, token index)``,
   so a request's draws never depend on what else is in the batch, on the batch's order, or
   on preemption (``sample_step`` counts the request's completion tokens, which a recomputed

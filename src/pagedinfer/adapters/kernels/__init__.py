@@ -7,6 +7,8 @@
   split-KV with a reduction kernel; its launch grid depends only on shapes (CUDA-graph safe).
 * :mod:`~pagedinfer.adapters.kernels.paged_tile` — the online-softmax step both attention
   kernels share.
+* :mod:`~pagedinfer.adapters.kernels.race_sample` — the sampler's temperature-only path:
+  temperature, seed-rule noise and the exponential race in one pass over the logits.
 
 The kernels run on CUDA and, for tests, on CPU under ``TRITON_INTERPRET=1`` (set it before
 this package is imported: ``triton.jit`` decides at decoration time).
