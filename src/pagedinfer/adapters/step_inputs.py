@@ -134,7 +134,13 @@ def _memmove(destination: int, values: array[int] | array[float]) -> None:
 
 # --------------------------------------------------------------------- host staging
 class _HostStaging:
-    """Alternating host buffers (pinned on CUDA) and the fence of the copy that last read each."""
+    """Alternating host buffers (pinned on CUDA) and the fence of the copy that last read each.
+
+    The sliced views a copy reads and writes are kept by size (views cost microseconds each
+    to make): graph steps repeat a few sizes, one per bucket.
+    """
+
+    _MAX_SLICES = 1024  # sizes of eager steps vary freely: forget them all past this many
 
     def __init__(self, device: torch.device, nbytes: int) -> None:
         self.device = device
@@ -142,6 +148,8 @@ class _HostStaging:
         self._buffers = [self._allocate(nbytes), self._allocate(nbytes)]
         self._events: list[torch.cuda.Event | None] = [None, None]
         self._next = 0
+        # (buffer index, nbytes) -> (the target, the buffer's first nbytes, the target's)
+        self._slices: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def _allocate(self, nbytes: int) -> torch.Tensor:
         return torch.empty(max(nbytes, ALIGNMENT), dtype=torch.uint8, pin_memory=self._pinned)
@@ -155,13 +163,21 @@ class _HostStaging:
             event.synchronize()  # in steady state long done; orders us after the copy
         if self._buffers[index].numel() < nbytes:
             self._buffers[index] = self._allocate(max(nbytes, 2 * self._buffers[index].numel()))
+            self._slices.clear()
         return index, self._buffers[index]
 
     def copy(self, index: int, target: torch.Tensor, nbytes: int) -> None:
         """``target[:nbytes] <- host buffer index`` without blocking the host."""
         if nbytes == 0:
             return
-        target[:nbytes].copy_(self._buffers[index][:nbytes], non_blocking=True)
+        key = (index, nbytes)
+        slices = self._slices.get(key)
+        if slices is None or slices[0] is not target:
+            if len(self._slices) >= self._MAX_SLICES:
+                self._slices.clear()
+            slices = (target, self._buffers[index][:nbytes], target[:nbytes])
+            self._slices[key] = slices
+        slices[2].copy_(slices[1], non_blocking=True)
         if self._pinned:
             event = self._events[index] or torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record()
@@ -191,8 +207,27 @@ class GraphInputs:
         return int(self.block_tables.shape[1])
 
 
+@dataclass(frozen=True, slots=True)
+class _FirstRows:
+    """The static inputs cut to a step's first ``n`` rows (what its tensors are)."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    context_lens: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    block_tables: torch.Tensor
+    sample_slots: torch.Tensor
+
+
 class _GraphRegion:
-    """The graph's fixed layout: host mirrors and the device buffer the graphs read."""
+    """The graph's fixed layout: host mirrors and the device buffer the graphs read.
+
+    Views are made once and kept: a step's tensors by its number of sequences, the host
+    mirrors' block-table windows by shape (a view costs microseconds; a decode step would
+    otherwise make a dozen).
+    """
 
     def __init__(self, device: torch.device, rows: int, table_width: int, num_slots: int):
         self.rows, self.table_width = rows, table_width
@@ -216,9 +251,13 @@ class _GraphRegion:
         self.staging = _HostStaging(device, self.nbytes)
         self.device_buffer = torch.zeros(self.nbytes, dtype=torch.uint8, device=device)
         # Both host mirrors start as the device buffer will: all rows padding, fixed q offsets.
-        for buffer in self.staging._buffers:
+        host_buffers = self.staging._buffers
+        for buffer in host_buffers:
             buffer.zero_()
-            self._fill(buffer, "slot_mapping", 0, rows, PADDING_SLOT)
+            _memmove(
+                buffer.data_ptr() + self.layout["slot_mapping"].offset,
+                array("q", [PADDING_SLOT]) * rows,
+            )
             _view(buffer, self.layout["cu_seqlens_q"]).copy_(torch.arange(rows + 1))
         self.staging.copy(0, self.device_buffer, self.nbytes)
         self.tensors = GraphInputs(
@@ -230,13 +269,43 @@ class _GraphRegion:
             cu_seqlens_k=self.view("cu_seqlens_k"),
             block_tables=self.view("block_tables").view(rows, table_width),
         )
+        self._sample_slots = self.view("sample_slots")
+        self._host_tables = [
+            _view(buffer, self.layout["block_tables"]).view(rows, table_width)
+            for buffer in host_buffers
+        ]
+        self._first_rows: dict[int, _FirstRows] = {}
+        self._table_windows: dict[tuple[int, int, int], torch.Tensor] = {}
 
     def view(self, name: str) -> torch.Tensor:
         return _view(self.device_buffer, self.layout[name])
 
-    def _fill(self, buffer: torch.Tensor, name: str, start: int, end: int, value: int) -> None:
-        if end > start:
-            _view(buffer, self.layout[name])[start:end].fill_(value)
+    def first_rows(self, num_seqs: int) -> _FirstRows:
+        """The static inputs' first ``num_seqs`` rows (``num_seqs + 1`` offsets)."""
+        views = self._first_rows.get(num_seqs)
+        if views is None:
+            static = self.tensors
+            views = _FirstRows(
+                input_ids=static.input_ids[:num_seqs],
+                positions=static.positions[:num_seqs],
+                slot_mapping=static.slot_mapping[:num_seqs],
+                context_lens=static.context_lens[:num_seqs],
+                cu_seqlens_q=static.cu_seqlens_q[: num_seqs + 1],
+                cu_seqlens_k=static.cu_seqlens_k[: num_seqs + 1],
+                block_tables=static.block_tables[:num_seqs],
+                sample_slots=self._sample_slots[:num_seqs],
+            )
+            self._first_rows[num_seqs] = views
+        return views
+
+    def host_table_window(self, index: int, num_seqs: int, width: int) -> torch.Tensor:
+        """Host mirror ``index``'s block tables, first ``num_seqs`` rows and ``width`` columns."""
+        key = (index, num_seqs, width)
+        window = self._table_windows.get(key)
+        if window is None:
+            window = self._host_tables[index][:num_seqs, :width]
+            self._table_windows[key] = window
+        return window
 
 
 # --------------------------------------------------------------------------- packer
@@ -336,25 +405,33 @@ class StepPacker:
         layout = graph.layout
         index, host = graph.staging.acquire(graph.nbytes)
         base = host.data_ptr()
-        for name in ("input_ids", "positions", "slot_mapping", "context_lens", "cu_seqlens_k"):
-            _memmove(base + layout[name].offset, getattr(plan, name))
+        _memmove(base + layout["input_ids"].offset, plan.input_ids)
+        _memmove(base + layout["positions"].offset, plan.positions)
+        _memmove(base + layout["slot_mapping"].offset, plan.slot_mapping)
+        _memmove(base + layout["context_lens"].offset, plan.context_lens)
+        _memmove(base + layout["cu_seqlens_k"].offset, plan.cu_seqlens_k)
         if self.sampled:
             _memmove(base + layout["sample_slots"].offset, plan.sample_slots)
         tables = layout["block_tables"]
         if width == graph.table_width:
             _memmove(base + tables.offset, plan.block_tables)
         else:  # narrower rows go into the left columns; stale columns are never read
-            host_tables = _view(host, tables).view(graph.rows, graph.table_width)
-            host_tables[:num_seqs, :width].copy_(
+            graph.host_table_window(index, num_seqs, width).copy_(
                 _from_array(plan.block_tables, _INT32).view(num_seqs, width)
             )
         if num_seqs < bucket:
             # Padding rows: no K/V store, no keys, an empty key range. Their ids, positions
             # and table rows are valid leftovers of earlier steps.
-            graph._fill(host, "slot_mapping", num_seqs, bucket, PADDING_SLOT)
-            graph._fill(host, "context_lens", num_seqs, bucket, 0)
-            last = plan.cu_seqlens_k[num_seqs]
-            graph._fill(host, "cu_seqlens_k", num_seqs + 1, bucket + 1, last)
+            padding = bucket - num_seqs
+            _memmove(
+                base + layout["slot_mapping"].offset + num_seqs * 8,
+                array("q", [PADDING_SLOT]) * padding,
+            )
+            _memmove(base + layout["context_lens"].offset + num_seqs * 4, array("i", [0]) * padding)
+            _memmove(
+                base + layout["cu_seqlens_k"].offset + (num_seqs + 1) * 4,
+                array("i", [plan.cu_seqlens_k[num_seqs]]) * padding,
+            )
         nbytes = tables.offset + bucket * graph.table_width * 4
         table_rows = None
         if delta is not None:
@@ -372,26 +449,26 @@ class StepPacker:
                 graph.view("delta_ints")[: len(delta.ints)],
             )
         graph.staging.copy(index, graph.device_buffer, nbytes)
-        static = graph.tensors
+        rows = graph.first_rows(num_seqs)
         meta = AttentionMetadata(
             is_prefill=False,
             block_size=plan.block_size,
-            slot_mapping=static.slot_mapping[:num_seqs],
-            cu_seqlens_q=static.cu_seqlens_q[: num_seqs + 1],
-            cu_seqlens_k=static.cu_seqlens_k[: num_seqs + 1],
-            context_lens=static.context_lens[:num_seqs],
-            block_tables=static.block_tables[:num_seqs],
+            slot_mapping=rows.slot_mapping,
+            cu_seqlens_q=rows.cu_seqlens_q,
+            cu_seqlens_k=rows.cu_seqlens_k,
+            context_lens=rows.context_lens,
+            block_tables=rows.block_tables,
             max_seqlen_q=1,
             max_seqlen_k=plan.max_seqlen_k,
             has_cached_prefix=True,
             has_padding_slots=False,
         )
         return StepInputs(
-            input_ids=static.input_ids[:num_seqs],
-            positions=static.positions[:num_seqs],
+            input_ids=rows.input_ids,
+            positions=rows.positions,
             meta=meta,
             sample_indices=None,
-            sample_slots=graph.view("sample_slots")[:num_seqs] if self.sampled else self._no_slots,
+            sample_slots=rows.sample_slots if self.sampled else self._no_slots,
             table_rows=table_rows,
             graph_batch=bucket,
         )
