@@ -37,7 +37,7 @@ from pagedinfer.adapters.runner_config import RunnerConfig
 from pagedinfer.domain.plan import BatchPlan
 from pagedinfer.domain.sampling import MAX_SEED, SamplingParams
 from pagedinfer.domain.scheduler import Scheduler, SchedulerConfig
-from pagedinfer.domain.sequence import FinishReason
+from pagedinfer.domain.sequence import FinishReason, SequenceStatus
 from pagedinfer.domain.sequence import Sequence as DomainSequence
 from pagedinfer.domain.step_output import StepOutput
 from pagedinfer.engine.chat import render_chat
@@ -197,6 +197,9 @@ class Engine:
         self._executor = executor
         self._requests: dict[int, RequestState] = {}  # unfinished requests by id
         self._completions: dict[int, CompletionState] = {}  # their sequences, by sequence id
+        # Unfinished requests that need every step's news (see RequestState.follows_steps);
+        # while there are none, a step's bookkeeping looks only at what finished.
+        self._num_following = 0
         self._step_sink = OutputSink(wants_progress=True)  # requests queued with add_request
         self._stepping = False  # a thread is running a step (possibly with the lock released)
         self._deferral = InterruptDeferral.inactive()  # of the thread that holds the lock
@@ -312,9 +315,11 @@ class Engine:
                 if output.logprobs is not None
                 else None
             )
-            updated = [
-                self._completions[seq.seq_id] for seq in self.scheduler.postprocess(plan, sampled)
-            ]
+            seqs = self.scheduler.postprocess(plan, sampled)
+            if logprobs is None and not self._num_following:
+                self._finalize_finished(seqs)
+                return
+            updated = [self._completions[seq.seq_id] for seq in seqs]
             if logprobs is not None:
                 for completion in updated:
                     entry = logprobs.get(completion.seq.seq_id)
@@ -322,12 +327,22 @@ class Engine:
                         completion.add_logprobs(entry, self.tokenizer)
             self._update(updated)
 
+    def _finalize_finished(self, seqs: list[DomainSequence]) -> None:
+        """:meth:`_update` when no request follows every step (no text is tracked, no sink
+        shows progress): only requests whose last sequence just finished have news."""
+        finished = SequenceStatus.FINISHED
+        for seq in [seq for seq in seqs if seq.status is finished]:
+            completion = self._completions.get(seq.seq_id)
+            # None: its request was finalized by a sibling that finished in this step.
+            if completion is not None and completion.request.is_finished:
+                self._finalize(completion.request)
+
     def _update(self, completions: list[CompletionState]) -> None:
         """After new tokens: stop strings (every completion first), then news for each
         request's sink (or its final output)."""
         for completion in completions:
             seq = completion.seq
-            if completion.catch_up():  # a stop string matched in the text
+            if completion.text is not None and completion.catch_up():  # a stop string matched
                 if not seq.is_finished:
                     self.scheduler.finish(seq.seq_id, FinishReason.STOP)
                 elif seq.finish_reason is FinishReason.LENGTH:  # the same step: the stop wins
@@ -347,6 +362,8 @@ class Engine:
             for completion in request.completions:
                 del self._completions[completion.seq.seq_id]
             self._num_finished += 1
+            if request.follows_steps:
+                self._num_following -= 1
 
     def _abort(self, request_id: int) -> bool:
         request = self._requests.get(request_id)
@@ -733,6 +750,8 @@ class Engine:
             request.completions.append(completion)
             self._completions[seq.seq_id] = completion
         self._requests[request_id] = request
+        if request.follows_steps:
+            self._num_following += 1
         sink.num_unfinished += 1
         return request
 

@@ -304,7 +304,16 @@ class RequestState:
     @property
     def is_finished(self) -> bool:
         """Every completion has finished (whether the request was finalized yet or not)."""
-        return all(completion.seq.is_finished for completion in self.completions)
+        completions = self.completions
+        if len(completions) == 1:  # n=1, most requests: spare the generator
+            return completions[0].seq.is_finished
+        return all(completion.seq.is_finished for completion in completions)
+
+    @property
+    def follows_steps(self) -> bool:
+        """The request needs news every step, not only when it finishes: its sink shows
+        progress, or a completion tracks its text as tokens come (stop strings, streaming)."""
+        return self.sink.wants_progress or any(c.text is not None for c in self.completions)
 
     def set_prompt_logprobs(
         self, first_position: int, entries: list[TokenLogprobs], tokenizer: Any
