@@ -34,6 +34,8 @@ STAGES: dict[str, tuple[Callable[[Engine], Any], str]] = {
     "execute": (lambda engine: engine._executor, "execute"),
     "postprocess": (lambda engine: engine.scheduler, "postprocess"),
     "update": (lambda engine: engine, "_update"),
+    # The short bookkeeping path: only while no request needs every step's news.
+    "finalize finished": (lambda engine: engine, "_finalize_finished"),
     "finalize": (lambda engine: RequestState, "finalize"),
     "deliver": (lambda engine: RequestState, "output"),
 }
@@ -118,7 +120,7 @@ def _check_idle(engine: Engine) -> None:
 
 @pytest.mark.parametrize("failure", list(FAILURES))
 @pytest.mark.parametrize("when", ["before", "after"])
-@pytest.mark.parametrize("stage", list(STAGES))
+@pytest.mark.parametrize("stage", [stage for stage in STAGES if stage != "finalize finished"])
 def test_a_failure_in_a_step_driven_by_step(
     engine: Engine,
     reference: dict[tuple[int, ...], list[int]],
@@ -193,4 +195,30 @@ def test_a_failure_in_generate_aborts_only_its_own_requests(
             break
     assert list(finals) == [other]
     assert finals[other].outputs[0].token_ids == reference[tuple(STEP_PROMPTS[1])]
+    _check_idle(engine)
+
+
+@pytest.mark.parametrize("failure", list(FAILURES))
+@pytest.mark.parametrize(
+    ("stage", "on_call"), [("postprocess", 3), ("finalize finished", 3), ("finalize", 1)]
+)
+def test_a_failure_in_generate_alone(
+    engine: Engine,
+    reference: dict[tuple[int, ...], list[int]],
+    monkeypatch: pytest.MonkeyPatch,
+    stage: str,
+    on_call: int,
+    failure: str,
+) -> None:
+    """No other request: nothing needs every step's news, so bookkeeping takes the short
+    path (only the sequences that finished). A failure there is caught up like any other."""
+    calls = _inject(monkeypatch, engine, stage, "after", FAILURES[failure], on_call=on_call)
+    with pytest.raises((Injected, KeyboardInterrupt)):
+        engine.generate(GENERATE_PROMPTS, GREEDY, use_tqdm=False)
+    monkeypatch.undo()
+    assert calls[0] >= on_call  # the aborts that follow finalize too
+    outputs = within(lambda: engine.generate(GENERATE_PROMPTS, GREEDY, use_tqdm=False))
+    assert [o.outputs[0].token_ids for o in outputs] == [
+        reference[tuple(p)] for p in GENERATE_PROMPTS
+    ]
     _check_idle(engine)
