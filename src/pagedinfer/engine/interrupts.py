@@ -9,7 +9,9 @@ or when the locked region ends. Long waits stay interruptible.
 
 Only the main thread is affected (signals reach no other), and only while SIGINT has
 Python's default handler: a handler the program installed itself is left alone. The handler
-swap costs about a microsecond; the previous handler is always put back.
+is installed once per locked region and Python's default is always put back at its end; in
+between, letting Ctrl-C through around a wait (every step) only flips a flag: the handler
+then raises at once, as the default does (``signal.signal`` costs microseconds a call).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ class InterruptDeferral:
     """Defers SIGINT from construction until :meth:`end`; :meth:`suspend` / :meth:`resume`
     let it through around an interruptible wait."""
 
-    __slots__ = ("_active", "_deferring", "_pending")
+    __slots__ = ("_active", "_deferring", "_installed", "_pending")
 
     def __init__(self, *, active: bool = True) -> None:
         self._active = (
@@ -35,6 +37,7 @@ class InterruptDeferral:
         )
         self._pending = False
         self._deferring = False
+        self._installed = False
         self.resume()
 
     @classmethod
@@ -44,26 +47,29 @@ class InterruptDeferral:
 
     def suspend(self) -> None:
         """Let Ctrl-C through again; raise one that arrived while deferred (a safe point)."""
-        if self._deferring:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            self._deferring = False
+        self._deferring = False
         self._raise_pending()
 
     def resume(self) -> None:
         """Defer Ctrl-C again (after an interruptible wait)."""
-        if self._active and not self._deferring:
-            signal.signal(signal.SIGINT, self._defer)
-            self._deferring = True
+        if self._active:
+            self._deferring = True  # first: a Ctrl-C from now on is held back
+            if not self._installed:
+                signal.signal(signal.SIGINT, self._on_sigint)
+                self._installed = True
 
     def end(self, *, raise_pending: bool = True) -> None:
         """Stop deferring; raise a deferred Ctrl-C unless another exception is on its way."""
-        if self._deferring:
+        if self._installed:
             signal.signal(signal.SIGINT, signal.default_int_handler)
-            self._deferring = False
+            self._installed = False
+        self._deferring = False
         if raise_pending:
             self._raise_pending()
 
-    def _defer(self, signum: int, frame: FrameType | None) -> None:
+    def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
+        if not self._deferring:
+            raise KeyboardInterrupt  # suspended: what Python's default handler does
         self._pending = True
 
     def _raise_pending(self) -> None:
