@@ -21,6 +21,10 @@ times, and the table shows medians, the best run and the ratios::
 
     python benchmarks/host_step.py --baseline /tmp/base --rounds 5
     python benchmarks/host_step.py --quick      # 32 small requests (the smoke test)
+
+``--device cuda`` packs into pinned host buffers and copies to the GPU, as in production (the
+runner is built with ``enforce_eager``; the static inputs and the do-nothing graphs are this
+script's): the host cost of a step's copy and fences is then included.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ MAX_NUM_SEQS = 512
 MAX_MODEL_LEN = 4096
 
 
-def measure(checkout: Path, cache_dir: Path, *, quick: bool) -> dict[str, float]:
+def measure(checkout: Path, cache_dir: Path, *, quick: bool, device: str) -> dict[str, float]:
     """One run in this process, importing pagedinfer from ``checkout/src``."""
     sys.path.insert(0, str(checkout / "src"))
     import torch
@@ -74,7 +78,8 @@ def measure(checkout: Path, cache_dir: Path, *, quick: bool) -> dict[str, float]
         )
     engine = Engine(
         str(model),
-        device="cpu",
+        device=device,
+        enforce_eager=True,
         kv_block_size=BLOCK_SIZE,
         num_kv_blocks=2048,
         max_num_seqs=MAX_NUM_SEQS,
@@ -89,7 +94,7 @@ def measure(checkout: Path, cache_dir: Path, *, quick: bool) -> dict[str, float]
     runner.packer = StepPacker(runner.device, sampled=True, zero_copy=False)
     static = runner.packer.attach_graph_inputs(layout.largest, layout.table_width, MAX_NUM_SEQS)
     graphs = {bucket: _NoReplay() for bucket in layout.buckets}
-    outputs = {bucket: torch.zeros(bucket, 1) for bucket in layout.buckets}
+    outputs = {bucket: torch.zeros(bucket, 1, device=device) for bucket in layout.buckets}
     runner.graph_runner = CudaGraphDecodeRunner(layout, static, graphs, outputs)
 
     rng = random.Random(0)
@@ -151,11 +156,11 @@ def _mean_us(steps: list[tuple[bool, int, float]], num_seqs: int | None) -> floa
     return statistics.fmean(chosen) * 1e6 if chosen else float("nan")
 
 
-def run(checkout: Path, cache_dir: Path, quick: bool) -> dict[str, float]:
+def run(checkout: Path, cache_dir: Path, quick: bool, device: str) -> dict[str, float]:
     """One measurement in a fresh process (so neither version warms the other's caches)."""
     command = [sys.executable, __file__, "--worker", str(checkout), "--cache-dir", str(cache_dir)]
     result = subprocess.run(
-        command + (["--quick"] if quick else []),
+        [*command, "--device", device, *(["--quick"] if quick else [])],
         capture_output=True,
         text=True,
         check=True,
@@ -181,12 +186,13 @@ def main() -> int:
     parser.add_argument("--baseline", type=Path, help="another checkout to compare with")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="32 small requests (smoke test)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (pinned copies)")
     parser.add_argument("--cache-dir", type=Path, default=Path(".bench-cache"))
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     cache_dir = args.cache_dir.resolve()
     if args.worker is not None:
-        print(json.dumps(measure(args.worker, cache_dir, quick=args.quick)))
+        print(json.dumps(measure(args.worker, cache_dir, quick=args.quick, device=args.device)))
         return 0
     checkouts = {"this checkout": REPO}
     if args.baseline is not None:
@@ -194,7 +200,7 @@ def main() -> int:
     results: dict[str, list[dict[str, float]]] = {name: [] for name in checkouts}
     for round_index in range(args.rounds):
         for name, checkout in checkouts.items():
-            results[name].append(run(checkout, cache_dir, args.quick))
+            results[name].append(run(checkout, cache_dir, args.quick, args.device))
             print(f"round {round_index + 1} {name}: {results[name][-1]}", flush=True)
     names = list(checkouts)
     header = " | ".join(f"{name} (median / best)" for name in names)

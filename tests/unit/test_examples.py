@@ -328,3 +328,26 @@ def test_mixed_steps_benchmark_quick_run(tmp_path: Path) -> None:
     assert set(rows) == {"mixed", "prefill_first"}
     assert rows["mixed"][9] == "0" and int(rows["prefill_first"][9]) > 0  # stall steps
     assert float(rows["mixed"][1]) > 0 and float(rows["mixed"][2]) > 0
+
+
+# ---------------------------------------------------------------- the host-step benchmark
+
+
+def test_host_step_benchmark_quick_run(tmp_path: Path) -> None:
+    """The CPU stand-in of a graph decode step runs the workload to the end and reports the
+    host phases of the decode steps that held every request."""
+    script = REPO / "benchmarks" / "host_step.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--quick", "--rounds", "1", "--cache-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    rows = {row[0]: row[1] for row in _table_rows(result.stdout, "| measure |")}
+    assert len(rows) == 5
+    for cell in rows.values():
+        median, best = (float(value) for value in cell.split(" / "))
+        assert 0 < best <= median
