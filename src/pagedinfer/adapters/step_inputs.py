@@ -148,8 +148,9 @@ class _HostStaging:
         self._buffers = [self._allocate(nbytes), self._allocate(nbytes)]
         self._events: list[torch.cuda.Event | None] = [None, None]
         self._next = 0
-        # (buffer index, nbytes) -> (the target, the buffer's first nbytes, the target's)
-        self._slices: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        # (buffer index, nbytes) -> (the buffer's first nbytes, the target's), for one target
+        self._slices: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._slices_target: torch.Tensor | None = None
 
     def _allocate(self, nbytes: int) -> torch.Tensor:
         return torch.empty(max(nbytes, ALIGNMENT), dtype=torch.uint8, pin_memory=self._pinned)
@@ -170,14 +171,17 @@ class _HostStaging:
         """``target[:nbytes] <- host buffer index`` without blocking the host."""
         if nbytes == 0:
             return
+        if target is not self._slices_target:  # a new target (the old one was outgrown)
+            self._slices.clear()
+            self._slices_target = target
         key = (index, nbytes)
         slices = self._slices.get(key)
-        if slices is None or slices[0] is not target:
+        if slices is None:
             if len(self._slices) >= self._MAX_SLICES:
                 self._slices.clear()
-            slices = (target, self._buffers[index][:nbytes], target[:nbytes])
+            slices = (self._buffers[index][:nbytes], target[:nbytes])
             self._slices[key] = slices
-        slices[2].copy_(slices[1], non_blocking=True)
+        slices[1].copy_(slices[0], non_blocking=True)
         if self._pinned:
             event = self._events[index] or torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record()

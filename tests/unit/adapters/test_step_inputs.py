@@ -136,6 +136,25 @@ def test_host_buffers_alternate_and_grow() -> None:
     assert big.numel() >= 1000 and big.data_ptr() != small.data_ptr()
 
 
+def test_copies_follow_a_new_target_and_a_grown_buffer() -> None:
+    """The copy's slices are kept by size: a new target, or a host buffer that grew, must
+    not be served by the slices of the old one."""
+    staging = step_inputs._HostStaging(CPU, 128)
+    first, second = torch.zeros(128, dtype=torch.uint8), torch.zeros(256, dtype=torch.uint8)
+    index, host = staging.acquire(128)
+    host.fill_(7)
+    staging.copy(index, first, 128)
+    host.fill_(9)
+    staging.copy(index, second, 128)
+    assert set(first.tolist()) == {7} and set(second[:128].tolist()) == {9}
+    staging.acquire(128)
+    grown_index, grown = staging.acquire(1000)
+    assert grown_index == index and grown.data_ptr() != host.data_ptr()
+    grown.fill_(5)
+    staging.copy(index, second, 128)
+    assert set(second[:128].tolist()) == {5} and set(second[128:].tolist()) == {0}
+
+
 def test_a_step_without_samples_or_slots(tiny_checkpoint: Path) -> None:
     """A worker rank (no sampling) and a plan with no block tables (width 0)."""
     plan = BatchPlan(
