@@ -32,6 +32,9 @@ from pathlib import Path
 # this repository's src/ comes first on the import path.
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(1, str(REPO / "benchmarks"))  # the sibling _alternating.py, however this runs
+
+from _alternating import alternate, comparison_table
 
 
 def measure(checkout: Path, cache_dir: Path) -> dict[str, float]:
@@ -140,28 +143,20 @@ def main() -> int:
     checkouts = {"this checkout": REPO}
     if args.baseline is not None:
         checkouts = {"baseline": args.baseline.resolve(), **checkouts}
-    results: dict[str, list[dict[str, float]]] = {name: [] for name in checkouts}
-    for round_index in range(args.rounds):
-        for name, checkout in checkouts.items():
-            results[name].append(run(checkout, cache_dir))
-            print(f"round {round_index + 1} {name}: {results[name][-1]}", flush=True)
-    names = list(checkouts)
-    header = " | ".join(f"{name} (median / best)" for name in names)
-    print(f"\n| measure | {header} |" + (" baseline / this (median) |" if len(names) == 2 else ""))
-    print("|---|" + "---:|" * (len(names) + (len(names) == 2)))
-    for key, label in (
-        ("prepare_us", "prepare, decode step of 64 sequences (µs)"),
-        ("execute_ms", "execute, decode step of 64 sequences (ms)"),
-        ("generate_s", "generate, cpu-scale workload (s)"),
-    ):
-        cells = []
-        medians = []
-        for name in names:
-            values = [run_result[key] for run_result in results[name]]
-            medians.append(statistics.median(values))
-            cells.append(f"{medians[-1]:.3g} / {min(values):.3g}")
-        ratio = f" {medians[0] / medians[1]:.2f}x |" if len(names) == 2 else ""
-        print(f"| {label} | {' | '.join(cells)} |{ratio}")
+    results = alternate(checkouts, args.rounds, lambda checkout: run(checkout, cache_dir))
+    print()
+    print(
+        "\n".join(
+            comparison_table(
+                results,
+                (
+                    ("prepare_us", "prepare, decode step of 64 sequences (µs)"),
+                    ("execute_ms", "execute, decode step of 64 sequences (ms)"),
+                    ("generate_s", "generate, cpu-scale workload (s)"),
+                ),
+            )
+        )
+    )
     return 0
 
 

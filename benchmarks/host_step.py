@@ -43,6 +43,9 @@ from typing import Any
 # Run from a plain checkout (`python benchmarks/NAME.py` at the repository root, no install).
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(1, str(REPO / "benchmarks"))  # the sibling _alternating.py, however this runs
+
+from _alternating import alternate, comparison_table
 
 VOCAB = 10000
 BLOCK_SIZE = 256
@@ -197,24 +200,11 @@ def main() -> int:
     checkouts = {"this checkout": REPO}
     if args.baseline is not None:
         checkouts = {"baseline": args.baseline.resolve(), **checkouts}
-    results: dict[str, list[dict[str, float]]] = {name: [] for name in checkouts}
-    for round_index in range(args.rounds):
-        for name, checkout in checkouts.items():
-            results[name].append(run(checkout, cache_dir, args.quick, args.device))
-            print(f"round {round_index + 1} {name}: {results[name][-1]}", flush=True)
-    names = list(checkouts)
-    header = " | ".join(f"{name} (median / best)" for name in names)
-    print(f"\n| measure | {header} |" + (" baseline / this (median) |" if len(names) == 2 else ""))
-    print("|---|" + "---:|" * (len(names) + (len(names) == 2)))
-    for key, label in ROWS:
-        cells = []
-        medians = []
-        for name in names:
-            values = [run_result[key] for run_result in results[name]]
-            medians.append(statistics.median(values))
-            cells.append(f"{medians[-1]:.3g} / {min(values):.3g}")
-        ratio = f" {medians[0] / medians[1]:.2f}x |" if len(names) == 2 else ""
-        print(f"| {label} | {' | '.join(cells)} |{ratio}")
+    results = alternate(
+        checkouts, args.rounds, lambda checkout: run(checkout, cache_dir, args.quick, args.device)
+    )
+    print()
+    print("\n".join(comparison_table(results, ROWS)))
     return 0
 
 

@@ -1,6 +1,6 @@
-"""``make bench-gpu``'s script on the CPU (``--device cpu``, tiny shapes): every section runs
-and the markdown report has them all. The numbers mean nothing here; on a GPU the same code
-measures the real thing."""
+"""``make bench-gpu``'s script and the step profile on the CPU (``--device cpu``, tiny shapes):
+every section runs and the markdown has them all. The numbers mean nothing here; on a GPU the
+same code measures the real thing."""
 
 from __future__ import annotations
 
@@ -10,24 +10,23 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "benchmarks" / "gpu_report.py"
 
 
-def test_gpu_report_cpu_smoke_run(tmp_path: Path) -> None:
-    out = tmp_path / "report.md"
+def run_on_cpu(script: str, out: Path, *options: str) -> str:
+    """Run ``benchmarks/<script>`` on tiny CPU shapes from ``out``'s folder; its markdown."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("PYTHONPATH", None)  # the script finds src/ itself
     result = subprocess.run(
         [
             sys.executable,
-            str(SCRIPT),
+            str(REPO / "benchmarks" / script),
             "--device=cpu",
             f"--out={out}",
-            f"--cache-dir={tmp_path}",
-            "--baselines=generate",
+            f"--cache-dir={out.parent}",
             "--bandwidth-mb=16",
+            *options,
         ],
-        cwd=tmp_path,
+        cwd=out.parent,
         capture_output=True,
         text=True,
         env=env,
@@ -35,7 +34,11 @@ def test_gpu_report_cpu_smoke_run(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
-    report = out.read_text()
+    return out.read_text()
+
+
+def test_gpu_report_cpu_smoke_run(tmp_path: Path) -> None:
+    report = run_on_cpu("gpu_report.py", tmp_path / "report.md", "--baselines=generate")
     for heading in (
         "# pagedinfer GPU report",
         "## Device",
@@ -53,30 +56,9 @@ def test_gpu_report_cpu_smoke_run(tmp_path: Path) -> None:
 
 
 def test_step_profile_cpu_smoke_run(tmp_path: Path) -> None:
-    out = tmp_path / "profile.md"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env.pop("PYTHONPATH", None)
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "benchmarks" / "step_profile.py"),
-            "--device=cpu",
-            "--cprofile",
-            "--top=5",
-            "--timeline-steps=2",
-            f"--out={out}",
-            f"--cache-dir={tmp_path}",
-            "--bandwidth-mb=16",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        check=False,
+    profile = run_on_cpu(
+        "step_profile.py", tmp_path / "profile.md", "--cprofile", "--top=5", "--timeline-steps=2"
     )
-    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
-    profile = out.read_text()
     for part in (
         "First timed run",
         "Second timed run",
