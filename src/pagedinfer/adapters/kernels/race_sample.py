@@ -39,6 +39,8 @@ each kernel once.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import triton
 import triton.language as tl
@@ -77,12 +79,22 @@ def _chunk_best(  # type: ignore[no-untyped-def]
     return top, tl.min(tl.where(best == top, best_index, 2147483647), 0)
 
 
-@triton.jit(  # type: ignore[untyped-decorator]
-    do_not_specialize=["stride_temperature", "stride_seed", "stride_step", "key_lo", "key_hi"],
-    # Scalar loads: a column of the sampling table (offset) and a fresh tensor, or the seeds
-    # standing in for absent steps, must not compile two variants.
-    do_not_specialize_on_alignment=["temperatures_ptr", "seeds_ptr", "steps_ptr"],
-)
+_UNSPECIALIZED = ["stride_temperature", "stride_seed", "stride_step", "key_lo", "key_hi"]
+# Scalar loads: a column of the sampling table (offset) and a fresh tensor, or the seeds
+# standing in for absent steps, must not compile two variants. Triton versions without
+# ``do_not_specialize_on_alignment`` (it is not in every 3.x) get the broader
+# ``do_not_specialize`` for these pointers, which drops the alignment key too.
+_UNALIGNED = ["temperatures_ptr", "seeds_ptr", "steps_ptr"]
+if "do_not_specialize_on_alignment" in inspect.signature(triton.jit).parameters:
+    _CHUNKS_JIT_OPTIONS: dict[str, list[str]] = {
+        "do_not_specialize": _UNSPECIALIZED,
+        "do_not_specialize_on_alignment": _UNALIGNED,
+    }
+else:  # pragma: no cover - older Triton
+    _CHUNKS_JIT_OPTIONS = {"do_not_specialize": _UNSPECIALIZED + _UNALIGNED}
+
+
+@triton.jit(**_CHUNKS_JIT_OPTIONS)  # type: ignore[untyped-decorator]
 def _race_chunks_kernel(  # type: ignore[no-untyped-def]
     logits_ptr,
     temperatures_ptr,
