@@ -13,7 +13,9 @@ read-only (copy it if a test needs to damage it).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,21 @@ if not torch.cuda.is_available():
     # Triton kernels run in Triton's interpreter on CPU-only machines. Must be set before
     # triton is first imported, which happens no earlier than test collection.
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture(autouse=True)
+def python_sigint_handler() -> Iterator[None]:
+    """Every test starts under Python's own SIGINT handler, whatever the parent set: a job
+    started in the background (``make test &``, ``nohup``) inherits SIGINT ignored, under
+    which Ctrl-C handling is rightly inactive and the tests of it would fail. Restored after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture(scope="session")
