@@ -56,7 +56,7 @@ bench-pool: $(STAMP)
 	$(VPY) benchmarks/block_pool.py
 
 # Runs on a CUDA machine with the interpreter that already has torch (no install, no network);
-# about 5-8 minutes on one H100. GPU_REPORT_ARGS=--all-tests runs every GPU test.
+# about 5 minutes on one H100 (measured). GPU_REPORT_ARGS=--all-tests runs every GPU test.
 bench-gpu:
 	PYTHONPATH=src $(PYTHON) benchmarks/gpu_report.py --out $(GPU_REPORT) $(GPU_REPORT_ARGS)
 
