@@ -30,7 +30,6 @@ import asyncio
 import json
 import os
 import platform
-import random
 import signal
 import socket
 import statistics
@@ -45,12 +44,14 @@ from typing import Any
 # this repository's src/ comes first on the import path.
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(1, str(REPO / "benchmarks"))  # the sibling throughput.py, however this runs
 
 import httpx
 import torch
 
 from pagedinfer import Engine, SamplingParams
 from pagedinfer.adapters.models.random_checkpoint import build_random_checkpoint
+from throughput import Workload, make_workload  # the same workload as the offline benchmark
 
 SCALES: dict[str, dict[str, Any]] = {
     # nano-vLLM's workload.
@@ -60,17 +61,6 @@ SCALES: dict[str, dict[str, Any]] = {
     # A smoke run (tests, quick checks).
     "smoke": {"num_requests": 8, "input_len": (4, 24), "output_len": (4, 12)},
 }
-
-
-@dataclass(frozen=True)
-class Workload:
-    prompts: list[list[int]]
-    output_lens: list[int]
-    temperature: float
-
-    @property
-    def output_tokens(self) -> int:
-        return sum(self.output_lens)
 
 
 @dataclass
@@ -94,17 +84,6 @@ class Run:
     @property
     def requests_per_second(self) -> float:
         return self.num_requests / self.seconds
-
-
-def make_workload(args: argparse.Namespace, vocab_size: int) -> Workload:
-    rng = random.Random(args.seed)
-    id_limit = min(10000, vocab_size - 1)
-    prompts = [
-        [rng.randint(0, id_limit) for _ in range(rng.randint(*args.input_len))]
-        for _ in range(args.num_requests)
-    ]
-    output_lens = [rng.randint(*args.output_len) for _ in range(args.num_requests)]
-    return Workload(prompts, output_lens, args.temperature)
 
 
 def engine_kwargs(args: argparse.Namespace, workload: Workload) -> dict[str, Any]:

@@ -351,3 +351,21 @@ def test_host_step_benchmark_quick_run(tmp_path: Path) -> None:
     for cell in rows.values():
         median, best = (float(value) for value in cell.split(" / "))
         assert 0 < best <= median
+
+
+def test_serving_benchmark_smoke_run(tmp_path: Path) -> None:
+    """The server benchmark starts ``pagedinfer serve``, drives it with streaming clients on
+    the offline benchmark's workload and reports both systems and their ratio."""
+    script = REPO / "benchmarks" / "serving.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--scale", "smoke", "--cache-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert "| offline Engine.generate |" in result.stdout
+    assert "| pagedinfer serve, 8 concurrent streams" in result.stdout
+    assert "server / offline output throughput:" in result.stdout
