@@ -107,7 +107,7 @@ class Sampler:
         temperatures = batch.temperatures
         assert temperatures is not None
         logits = logits.float()
-        greedy = None
+        greedy = is_greedy = None
         if batch.any_greedy:
             # The table stores greedy rows as 0.0; comparing with the epsilon also keeps a
             # batch built elsewhere from dividing by a tiny temperature (inf, then NaN).
@@ -120,11 +120,14 @@ class Sampler:
             assert processors is not None
             processors.apply_min_p(scaled, processing)
         if batch.any_top_k or batch.any_top_p:
-            scaled = _filter_top_k_top_p(scaled, batch)
+            scaled = _filter_top_k_top_p(scaled, batch, is_greedy)
         probs = scaled.softmax(dim=-1)
         noise = self._noise(probs.shape, batch)
         sampled = probs.div_(noise).argmax(dim=-1)
-        return sampled if greedy is None else torch.where(is_greedy, greedy, sampled)
+        if greedy is None:
+            return sampled
+        assert is_greedy is not None
+        return torch.where(is_greedy, greedy, sampled)
 
     def _noise(self, shape: torch.Size, batch: SamplingBatch) -> torch.Tensor:
         rows, vocab = int(shape[0]), int(shape[1])
@@ -155,21 +158,32 @@ def uses_fused_race(
     )
 
 
-def _filter_top_k_top_p(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """Set logits outside each row's top-k, then outside its top-p nucleus, to -inf."""
+def _filter_top_k_top_p(
+    logits: torch.Tensor, batch: SamplingBatch, is_greedy: torch.Tensor | None
+) -> torch.Tensor:
+    """Set logits outside each row's top-k, then outside its top-p nucleus, to -inf.
+
+    ``is_greedy [n]`` (``None``: no greedy row) marks rows whose sample is discarded: they
+    are filtered by nothing, whatever their ``top_k`` column holds. Ties with the k-th
+    largest logit are all kept; top-p keeps the smallest set of most likely tokens whose
+    mass (renormalised after top-k) reaches ``top_p``, and always the most likely token.
+    """
     vocab = logits.shape[-1]
     assert batch.top_ks is not None and batch.top_ps is not None
+    ks, top_k_on = _row_top_ks(batch.top_ks, vocab, is_greedy)
     if not batch.any_top_p:
         # top-k only: the k-th largest value is a threshold; no full sort needed. The host
-        # knows the largest k any row may have, so topk needs no device read.
-        ks = torch.where((batch.top_ks > 0) & (batch.top_ks < vocab), batch.top_ks, vocab)
-        max_k = min(batch.max_top_k or vocab, vocab)
-        top_values = logits.topk(max_k, dim=-1).values
-        threshold = top_values.gather(1, (ks - 1).unsqueeze(1))
+        # bounds the k of every row that has one, so topk needs no device read. A row whose
+        # k exceeds that bound (only a batch built with a wrong bound has one) keeps the
+        # bound's tokens rather than failing the step; a row without top-k keeps them all.
+        width = min(batch.max_top_k or vocab, vocab)
+        top_values = logits.topk(width, dim=-1).values
+        threshold = top_values.gather(1, (ks.clamp(max=width) - 1).unsqueeze(1))
+        threshold.masked_fill_(~top_k_on.unsqueeze(1), float("-inf"))
         return logits.masked_fill_(logits < threshold, float("-inf"))
     sorted_logits, order = logits.sort(dim=-1, descending=False)
     if batch.any_top_k:
-        ks = torch.where((batch.top_ks > 0) & (batch.top_ks < vocab), batch.top_ks, vocab)
+        # A row without top-k has k = vocab: its threshold is its smallest logit.
         threshold = sorted_logits.gather(1, (vocab - ks).unsqueeze(1))
         sorted_logits.masked_fill_(sorted_logits < threshold, float("-inf"))
     # Ascending order: drop tokens while the mass at or below them stays <= 1 - top_p, i.e.
@@ -178,4 +192,17 @@ def _filter_top_k_top_p(logits: torch.Tensor, batch: SamplingBatch) -> torch.Ten
     drop = cumulative <= (1.0 - batch.top_ps).unsqueeze(1)
     drop[:, -1] = False
     sorted_logits.masked_fill_(drop, float("-inf"))
+    # Back to vocabulary order: the sorted value at position j belongs to token order[j].
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def _row_top_ks(
+    top_ks: torch.Tensor, vocab: int, is_greedy: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's k in ``[1, vocab]`` and whether its top-k filter is on: off for greedy
+    rows, for ``top_k`` 0 and for ``top_k >= vocab`` (which keeps every token); an off row
+    has k = vocab."""
+    on = (top_ks > 0) & (top_ks < vocab)
+    if is_greedy is not None:
+        on &= ~is_greedy
+    return torch.where(on, top_ks, vocab), on

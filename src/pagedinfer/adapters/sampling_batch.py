@@ -28,9 +28,11 @@ class SamplingBatch:
     The tensors are ``None`` when every row is greedy (the sampler then only takes the
     argmax). The flags may be a superset of what this step's rows need (the table counts live
     requests, not rows): a pass a row does not need leaves that row unchanged. ``max_top_k``
-    bounds every row's k (the vocabulary when some row has top-k off), known on the host so
-    ``topk`` needs no device read. ``slots`` name each row's table row (for per-request state
-    beyond these parameters).
+    bounds the k of every sampled row whose top-k is on (``0 < k``; capped at the vocabulary),
+    known on the host so ``topk`` needs no device read; 0 means no bound is known (the
+    vocabulary). Greedy rows and rows with top-k off neither count towards it nor are
+    filtered by top-k, whatever their ``top_ks`` entry holds. ``slots`` name each row's
+    table row (for per-request state beyond these parameters).
     """
 
     all_greedy: bool
@@ -61,16 +63,16 @@ class SamplingBatch:
         sampled = [p for p in params if not p.is_greedy]
         if not sampled:
             return cls(all_greedy=True)
-        top_ks = [p.top_k for p in sampled]
+        top_ks = [p.top_k for p in sampled if p.top_k > 0]
         steps = list(sample_steps) if sample_steps is not None else [0] * len(params)
         any_seeded = any(p.seed is not None for p in sampled)
         return cls(
             all_greedy=False,
             any_greedy=len(sampled) < len(params),
-            any_top_k=any(k > 0 for k in top_ks),
+            any_top_k=bool(top_ks),
             any_top_p=any(p.top_p < 1.0 for p in sampled),
             any_seeded=any_seeded,
-            max_top_k=min(vocab_size if 0 in top_ks else max(top_ks), vocab_size),
+            max_top_k=min(max(top_ks, default=0), vocab_size),
             temperatures=torch.tensor(
                 [0.0 if p.is_greedy else p.temperature for p in params],
                 dtype=torch.float32,

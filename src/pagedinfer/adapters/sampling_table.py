@@ -100,7 +100,6 @@ class _Counts:
     greedy: int = 0
     top_p: int = 0
     seeded: int = 0
-    top_k_off: int = 0  # sampled requests without top-k
     top_ks: Counter[int] = field(default_factory=Counter)  # k of sampled requests with top-k
 
     def add(self, params: SamplingParams, sign: int) -> None:
@@ -114,8 +113,6 @@ class _Counts:
             self.top_ks[params.top_k] += sign
             if self.top_ks[params.top_k] == 0:
                 del self.top_ks[params.top_k]
-        else:
-            self.top_k_off += sign
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,10 +210,9 @@ class SamplingTable:
         floats = self.floats.index_select(0, sample_slots)
         ints = self.ints.index_select(0, sample_slots)
         any_top_k = bool(counts.top_ks)
-        max_top_k = 0
-        if any_top_k:
-            largest = self.vocab_size if counts.top_k_off else max(counts.top_ks)
-            max_top_k = min(largest, self.vocab_size)
+        # Over the live sampled requests with top-k on: greedy rows and rows with top-k off
+        # are not filtered by top-k, so they do not widen the step's topk.
+        max_top_k = min(max(counts.top_ks, default=0), self.vocab_size)
         steps = None
         if counts.seeded:
             assert sample_positions is not None, "seeded rows need their positions"

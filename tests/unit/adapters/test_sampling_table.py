@@ -44,7 +44,8 @@ def test_rows_follow_the_slots_of_the_step() -> None:
     )
     rows = table.rows(torch.tensor([5, 3, 0, 3], dtype=torch.int32), torch.tensor([6, 4, 20, 8]))
     assert not rows.all_greedy and rows.any_greedy and rows.any_top_k and rows.any_top_p
-    assert rows.any_seeded and rows.max_top_k == 100  # slot 0 samples without top-k
+    # Slot 0 samples without top-k and slot 5 is greedy: neither widens the topk.
+    assert rows.any_seeded and rows.max_top_k == 7
     assert rows.temperatures is not None and rows.top_ks is not None and rows.top_ps is not None
     assert rows.temperatures.tolist() == [0.0, 0.5, 1.5, 0.5]
     assert rows.top_ks.tolist() == [0, 7, 0, 7]
