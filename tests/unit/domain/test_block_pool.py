@@ -54,9 +54,17 @@ TOKENS_B = list(range(200, 216))
 
 
 # ------------------------------------------------------------------------ construction
-@pytest.mark.parametrize(("num_blocks", "block_size"), [(0, 4), (-1, 4), (4, 0), (4, -2)])
-def test_bad_sizes_are_refused(num_blocks: int, block_size: int) -> None:
-    with pytest.raises(BlockPoolError):
+@pytest.mark.parametrize(
+    ("num_blocks", "block_size", "message"),
+    [
+        (0, 4, r"num_blocks=0 is invalid: a pool needs >= 1 block"),
+        (-1, 4, r"num_blocks=-1 is invalid"),
+        (4, 0, r"block_size=0 is invalid: it must be >= 1"),
+        (4, -2, r"block_size=-2 is invalid"),
+    ],
+)
+def test_bad_sizes_are_refused(num_blocks: int, block_size: int, message: str) -> None:
+    with pytest.raises(BlockPoolError, match=message):
         BlockPool(num_blocks, block_size)
 
 
@@ -99,7 +107,7 @@ def test_failed_allocation_changes_nothing() -> None:
         pool.allocate(4)
     assert snapshot(pool) == before
     assert lookup(pool, TOKENS_A[:8]) == [0, 1]  # nothing was evicted on the way
-    with pytest.raises(BlockPoolError):
+    with pytest.raises(BlockPoolError, match="cannot allocate -1 blocks"):
         pool.allocate(-1)
     assert snapshot(pool) == before
     pool.check_integrity()
@@ -122,21 +130,21 @@ def test_free_drops_one_reference_per_id() -> None:
 
 
 @pytest.mark.parametrize(
-    "bad",
+    ("bad", "message"),
     [
-        [2],  # never allocated
-        [0, 0],  # ref_count 1, freed twice in one call
-        [1, 0, 1],
-        [0, 99],  # valid id then unknown id
-        [-1],
-        [3],
+        ([2], "double free of block 2: its ref_count is 0"),  # never allocated
+        ([0, 0], "double free of block 0: its ref_count is 1"),  # freed twice in one call
+        ([1, 0, 1], "double free of block 1: its ref_count is 1"),
+        ([0, 99], "block id 99 is unknown: ids run from 0 to 2"),  # valid id, then unknown
+        ([-1], "block id -1 is unknown"),
+        ([3], "block id 3 is unknown"),
     ],
 )
-def test_double_free_or_unknown_id_raises_and_changes_nothing(bad: list[int]) -> None:
+def test_double_free_or_unknown_id_raises_and_changes_nothing(bad: list[int], message: str) -> None:
     pool = BlockPool(3, BS)
     pool.allocate(2)
     before = snapshot(pool)
-    with pytest.raises(BlockPoolError):
+    with pytest.raises(BlockPoolError, match=message):
         pool.free(bad)
     assert snapshot(pool) == before
     assert refs(pool) == [1, 1, 0]
@@ -387,11 +395,117 @@ def test_acquire_refuses_uncached_or_foreign_blocks_and_changes_nothing() -> Non
     blocks = pool.allocate(2)
     register_chain(pool, [0], TOKENS_A[:4])
     before = snapshot(pool)
-    with pytest.raises(BlockPoolError):
+    with pytest.raises(BlockPoolError, match=r"Block\(id=1, .*is not a cached block"):
         pool.acquire([blocks[0], blocks[1]])  # block 1 has no hash
-    with pytest.raises(BlockPoolError):
+    with pytest.raises(BlockPoolError, match=r"Block\(id=0, .*is not a cached block"):
         pool.acquire([Block(0)])  # not this pool's block object
     assert snapshot(pool) == before
+
+
+# ------------------------------------------------------------------------------ share
+def free_order(pool: BlockPool) -> list[int]:
+    """The ids the free lists would hand out next, in order (observed on a copy)."""
+    return ids(copy.deepcopy(pool).allocate(pool.num_free_blocks))
+
+
+def test_share_takes_one_more_reference_per_id() -> None:
+    pool = BlockPool(5, BS)
+    pool.allocate(3)  # 0, 1, 2
+    pool.share([0, 2])
+    assert refs(pool) == [2, 1, 2, 0, 0]
+    pool.share([2, 2, 0])  # an id listed twice gains two references
+    assert refs(pool) == [3, 1, 4, 0, 0]
+    pool.share([])
+    assert refs(pool) == [3, 1, 4, 0, 0]
+    assert (pool.num_free_blocks, pool.num_used_blocks) == (2, 3)
+    assert free_order(pool) == [3, 4]  # sharing touches no free list
+    pool.check_integrity()
+
+
+@pytest.mark.parametrize(
+    ("frees", "free_after", "reuse"),
+    [
+        # The owner first, then the sharer: the second call drops the last references.
+        ([[1, 0], [1, 0]], [2, 4], [2, 3, 1, 0]),
+        ([[0], [0], [1], [1]], [2, 3, 3, 4], [2, 3, 0, 1]),  # one reference at a time
+        ([[0, 0], [1, 1]], [3, 4], [2, 3, 0, 1]),  # both references of a block in one call
+        ([[1, 1, 0, 0]], [4], [2, 3, 1, 0]),  # everything in one call
+    ],
+    ids=["owner-then-sharer", "one-by-one", "block-by-block", "one-call"],
+)
+def test_a_shared_block_is_free_only_after_its_last_reference(
+    frees: list[list[int]], free_after: list[int], reuse: list[int]
+) -> None:
+    pool = BlockPool(4, BS)
+    pool.allocate(2)  # 0, 1
+    pool.share([0, 1])
+    for block_ids, num_free in zip(frees, free_after, strict=True):
+        pool.free(block_ids)
+        pool.check_integrity()
+        assert pool.num_free_blocks == num_free
+    assert refs(pool) == [0, 0, 0, 0]
+    # An uncached block joins the back of the FIFO when its last reference goes: the block
+    # whose last reference went first is reused first (after the never-used 2 and 3).
+    assert free_order(pool) == reuse
+
+
+def test_freeing_a_shared_cached_block_keeps_it_findable_until_evicted() -> None:
+    pool = BlockPool(4, BS)
+    blocks = pool.allocate(2)
+    register_chain(pool, ids(blocks), TOKENS_A[:8])
+    pool.share([0, 1])  # a second completion reads the same prompt blocks
+    pool.free([1, 0])
+    assert refs(pool) == [1, 1, 0, 0]
+    assert lookup(pool, TOKENS_A[:8]) == [0, 1]
+    assert free_order(pool) == [2, 3]  # still in use: on no free list
+    pool.free([1, 0])  # the last references: onto the cached free list, tail first
+    assert pool.num_free_blocks == 4 and pool.stats().num_cached_blocks == 2
+    assert lookup(pool, TOKENS_A[:8]) == [0, 1]
+    assert free_order(pool) == [2, 3, 1, 0]  # uncached first, then least recently freed
+    pool.check_integrity()
+
+
+def test_a_cached_block_on_the_free_list_is_acquired_not_shared() -> None:
+    pool = BlockPool(3, BS)
+    blocks = pool.allocate(1)
+    register_chain(pool, ids(blocks), TOKENS_A[:4])
+    pool.free([0])  # cached and free: findable, on the cached free list
+    before = snapshot(pool)
+    with pytest.raises(BlockPoolError, match="block 0 is free: only blocks in use are shared"):
+        pool.share([0])
+    assert snapshot(pool) == before
+    (found,) = pool.find_cached_prefix(chain_hashes(TOKENS_A[:4], BS), TOKENS_A[:4])
+    pool.acquire([found])  # the way to take it back: off the free list, reference 1
+    assert refs(pool) == [1, 0, 0] and free_order(pool) == [1, 2]
+    pool.share([0])  # in use now: it can be shared
+    assert refs(pool) == [2, 0, 0]
+    pool.check_integrity()
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ([2], "block 2 is free: only blocks in use are shared"),  # never allocated
+        ([0, 2], "block 2 is free"),  # a block in use, then a free one
+        ([0, 1, 3], "block 3 is free"),  # a free cached block after blocks in use
+        ([0, 5], "block id 5 is unknown: ids run from 0 to 4"),
+        ([1, -1], "block id -1 is unknown"),
+    ],
+)
+def test_share_of_a_free_or_unknown_block_raises_and_changes_nothing(
+    bad: list[int], message: str
+) -> None:
+    pool = BlockPool(5, BS)
+    blocks = pool.allocate(4)  # 0, 1, 2, 3
+    register_chain(pool, [3], TOKENS_A[:4])
+    pool.free([3, 2])  # 3 is cached and free, 2 uncached and free
+    before = snapshot(pool)
+    with pytest.raises(BlockPoolError, match=message):
+        pool.share(bad)
+    assert snapshot(pool) == before
+    assert refs(pool) == [1, 1, 0, 0, 0]
+    assert ids(blocks[:2]) == [0, 1]
+    pool.check_integrity()
 
 
 # ------------------------------------------------------------------------- registration
@@ -406,7 +520,7 @@ def test_register_refuses_free_registered_or_partial_blocks() -> None:
     pool.register(0, digest, None, TOKENS_A[:4])
     with pytest.raises(BlockPoolError, match="already registered"):
         pool.register(0, digest, None, TOKENS_A[:4])
-    with pytest.raises(BlockPoolError):
+    with pytest.raises(BlockPoolError, match="block id 7 is unknown"):
         pool.register(7, digest, None, TOKENS_A[:4])
     assert pool.stats().num_cached_blocks == 1
     pool.check_integrity()
@@ -473,5 +587,5 @@ def test_check_integrity_detects_corruption() -> None:
     pool = BlockPool(2, BS)
     pool.allocate(1)
     pool.block(0).ref_count = 0  # corrupt on purpose: ref 0 but not on the free list
-    with pytest.raises(BlockPoolError):
+    with pytest.raises(BlockPoolError, match=r"Block\(id=0, .*free-list membership disagrees"):
         pool.check_integrity()
