@@ -109,7 +109,7 @@ def test_advance_rejects_a_wrong_number_of_tokens_and_changes_nothing() -> None:
     before = [list(seq.token_ids) for seq in seqs]
     with pytest.raises(ValueError, match="2 sampled tokens for 3 rows"):
         batch.advance([1, 2])
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="integer"):
         batch.advance([1, 2, "x"])  # type: ignore[list-item]
     assert [seq.token_ids for seq in seqs] == before
     batch.check()

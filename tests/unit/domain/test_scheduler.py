@@ -123,9 +123,9 @@ def test_token_budget_may_be_smaller_than_max_model_len() -> None:
 
 def test_a_mismatched_pool_is_refused() -> None:
     config = SchedulerConfig(num_blocks=8, block_size=4, max_model_len=16)
-    with pytest.raises(ConfigurationError):
+    with pytest.raises(ConfigurationError, match="block pool does not match the scheduler config"):
         Scheduler(config, BlockPool(8, 2))
-    with pytest.raises(ConfigurationError):
+    with pytest.raises(ConfigurationError, match="block pool does not match the scheduler config"):
         Scheduler(config, BlockPool(9, 4))
 
 
@@ -154,7 +154,7 @@ def test_duplicate_or_reused_requests_are_rejected() -> None:
     with pytest.raises(InvalidRequestError, match="already"):
         scheduler.add(Sequence(0, prompt(1, 3)))
     step(scheduler, constant_sampler(1))
-    with pytest.raises(InvalidRequestError):
+    with pytest.raises(InvalidRequestError, match="request id 0 is already queued or running"):
         scheduler.add(seq)
     assert scheduler.num_unfinished == 1
 
@@ -567,7 +567,7 @@ def test_postprocess_rejects_a_wrong_number_of_samples() -> None:
     add(scheduler, 0, prompt(0, 3))
     plan = scheduler.schedule()
     assert plan is not None
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="0 sampled token ids for a plan that samples 1 rows"):
         scheduler.postprocess(plan, [])
 
 
