@@ -20,15 +20,24 @@ The seed rule, exactly (all arithmetic on 32-bit words, wrapping; ``>>`` is a lo
 
     mix(x)    = murmur3's fmix32: x ^= x >> 16; x *= 0x85EBCA6B; x ^= x >> 13;
                                   x *= 0xC2B2AE35; x ^= x >> 16
-    s         = mix(seed_lo ^ mix(seed_hi ^ 0x243F6A88))     seed = seed_hi * 2**32 + seed_lo
-    k0        = mix(s ^ mix(step ^ 0x85A308D3))
-    k1        = mix(s + mix(step ^ 0x13198A2E))
+    SALT      = 0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344     (pi's first fraction words)
+    (L, R)    = (seed_lo, seed_hi)                          seed = seed_hi * 2**32 + seed_lo
+    for i in 0, 1, 2, 3:                                    four Feistel rounds
+        (L, R) = (R, L ^ mix(R ^ mix(step ^ SALT[i])))
+    (k0, k1)  = (L, R)
     h(v)      = mix(mix((v * 0x9E3779B9) ^ k0) + k1)          v = token index
     U(v)      = ((h(v) >> 9) + 0.5) / 2**23                   in (0, 1): E = -log U is finite
 
 ``seed`` is a request's ``SamplingParams.seed`` (0 <= seed < 2**63) and ``step`` its sample
-step (the number of completion tokens before this one). Changing this rule changes every
-seeded request's output: treat it as part of the public contract.
+step (the number of completion tokens before this one; its low 32 bits enter, and steps stay
+far below 2**32). Each Feistel round is a bijection of the 64-bit word ``(L, R)`` whatever its
+round function, so for every step the row key ``(k0, k1)`` is a one-to-one function of all 64
+bits of the seed: two distinct seeds never share a row key at the same step (an earlier rule
+folded the seed into 32 bits first, so seeds such as 12345 and 8,122,140,338 drew identical
+noise). The step enters every round, so ``(seed, step)`` pairs of different steps collide only
+by chance (about 2**-64 per pair), and a row key determines the row's whole noise vector.
+Changing this rule changes every seeded request's output: treat it as part of the public
+contract.
 
 The torch twin here (:func:`seeded_uniform_torch`) computes the same bits on int32 tensors
 (wrapping multiplies, logical shifts as arithmetic shift plus mask), in row chunks that stay in
@@ -42,7 +51,7 @@ import functools
 
 import torch
 
-__all__ = ["exponential_noise", "seeded_uniform_torch", "signed32"]
+__all__ = ["exponential_noise", "row_keys", "seeded_uniform_torch", "signed32"]
 
 # The rule's constants as the signed 32-bit words torch and Triton compute with.
 _MASK32 = 0xFFFFFFFF
@@ -57,9 +66,8 @@ def signed32(value: int) -> int:
 MIX_C1 = signed32(0x85EBCA6B)
 MIX_C2 = signed32(0xC2B2AE35)
 GOLDEN = signed32(0x9E3779B9)
-SALT_SEED = signed32(0x243F6A88)
-SALT_K0 = signed32(0x85A308D3)
-SALT_K1 = signed32(0x13198A2E)
+# The Feistel rounds' salts (the first words of pi's fraction), one per round.
+ROUND_SALTS = tuple(signed32(salt) for salt in (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344))
 # Hash bits a uniform keeps: k + 0.5 for k < 2**23 fits float32's 24-bit significand, so
 # every uniform is exact (and never 0 or 1).
 UNIFORM_BITS = 23
@@ -78,15 +86,15 @@ def _mix_(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _row_keys(seeds: torch.Tensor, steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(k0, k1)`` int32 ``[n]`` of the rule from int64 seeds and steps."""
-    seed_lo = _as_int32(seeds & _MASK32)
-    seed_hi = _as_int32((seeds >> 32) & _MASK32)
+def row_keys(seeds: torch.Tensor, steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(k0, k1)`` int32 ``[n]`` of the rule from int64 seeds and steps: four Feistel rounds
+    over the seed's two 32-bit halves, keyed by the step (one-to-one in the seed)."""
+    left = _as_int32(seeds & _MASK32)
+    right = _as_int32((seeds >> 32) & _MASK32)
     step = _as_int32(steps & _MASK32)
-    s = _mix_(seed_lo ^ _mix_(seed_hi ^ SALT_SEED))
-    k0 = _mix_(s ^ _mix_(step ^ SALT_K0))
-    k1 = _mix_(s + _mix_(step ^ SALT_K1))
-    return k0, k1
+    for salt in ROUND_SALTS:
+        left, right = right, left ^ _mix_(right ^ _mix_(step ^ salt))
+    return left, right
 
 
 def _as_int32(words: torch.Tensor) -> torch.Tensor:
@@ -110,7 +118,7 @@ def seeded_uniform_torch(
         out = torch.empty((num_rows, vocab), dtype=torch.float32, device=seeds.device)
     if num_rows == 0:
         return out
-    k0, k1 = _row_keys(seeds, steps)
+    k0, k1 = row_keys(seeds, steps)
     scrambled = _scrambled_indices(vocab, seeds.device)
     chunk = max(1, _CHUNK_ELEMENTS // max(vocab, 1))
     for start in range(0, num_rows, chunk):

@@ -10,10 +10,14 @@ from __future__ import annotations
 import math
 import os
 
+import hypothesis.strategies as st
 import pytest
 import torch
+from hypothesis import given, settings
 
-from pagedinfer.adapters.sampling_noise import exponential_noise, seeded_uniform_torch
+from pagedinfer.adapters.sampler import Sampler
+from pagedinfer.adapters.sampling_noise import exponential_noise, row_keys, seeded_uniform_torch
+from pagedinfer.domain.sampling import MAX_SEED
 
 M32 = 0xFFFFFFFF
 
@@ -27,16 +31,48 @@ def _mix(x: int) -> int:
     return x ^ (x >> 16)
 
 
+SALTS = (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344)
+
+
+def rule_keys(seed: int, step: int) -> tuple[int, int]:
+    """The documented row key ``(k0, k1)``: four Feistel rounds over the seed's halves."""
+    left, right = seed & M32, seed >> 32
+    for salt in SALTS:
+        left, right = right, left ^ _mix(right ^ _mix(step ^ salt))
+    return left, right
+
+
+def rule_seed(k0: int, k1: int, step: int) -> int:
+    """The seed whose row key at ``step`` is ``(k0, k1)``: the rounds run backwards."""
+    left, right = k0, k1
+    for salt in reversed(SALTS):
+        left, right = right ^ _mix(left ^ _mix(step ^ salt)), left
+    return right << 32 | left
+
+
 def rule_uniform(seed: int, step: int, token: int) -> float:
     """The documented seed rule, in plain Python integers."""
-    s = _mix((seed & M32) ^ _mix((seed >> 32) ^ 0x243F6A88))
-    k0 = _mix(s ^ _mix(step ^ 0x85A308D3))
-    k1 = _mix(s + _mix(step ^ 0x13198A2E))
+    k0, k1 = rule_keys(seed, step)
     h = _mix(_mix(((token * 0x9E3779B9) & M32) ^ k0) + k1)
     return ((h >> 9) + 0.5) / 2**23
 
 
-ROWS = [(0, 0), (1, 0), (0, 1), (12345, 678), (2**63 - 1, 2**20), (2**32 + 5, 3)]
+def old_folded_seed(seed: int) -> int:
+    """The rule before the Feistel rounds folded the seed into one 32-bit word first."""
+    return _mix((seed & M32) ^ _mix((seed >> 32) ^ 0x243F6A88))
+
+
+# 12345 and 8,122,140,338 shared their noise under the rule's old 32-bit fold.
+ROWS = [
+    (0, 0),
+    (1, 0),
+    (0, 1),
+    (12345, 678),
+    (2**63 - 1, 2**20),
+    (2**32 + 5, 3),
+    (8_122_140_338, 678),
+    (2**32 + 12345, 678),
+]
 
 
 def test_torch_twin_follows_the_rule_bit_for_bit() -> None:
@@ -52,18 +88,70 @@ def test_torch_twin_follows_the_rule_bit_for_bit() -> None:
 def test_pinned_values() -> None:
     """A few outputs written down (as multiples of 2**-23): the rule must never change
     silently, in its Python transcription or in the torch twin."""
+    # Values of the rule with the Feistel row keys (the 32-bit fold before it gave others).
     pinned = {
-        (0, 0, 0): 7375548.5,
-        (0, 0, 1): 1392531.5,
-        (0, 0, 2): 3060829.5,
-        (42, 7, 0): 1753233.5,
-        (42, 7, 2): 4551670.5,
-        (2**63 - 1, 1000, 151935): 4267801.5,
+        (0, 0, 0): 197206.5,
+        (0, 0, 1): 2078881.5,
+        (0, 0, 2): 477102.5,
+        (42, 7, 0): 4463782.5,
+        (42, 7, 2): 6372566.5,
+        (2**63 - 1, 1000, 151935): 6184398.5,
     }
     for (seed, step, token), value in pinned.items():
         assert rule_uniform(seed, step, token) * 2**23 == value
         twin = seeded_uniform_torch(torch.tensor([seed]), torch.tensor([step]), token + 1)
         assert twin[0, token].item() * 2**23 == value
+
+
+@given(
+    seed=st.integers(0, MAX_SEED),
+    step=st.integers(0, 2**32 - 1),
+)
+@settings(max_examples=50, deadline=None)
+def test_row_keys_are_one_to_one_in_the_seed(seed: int, step: int) -> None:
+    """The twin's row key is the rule's, and running the Feistel rounds backwards from it
+    gives the seed back: at every step, distinct seeds have distinct row keys."""
+    k0, k1 = row_keys(torch.tensor([seed]), torch.tensor([step]))
+    keys = (int(k0[0]) & M32, int(k1[0]) & M32)
+    assert keys == rule_keys(seed, step)
+    assert rule_seed(*keys, step) == seed
+
+
+def test_seeds_that_agree_in_their_low_32_bits_draw_different_noise() -> None:
+    vocab = 64
+    low = 12345
+    seeds = torch.tensor([low, low + 2**32, low + 7 * 2**32, low + 2**62])
+    for step in (0, 1, 1000):
+        uniform = seeded_uniform_torch(seeds, torch.full((4,), step), vocab)
+        for a in range(4):
+            for b in range(a + 1, 4):
+                # Independent rows: at most a couple of the 64 uniforms agree by chance.
+                assert int((uniform[a] == uniform[b]).sum()) <= 2, (a, b, step)
+
+
+def test_seeds_that_collided_under_the_32_bit_fold_draw_different_noise() -> None:
+    """Issue 21 item 8: 12345 and 8,122,140,338 drew bit-identical noise at every step."""
+    first, second = 12345, 8_122_140_338
+    assert old_folded_seed(first) == old_folded_seed(second)  # the old rule's collision
+    steps = torch.arange(8)
+    one = seeded_uniform_torch(torch.full((8,), first), steps, 256)
+    two = seeded_uniform_torch(torch.full((8,), second), steps, 256)
+    assert int((one == two).sum()) <= 2  # 2048 uniforms, equal only by chance
+
+
+def test_unseeded_step_keys_that_collided_under_the_fold_draw_different_noise() -> None:
+    """The fused race keys unseeded row ``r`` of a step by ``(step key, r)``, the step keys
+    being the sampler's ``random.Random(engine seed).getrandbits(63)`` draws. With engine
+    seed 0, draws 26,946 and 139,035 (0-based) folded to the same 32-bit word, so every row of
+    those two steps drew the same noise."""
+    step_keys = Sampler(torch.device("cpu"), seed=0).step_keys
+    keys = [step_keys.getrandbits(63) for _ in range(139_036)]
+    first, second = keys[26_946], keys[139_035]
+    assert first != second and old_folded_seed(first) == old_folded_seed(second)
+    rows = torch.arange(8)
+    one = seeded_uniform_torch(torch.full((8,), first), rows, 256)
+    two = seeded_uniform_torch(torch.full((8,), second), rows, 256)
+    assert int((one == two).sum()) <= 2
 
 
 def test_seeded_rows_do_not_depend_on_the_batch() -> None:
@@ -131,7 +219,7 @@ def test_kernel_matches_the_twin_bit_for_bit() -> None:
     vocab = 3000  # two blocks, the second ragged
     seeds = torch.tensor([seed for seed, _ in ROWS], device=device)
     steps = torch.tensor([step for _, step in ROWS], device=device)
-    seeded = torch.tensor([True, True, False, True, True, False], device=device)
+    seeded = torch.tensor([True, True, False, True, True, False, True, True], device=device)
     uniform = torch.rand(len(ROWS), vocab, generator=torch.Generator().manual_seed(1)).to(device)
     noise = uniform.clone()
 

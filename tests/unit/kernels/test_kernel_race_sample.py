@@ -190,3 +190,23 @@ def test_no_rows(device: torch.device) -> None:
     empty = torch.empty(0, device=device)
     tokens = race(torch.empty(0, 10, device=device), empty, empty.long(), None, step_key=0)
     assert tokens.shape == (0,) and tokens.dtype == torch.int64
+
+
+def test_step_keys_that_agree_after_a_32_bit_fold_draw_different_tokens(
+    device: torch.device,
+) -> None:
+    """The sampler's step keys 26,946 and 139,035 for engine seed 0 folded to one 32-bit word
+    under the old seed rule, so every unseeded row of those steps drew the same token; the
+    row keys now keep all 64 bits of the step key."""
+    step_keys = Sampler(torch.device("cpu"), seed=0).step_keys
+    keys = [step_keys.getrandbits(63) for _ in range(139_036)]
+    rows, vocab = 8, 1000
+    logits = torch.zeros(rows, vocab, device=device)  # uniform: the noise alone decides
+    temperatures = torch.ones(rows, device=device)
+    seeds = torch.full((rows,), NO_SEED, device=device)
+    first = race(logits, temperatures, seeds, None, step_key=keys[26_946])
+    second = race(logits, temperatures, seeds, None, step_key=keys[139_035])
+    assert int((first == second).sum()) <= 1  # 8 draws of 1000 tokens: equal by chance
+    assert torch.equal(
+        first.cpu(), race_sample_torch(logits, temperatures, seeds, None, keys[26_946]).cpu()
+    )

@@ -34,12 +34,16 @@ def _mix(x):  # type: ignore[no-untyped-def]
 
 @triton.jit
 def seed_rule_row_keys(seed_lo, seed_hi, step32):  # type: ignore[no-untyped-def]
-    """The rule's ``(k0, k1)`` of one row from its seed's 32-bit halves and its step (int32)."""
-    # Salts 0x243F6A88, 0x85A308D3, 0x13198A2E as int32.
-    s = _mix(seed_lo ^ _mix(seed_hi ^ 608135816))
-    k0 = _mix(s ^ _mix(step32 ^ -2052912941))
-    k1 = _mix(s + _mix(step32 ^ 320440878))
-    return k0, k1
+    """The rule's ``(k0, k1)`` of one row from its seed's 32-bit halves and its step (int32):
+    four Feistel rounds ``(L, R) -> (R, L ^ mix(R ^ mix(step ^ salt)))`` from
+    ``(seed_lo, seed_hi)``, one-to-one in the 64-bit seed."""
+    # Round salts 0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344 as int32. Round i maps
+    # (L, R) = (r[i-1], r[i]) to (r[i], r[i+1]), from (r[-1], r[0]) = (seed_lo, seed_hi).
+    r1 = seed_lo ^ _mix(seed_hi ^ _mix(step32 ^ 608135816))
+    r2 = seed_hi ^ _mix(r1 ^ _mix(step32 ^ -2052912941))
+    r3 = r1 ^ _mix(r2 ^ _mix(step32 ^ 320440878))
+    r4 = r2 ^ _mix(r3 ^ _mix(step32 ^ 57701188))
+    return r3, r4
 
 
 @triton.jit

@@ -22,8 +22,10 @@ Noise: every row's ``U`` comes from the seed rule of
   that agree to within a few float32 ulps);
 * an **unseeded** row is keyed by ``(step_key, r)``: ``step_key`` is one 63-bit value the
   sampler draws on the host per step (from its own ``random.Random(engine seed)``, no device
-  read) and ``r`` the row's index in the batch, so no two rows of a step and no two steps
-  share a key. The unfused path draws these rows' uniforms from the engine's
+  read) and ``r`` the row's index in the batch. The rule's row key is one-to-one in all 64
+  bits of its seed at each step, so row ``r`` of two steps shares noise only if their step
+  keys are equal (about ``2**-63`` per pair of steps), and two rows of one step only by a
+  chance of about ``2**-64``. The unfused path draws these rows' uniforms from the engine's
   ``torch.Generator`` instead: both are reproducible for a given engine seed and order of
   steps, and neither makes an unseeded request's tokens independent of its batch.
 
