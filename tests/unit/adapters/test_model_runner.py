@@ -189,5 +189,5 @@ def test_close_is_idempotent_and_final(tiny_checkpoint: Path) -> None:
     assert len(runner.execute(plan).sampled_token_ids) == 1
     runner.close()
     runner.close()
-    with pytest.raises(EngineClosedError):
+    with pytest.raises(EngineClosedError, match="model runner was used after close"):
         runner.execute(plan)

@@ -163,7 +163,7 @@ def test_waiting_for_a_reader_that_never_reads_times_out(context: SpawnContext) 
     try:
         writer.send("nobody reads this")
         started = time.monotonic()
-        with pytest.raises(TimeoutError):
+        with pytest.raises(TimeoutError, match="tensor-parallel control channel"):
             writer.send("nor this", timeout=0.2)
         assert time.monotonic() - started < 2
     finally:

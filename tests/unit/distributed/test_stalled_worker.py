@@ -52,7 +52,8 @@ def test_a_stopped_worker_raises_within_the_timeout(checkpoint: Path) -> None:
             assert f"rank 1 (pid {worker}) is stopped" in message
             assert TIMEOUT_S <= waited < TIMEOUT_S + 15  # + the grace for a dying worker
             assert isinstance(error.value, WorkerDiedError)  # `except WorkerDiedError` holds
-            with pytest.raises(WorkerTimeoutError):  # and it stays failed, without waiting
+            # And it stays failed, without waiting.
+            with pytest.raises(WorkerTimeoutError, match=f"worker_timeout_s={TIMEOUT_S}"):
                 engine.generate([[1, 2, 3]], GREEDY, use_tqdm=False)
             assert not engine.has_unfinished_requests()
         finally:

@@ -288,7 +288,8 @@ def _a_killed_worker_makes_the_next_call_raise_quickly(
     with pytest.raises(WorkerDiedError, match=r"rank 1 .* killed by signal SIGKILL"):
         engine.generate(prompts, GREEDY, use_tqdm=False)
     assert time.monotonic() - started < 10
-    with pytest.raises(WorkerDiedError):  # and it stays failed, without waiting
+    # And it stays failed, without waiting.
+    with pytest.raises(WorkerDiedError, match=r"rank 1 .* killed by signal SIGKILL"):
         engine.generate(prompts, GREEDY, use_tqdm=False)
 
     engine.close()
@@ -310,7 +311,7 @@ def test_close_stops_the_worker_and_frees_the_shared_memory(gqa_checkpoint: Path
     assert child_pids() <= children_before
     assert not existing_shm(created)
     engine.close()  # idempotent
-    with pytest.raises(EngineClosedError):
+    with pytest.raises(EngineClosedError, match="engine is closed"):
         engine.generate([[1, 2, 3]], GREEDY, use_tqdm=False)
 
 

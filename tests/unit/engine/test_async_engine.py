@@ -253,11 +253,11 @@ def test_abort_from_another_coroutine_ends_the_stream(shared: AsyncEngine) -> No
 
 def test_bad_input_raises_at_the_call_and_the_engine_keeps_serving(shared: AsyncEngine) -> None:
     async def main() -> RequestOutput:
-        with pytest.raises(InvalidRequestError):
+        with pytest.raises(InvalidRequestError, match="the prompt is empty"):
             shared.generate("", GREEDY)
-        with pytest.raises(InvalidRequestError):
+        with pytest.raises(InvalidRequestError, match="token id 1000000 is out of range"):
             shared.generate([1, 10**6], GREEDY)
-        with pytest.raises(InvalidRequestError):
+        with pytest.raises(InvalidRequestError, match=r"prompt has 2000 tokens.*max_model_len"):
             shared.generate([1] * 2000, GREEDY)
         stream = shared.generate("x", GREEDY, request_id="dup")
         with pytest.raises(InvalidRequestError, match="already in use"):
@@ -335,9 +335,9 @@ def test_close_ends_streams_with_abort_and_refuses_new_requests(checkpoint: Path
             await anext(stream)
             await asyncio.to_thread(engine.close)
             final = await _last(stream)
-            with pytest.raises(EngineClosedError):
+            with pytest.raises(EngineClosedError, match="AsyncEngine is closed"):
                 engine.generate("after close", GREEDY)
-            with pytest.raises(EngineClosedError):
+            with pytest.raises(EngineClosedError, match="AsyncEngine is closed"):
                 await engine.stats()
             return final
 
@@ -354,7 +354,7 @@ def test_from_engine_wraps_an_existing_engine(checkpoint: Path) -> None:
             return await _last(wrapped.generate("wrapped", GREEDY))
 
     assert _run(main()).outputs[0].finish_reason == "length"
-    with pytest.raises(EngineClosedError):
+    with pytest.raises(EngineClosedError, match="engine is closed"):
         engine.stats()
 
 

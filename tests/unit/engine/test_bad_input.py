@@ -95,9 +95,9 @@ def test_invalid_sampling_params(
     with pytest.raises(ValueError, match=field) as error:
         SamplingParams(**{field: value})  # type: ignore[arg-type]
     assert isinstance(error.value, InvalidSamplingParamsError)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"got 2 SamplingParams for \d+ prompts"):
         engine.generate(PROMPTS, [GREEDY, GREEDY], use_tqdm=False)  # wrong count
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="sampling params must be a SamplingParams, not dict"):
         engine.add_request([1, 2], {"temperature": 0.0})  # type: ignore[arg-type]
     _still_serves(engine, expected)
 

@@ -209,7 +209,7 @@ def test_close_and_context_manager(checkpoint: Path) -> None:
     engine = Engine(checkpoint, device="cpu", kv_block_size=16, max_model_len=64)
     with engine:
         engine.generate([[1, 2]], GREEDY, use_tqdm=False)
-    with pytest.raises(EngineClosedError):
+    with pytest.raises(EngineClosedError, match="the engine is closed; create a new Engine"):
         engine.generate([[1, 2]], GREEDY, use_tqdm=False)
     engine.close()  # idempotent
 

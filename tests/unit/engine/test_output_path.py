@@ -221,7 +221,7 @@ def test_a_stream_closed_early_is_aborted(engine: Engine) -> None:
 
 
 def test_a_stream_is_queued_and_validated_when_created(engine: Engine) -> None:
-    with pytest.raises(InvalidRequestError):
+    with pytest.raises(InvalidRequestError, match="the prompt is empty"):
         engine.stream([])
     stream = engine.stream([1, 2, 3], GREEDY)
     assert engine.has_unfinished_requests()
@@ -238,9 +238,9 @@ def test_closing_the_engine_ends_open_streams_with_abort(checkpoint: Path) -> No
     engine.close()
     (last,) = list(stream)
     assert last.finished and last.outputs[0].finish_reason == "abort"
-    with pytest.raises(EngineClosedError):
+    with pytest.raises(EngineClosedError, match="the engine is closed"):
         engine.step()
-    with pytest.raises(EngineClosedError):
+    with pytest.raises(EngineClosedError, match="the engine is closed"):
         engine.abort(request_id)
 
 
