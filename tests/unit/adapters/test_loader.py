@@ -34,6 +34,79 @@ def build(path: Path, dtype: torch.dtype = torch.float32) -> CausalLM:
     )
 
 
+def expected_parameters(
+    tensors: dict[str, torch.Tensor], *, rank: int = 0, world_size: int = 1
+) -> dict[str, torch.Tensor]:
+    """What each parameter of the model must hold after loading ``tensors`` (a checkpoint's
+    Hugging Face names), written from the layout, independently of the loader: q/k/v and
+    gate/up projections concatenated row-wise, MoE experts stacked, and under tensor
+    parallelism this rank's part (rows of the embedding and of column-parallel projections,
+    columns of row-parallel ones; every expert's intermediate features)."""
+
+    def part(tensor: torch.Tensor, dim: int) -> torch.Tensor:
+        return tensor.chunk(world_size, dim)[rank]
+
+    expected: dict[str, torch.Tensor] = {}
+    experts: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
+    for name, tensor in tensors.items():
+        stem, _, leaf = name.rpartition(".")
+        _, _, proj = stem.rpartition(".")
+        if ".mlp.experts." in name:
+            owner, _, rest = name.partition(".mlp.experts.")
+            index, proj, _ = rest.split(".")
+            experts.setdefault(f"{owner}.mlp.experts", {}).setdefault(int(index), {})[proj] = tensor
+        elif proj in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"):
+            continue  # concatenated below, in this order
+        elif proj in ("o_proj", "down_proj"):
+            expected[name] = part(tensor, 1)
+        elif name in ("model.embed_tokens.weight", "lm_head.weight"):
+            expected[name] = part(tensor, 0)
+        else:
+            assert (leaf == "weight" and tensor.dim() == 1) or proj == "gate", name
+            expected[name] = tensor
+    for name in tensors:
+        if name.endswith(".self_attn.q_proj.weight"):
+            prefix = name.removesuffix(".q_proj.weight")
+            expected[f"{prefix}.qkv_proj.weight"] = torch.cat(
+                [part(tensors[f"{prefix}.{p}_proj.weight"], 0) for p in "qkv"]
+            )
+        if name.endswith(".mlp.gate_proj.weight") and ".experts." not in name:
+            prefix = name.removesuffix(".gate_proj.weight")
+            expected[f"{prefix}.gate_up_proj.weight"] = torch.cat(
+                [part(tensors[f"{prefix}.{p}_proj.weight"], 0) for p in ("gate", "up")]
+            )
+    for prefix, by_index in experts.items():
+        order = sorted(by_index)
+        assert order == list(range(len(order))), prefix
+        expected[f"{prefix}.gate_up_proj"] = torch.stack(
+            [
+                torch.cat([part(by_index[e]["gate_proj"], 0), part(by_index[e]["up_proj"], 0)])
+                for e in order
+            ]
+        )
+        expected[f"{prefix}.down_proj"] = torch.stack(
+            [part(by_index[e]["down_proj"], 1) for e in order]
+        )
+    return expected
+
+
+def assert_holds_checkpoint(
+    model: CausalLM, tensors: dict[str, torch.Tensor], *, rank: int = 0, world_size: int = 1
+) -> None:
+    """Every parameter of ``model`` holds exactly its part of ``tensors`` (values, converted
+    to the parameter's dtype), and no parameter is left out."""
+    params = dict(model.named_parameters())
+    expected = expected_parameters(tensors, rank=rank, world_size=world_size)
+    if "lm_head.weight" not in params:  # a tied head is the embedding itself
+        expected.pop("lm_head.weight", None)
+        assert model.get_parameter("lm_head.weight") is params["model.embed_tokens.weight"]
+    assert sorted(params) == sorted(expected)
+    for name, param in params.items():
+        want = expected[name].to(param.dtype)
+        assert param.shape == want.shape, name
+        assert torch.equal(param, want), name
+
+
 def edited_copy(
     source: Path, target: Path, edit: Callable[[dict[str, torch.Tensor]], None]
 ) -> Path:
@@ -43,6 +116,41 @@ def edited_copy(
     edit(tensors)
     save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
     return target
+
+
+def with_distinct_norms(source: Path, target: Path) -> Path:
+    """A copy of checkpoint ``source`` whose norm weights are random around 1: a random
+    checkpoint's are all ones, which is also what a model's norms hold before loading, so a
+    norm that is never loaded would go unseen."""
+    generator = torch.Generator().manual_seed(0)
+
+    def vary(tensors: dict[str, torch.Tensor]) -> None:
+        for name, tensor in tensors.items():
+            if tensor.dim() == 1:
+                noise = torch.randn(tensor.shape, generator=generator, dtype=tensor.dtype)
+                tensors[name] = 1.0 + 0.1 * noise
+
+    return edited_copy(source, target, vary)
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(
+    make_checkpoint: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """The tiny checkpoint (overriding the shared fixture here) with distinct norm weights."""
+    target = tmp_path_factory.mktemp("loader") / "tiny"
+    path = with_distinct_norms(make_checkpoint("tiny"), target)
+    norm = load_file(str(path / "model.safetensors"))[f"{LAYER0}.self_attn.k_norm.weight"]
+    assert not torch.equal(norm, torch.ones_like(norm))
+    return path
+
+
+@pytest.fixture(scope="module")
+def moe_checkpoint(
+    make_checkpoint: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    source = make_checkpoint("tiny", architecture="Qwen3MoeForCausalLM", num_experts=4)
+    return with_distinct_norms(source, tmp_path_factory.mktemp("loader") / "moe")
 
 
 def test_packed_projections_hold_the_checkpoint_tensors(tiny_checkpoint: Path) -> None:
@@ -61,6 +169,7 @@ def test_packed_projections_hold_the_checkpoint_tensors(tiny_checkpoint: Path) -
     )
     assert torch.equal(gate_up, expected_gate_up)
     assert torch.equal(params["model.norm.weight"], tensors["model.norm.weight"])
+    assert_holds_checkpoint(model, tensors)
 
 
 def test_tied_head_shares_the_embedding(tiny_checkpoint: Path) -> None:
@@ -69,25 +178,34 @@ def test_tied_head_shares_the_embedding(tiny_checkpoint: Path) -> None:
     head = model.get_parameter("lm_head.weight")
     embedding = model.get_parameter("model.embed_tokens.weight")
     assert head is embedding
+    tensors = load_file(str(tiny_checkpoint / "model.safetensors"))
+    assert torch.equal(head, tensors["model.embed_tokens.weight"])
 
 
-def test_untied_head_loads_its_own_weight(make_checkpoint: Callable[..., Path]) -> None:
-    path = make_checkpoint("tiny", tie_word_embeddings=False)
+def test_untied_head_loads_its_own_weight(
+    make_checkpoint: Callable[..., Path], tmp_path: Path
+) -> None:
+    path = with_distinct_norms(make_checkpoint("tiny", tie_word_embeddings=False), tmp_path / "u")
     model = build(path)
     load_weights(model, path)
     tensors = load_file(str(path / "model.safetensors"))
     assert torch.equal(model.get_parameter("lm_head.weight"), tensors["lm_head.weight"])
     assert not torch.equal(tensors["lm_head.weight"], tensors["model.embed_tokens.weight"])
+    assert_holds_checkpoint(model, tensors)
 
 
 def test_tied_checkpoint_that_also_stores_lm_head_loads(
     tiny_checkpoint: Path, tmp_path: Path
 ) -> None:
     def add_head(tensors: dict[str, torch.Tensor]) -> None:
-        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
+        # Not quite the embedding: the model must keep the embedding (tied) and ignore this.
+        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"] + 1.0
 
     path = edited_copy(tiny_checkpoint, tmp_path / "with-head", add_head)
-    load_weights(build(path), path)
+    model = build(path)
+    load_weights(model, path)
+    tensors = load_file(str(path / "model.safetensors"))
+    assert_holds_checkpoint(model, {k: v for k, v in tensors.items() if k != "lm_head.weight"})
 
 
 def test_weights_are_converted_to_the_model_dtype(tiny_checkpoint: Path) -> None:
@@ -97,6 +215,8 @@ def test_weights_are_converted_to_the_model_dtype(tiny_checkpoint: Path) -> None
     embedding = model.get_parameter("model.embed_tokens.weight")
     assert embedding.dtype is torch.bfloat16
     assert torch.equal(embedding, tensors["model.embed_tokens.weight"].to(torch.bfloat16))
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert_holds_checkpoint(model, tensors)  # every value, rounded to bfloat16
     # The rotary tables stay float32 whatever the model dtype.
     assert model.get_buffer("model.rotary_emb.cos").dtype is torch.float32
 
@@ -175,6 +295,21 @@ def grow_rows(name: str, extra: int) -> Callable[[dict[str, torch.Tensor]], None
         tensors[name] = torch.cat([tensor, torch.zeros(extra, *tensor.shape[1:])])
 
     return edit
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_each_tensor_parallel_rank_holds_its_part(tiny_checkpoint: Path, rank: int) -> None:
+    model = build_rank(tiny_checkpoint, rank, 2)
+    load_weights(model, tiny_checkpoint)
+    tensors = load_file(str(tiny_checkpoint / "model.safetensors"))
+    assert_holds_checkpoint(model, tensors, rank=rank, world_size=2)
+    # The layout the helper assumes, spelled out for one layer: rank 1 holds the second
+    # half of the query heads and the second of the two KV heads.
+    qkv = model.get_parameter(f"{LAYER0}.self_attn.qkv_proj.weight")
+    q, k, v = (tensors[f"{LAYER0}.self_attn.{p}_proj.weight"] for p in "qkv")
+    assert torch.equal(qkv[:64], q[64 * rank : 64 * (rank + 1)])
+    assert torch.equal(qkv[64:96], k[32 * rank : 32 * (rank + 1)])
+    assert torch.equal(qkv[96:], v[32 * rank : 32 * (rank + 1)])
 
 
 @pytest.mark.parametrize("world_size", [1, 2])
@@ -260,7 +395,10 @@ def test_half_precision_tensors_load_into_a_float32_model(
     path = edited_copy(tiny_checkpoint, tmp_path / "half", to_half)
     model = build(path)
     load_weights(model, path)
-    assert model.get_parameter("model.norm.weight").dtype is torch.float32
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    half = load_file(str(path / "model.safetensors"))
+    assert {t.dtype for t in half.values()} == {torch.float16}
+    assert_holds_checkpoint(model, half)  # the float16 values, exactly, as float32
 
 
 # ------------------------------------------------------------- files: shards and damage
@@ -288,7 +426,9 @@ def shard(source: Path, target: Path, *, index: bool, overlap: bool = False) -> 
 @pytest.mark.parametrize("index", [True, False])
 def test_sharded_checkpoints_load(tiny_checkpoint: Path, tmp_path: Path, index: bool) -> None:
     path = shard(tiny_checkpoint, tmp_path / "sharded", index=index)
-    load_weights(build(path), path)
+    model = build(path)
+    load_weights(model, path)
+    assert_holds_checkpoint(model, load_file(str(tiny_checkpoint / "model.safetensors")))
 
 
 def test_a_tensor_stored_twice_is_refused(tiny_checkpoint: Path, tmp_path: Path) -> None:
@@ -305,7 +445,9 @@ def test_the_index_decides_which_files_are_read(tiny_checkpoint: Path, tmp_path:
     the indexed Hugging Face shards; it must not be read."""
     path = shard(tiny_checkpoint, tmp_path / "indexed", index=True)
     save_file({"tok_embeddings.weight": torch.zeros(2, 2)}, str(path / "consolidated.safetensors"))
-    load_weights(build(path), path)
+    model = build(path)
+    load_weights(model, path)
+    assert_holds_checkpoint(model, load_file(str(tiny_checkpoint / "model.safetensors")))
     (path / "model.safetensors.index.json").unlink()
     with pytest.raises(UnsupportedModelError, match="tok_embeddings"):
         load_weights(build(path), path)
@@ -360,8 +502,8 @@ def test_a_symlink_loop_instead_of_weights(tiny_checkpoint: Path, tmp_path: Path
 # ------------------------------------------------------------------------ MoE experts
 
 
-def test_expert_tensors_are_stacked(make_checkpoint: Callable[..., Path]) -> None:
-    path = make_checkpoint("tiny", architecture="Qwen3MoeForCausalLM", num_experts=4)
+def test_expert_tensors_are_stacked(moe_checkpoint: Path) -> None:
+    path = moe_checkpoint
     model = build(path)
     load_weights(model, path)
     tensors = load_file(str(path / "model.safetensors"))
@@ -374,12 +516,11 @@ def test_expert_tensors_are_stacked(make_checkpoint: Callable[..., Path]) -> Non
         )
         assert torch.equal(gate_up[e], expected)
         assert torch.equal(down[e], tensors[f"{experts}.{e}.down_proj.weight"])
+    assert_holds_checkpoint(model, tensors)
 
 
-def test_expert_shards_split_the_intermediate_features(
-    make_checkpoint: Callable[..., Path],
-) -> None:
-    path = make_checkpoint("tiny", architecture="Qwen3MoeForCausalLM", num_experts=4)
+def test_expert_shards_split_the_intermediate_features(moe_checkpoint: Path) -> None:
+    path = moe_checkpoint
     tensors = load_file(str(path / "model.safetensors"))
     experts = f"{LAYER0}.mlp.experts"
     for rank in range(2):
@@ -391,6 +532,7 @@ def test_expert_shards_split_the_intermediate_features(
         assert torch.equal(gate_up[3, 16:], tensors[f"{experts}.3.up_proj.weight"][rows])
         down = model.get_parameter(f"{experts}.down_proj")
         assert torch.equal(down[3], tensors[f"{experts}.3.down_proj.weight"][:, rows])
+        assert_holds_checkpoint(model, tensors, rank=rank, world_size=2)
 
 
 def test_missing_and_unknown_experts_are_named(
