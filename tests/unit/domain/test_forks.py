@@ -201,7 +201,7 @@ def test_preempted_forks_recompute_on_their_own() -> None:
     seqs = request(0, list(range(10)), n=4, params=SamplingParams(max_tokens=40, ignore_eos=True))
     add(scheduler, seqs)
     run_all(scheduler)
-    assert scheduler.stats().num_preemptions > 0
+    assert scheduler.stats().num_preemptions == 5  # deterministic: the same run every time
     assert all(s.num_completion_tokens == 40 for s in seqs)
     assert scheduler.pool.num_free_blocks == scheduler.pool.num_blocks
 

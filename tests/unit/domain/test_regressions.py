@@ -47,9 +47,9 @@ def test_num_cached_tokens_counts_prompt_tokens_found_at_first_admission() -> No
     for seq in seqs:
         scheduler.add(seq)
     run_to_completion(scheduler, hash_sampler(vocab=40))
-    assert scheduler.stats().num_preemptions > 0
+    assert scheduler.stats().num_preemptions == 1
     assert [seq.num_cached_tokens for seq in seqs] == [0, 0]
-    assert max(seq.num_preemptions for seq in seqs) > 0
+    assert [seq.num_preemptions for seq in seqs] == [0, 1]  # the newer one was preempted
 
 
 def test_num_cached_tokens_survives_preemption() -> None:
@@ -64,5 +64,5 @@ def test_num_cached_tokens_survives_preemption() -> None:
     scheduler.add(a)
     scheduler.add(b)
     run_to_completion(scheduler, constant_sampler(9))
-    assert b.num_preemptions > 0
+    assert (a.num_preemptions, b.num_preemptions) == (0, 1)
     assert b.num_cached_tokens == 2  # block [1, 2] was served by the cache at admission

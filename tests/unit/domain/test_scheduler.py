@@ -461,7 +461,7 @@ def test_preempted_sequences_finish_with_the_reference_tokens(policy: str) -> No
     scheduler = make(num_blocks=6, block_size=4, max_model_len=24, policy=policy)
     seqs = [add(scheduler, i, tokens, params) for i, tokens in prompts.items()]
     run_to_completion(scheduler, hash_sampler())
-    assert scheduler.stats().num_preemptions > 0
+    assert scheduler.stats().num_preemptions == 4  # deterministic, the same for both policies
     assert {s.seq_id: s.completion_token_ids for s in seqs} == expected
     assert all(s.finish_reason is FinishReason.LENGTH for s in seqs)
     assert_all_free(scheduler)
@@ -881,7 +881,7 @@ def test_a_preempted_request_keeps_its_slot() -> None:
     for _ in range(8):
         step(scheduler, sampler)
         scheduler.check_integrity()
-    assert scheduler.stats().num_preemptions >= 1
+    assert scheduler.stats().num_preemptions == 1
     assert (a.slot, b.slot) == (0, 1)
 
 

@@ -200,9 +200,11 @@ def test_stats_add_up(checkpoint: Path) -> None:
         assert stats.num_generated_tokens == 4 * 16
         assert stats.num_waiting == stats.num_running == 0
         assert stats.prefill_throughput > 0 and stats.decode_throughput > 0
-        assert 0 < stats.prefix_cache_hit_rate < 1  # the shared 40-token prefix
+        # The last three requests each found the shared prefix's two full blocks (32 of
+        # their 41 prompt tokens); the first found nothing.
+        assert stats.prefix_cache_hit_rate == 3 * 32 / (4 * 41)
         assert stats.kv_cache_usage == 0.0
-        assert stats.num_kv_blocks > 0
+        assert stats.num_kv_blocks == engine.scheduler.pool.num_blocks > 0
 
 
 def test_close_and_context_manager(checkpoint: Path) -> None:
