@@ -5,6 +5,8 @@
 #   make bench     CPU-scale throughput benchmark and block-pool benchmark
 #   make bench-gpu one markdown report on a CUDA machine (GPU_REPORT=FILE): GPU tests, throughput
 #                  vs transformers, copy bandwidth and the HBM bound, a decode/prefill profile
+#   make mutation  mutation testing (mutmut) of domain/, the sampler and the stop rules; not part
+#                  of make test (tens of minutes on 2 cores); see docs/testing.md
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -14,8 +16,11 @@ PYTEST_ARGS ?=
 MODEL ?=
 GPU_REPORT ?= gpu-report.md
 GPU_REPORT_ARGS ?=
+MUTANTS ?=
+MUTATION_JOBS ?= 2
 
 .PHONY: install lint typecheck layers test test-unit test-gpu demo bench bench-pool bench-gpu clean
+.PHONY: mutation
 
 install: $(STAMP)
 
@@ -60,5 +65,12 @@ bench-pool: $(STAMP)
 bench-gpu:
 	PYTHONPATH=src $(PYTHON) benchmarks/gpu_report.py --out $(GPU_REPORT) $(GPU_REPORT_ARGS)
 
+# Mutants live in a copy (mutants/), never in src/. A plain run starts afresh; MUTANTS="glob"
+# (e.g. MUTANTS='pagedinfer.domain.block_pool*') re-runs only those, keeping the other results.
+mutation: $(STAMP)
+	$(if $(MUTANTS),,rm -rf mutants)
+	nice -n 10 $(VENV)/bin/mutmut run --max-children $(MUTATION_JOBS) $(MUTANTS)
+	$(VPY) tests/mutation/scores.py
+
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis mutants

@@ -1,0 +1,86 @@
+"""Mutation scores per module from mutmut's results in ``mutants/`` (``make mutation``).
+
+Prints a Markdown table (the one docs/testing.md keeps): per mutated file, how many mutants
+were killed (a test failed, or it timed out), survived (every test that runs the mutated
+function passed), or had no test that runs the function at all; the score is
+killed / (killed + survived + no tests). ``--survivors`` lists the surviving mutants by name
+(``mutmut show NAME`` prints one's diff).
+
+Run from the repository root after ``mutmut run``: ``python tests/mutation/scores.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+# mutmut's exit codes (mutmut/stats.py): 1 and 3 a test failed, 0 every test passed, 5 and 33
+# no test ran the function, 34 skipped, None not run yet; the timeout codes count as killed.
+KILLED = {1, 3, 36, 24, -24, 152, 255}
+SURVIVED = {0}
+NO_TESTS = {5, 33}
+NOT_RUN = {None, 34}
+
+
+def collect(root: Path) -> dict[str, dict[str, int | None]]:
+    """Exit code per mutant name, per mutated source file (relative to ``root``/src)."""
+    results: dict[str, dict[str, int | None]] = {}
+    for meta in sorted((root / "src").rglob("*.py.meta")):
+        codes = json.loads(meta.read_text())["exit_code_by_key"]
+        if codes:
+            module = str(meta.relative_to(root / "src")).removesuffix(".meta")
+            results[module] = codes
+    return results
+
+
+def table(results: dict[str, dict[str, int | None]]) -> list[str]:
+    lines = [
+        "| module | mutants | killed | survived | no tests | not run | score |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for module, codes in results.items():
+        count = Counter(
+            "killed"
+            if code in KILLED
+            else "survived"
+            if code in SURVIVED
+            else "no tests"
+            if code in NO_TESTS
+            else "not run"
+            if code in NOT_RUN
+            else "other"
+            for code in codes.values()
+        )
+        tested = count["killed"] + count["survived"] + count["no tests"] + count["other"]
+        score = f"{100 * count['killed'] / tested:.1f} %" if tested else "-"
+        lines.append(
+            f"| {module} | {len(codes)} | {count['killed']} | {count['survived']} | "
+            f"{count['no tests']} | {count['not run']} | {score} |"
+        )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mutants", type=Path, default=Path("mutants"), help="mutmut's folder")
+    parser.add_argument("--survivors", action="store_true", help="list the surviving mutants")
+    args = parser.parse_args(argv)
+    results = collect(args.mutants)
+    if not results:
+        print(f"no mutmut results under {args.mutants}/src: run `make mutation` first.")
+        return 1
+    print("\n".join(table(results)))
+    if args.survivors:
+        print()
+        for codes in results.values():
+            for name, code in codes.items():
+                if code in SURVIVED or code in NO_TESTS:
+                    print(name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
