@@ -402,6 +402,31 @@ def test_acquire_refuses_uncached_or_foreign_blocks_and_changes_nothing() -> Non
     assert snapshot(pool) == before
 
 
+def blank(pool: BlockPool) -> list[int]:
+    """Ids of the blocks that carry no cached content at all (no hash, parent, tokens)."""
+    return [
+        block_id
+        for block_id in range(pool.num_blocks)
+        if (pool.block(block_id).hash, pool.block(block_id).parent_hash) == (None, None)
+        and pool.block(block_id).token_ids == ()
+    ]
+
+
+def test_blocks_are_blank_when_new_after_eviction_and_after_a_reset() -> None:
+    pool = BlockPool(3, BS)
+    assert blank(pool) == [0, 1, 2]
+    blocks = pool.allocate(2)
+    register_chain(pool, ids(blocks), TOKENS_A[:8])
+    assert blank(pool) == [2]
+    pool.free([1, 0])
+    pool.allocate(2)  # 2 (never cached), then 1 (the least recently freed): evicted
+    assert blank(pool) == [1, 2]
+    assert pool.block(0).parent_hash is None and pool.block(0).token_ids == tuple(TOKENS_A[:4])
+    pool.reset_prefix_cache()
+    assert blank(pool) == [0, 1, 2]
+    pool.check_integrity()
+
+
 # ------------------------------------------------------------------------------ share
 def free_order(pool: BlockPool) -> list[int]:
     """The ids the free lists would hand out next, in order (observed on a copy)."""

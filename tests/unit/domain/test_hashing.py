@@ -45,6 +45,25 @@ def test_known_vectors_match_the_nano_vllm_formula(
     assert nano_vllm_compute_hash(token_ids, -1 if parent is None else parent) == expected
 
 
+# Block 0 under an extra_key: xxh64 seeded with the key (mod 2**64) over the key as 8
+# little-endian bytes, then the tokens as int64 little-endian. Computed once with struct and
+# xxhash from that definition (like KNOWN_VECTORS, never from our own code).
+EXTRA_KEY_VECTORS: list[tuple[list[int], int, int]] = [
+    ([1, 2, 3, 4], 5, 9595305333213610941),
+    ([1, 2, 3, 4], 0, 14376776624401366104),
+    ([7, 8], -1, 14498806329400383051),
+    ([151643, 9707], 2**64 + 3, 78851339244910896),
+]
+
+
+@pytest.mark.parametrize(("token_ids", "extra_key", "expected"), EXTRA_KEY_VECTORS)
+def test_known_vectors_with_an_extra_key(
+    token_ids: list[int], extra_key: int, expected: int
+) -> None:
+    assert block_hash(token_ids, None, extra_key) == expected
+    assert chain_hashes(token_ids, len(token_ids), extra_key) == [expected]
+
+
 def test_chain_of_known_vectors() -> None:
     assert chain_hashes([1, 2, 3, 4, 5, 6, 7, 8], block_size=4) == [
         8356527653647720045,
