@@ -10,12 +10,14 @@ import pytest
 from pagedinfer.domain import (
     BLOCK_TABLE_FILLER,
     PADDING_SLOT,
+    NewRequest,
     SamplingParams,
     ScheduledChunk,
     Sequence,
     build_batch_plan,
     mixed_batch_plan,
 )
+from pagedinfer.domain.plan import needs_prompt_tokens
 
 
 def make_seq(
@@ -191,6 +193,56 @@ def test_a_plan_pickles_small() -> None:
     assert len(pickle.dumps(plan)) < 2_000
 
 
+# ------------------------------------------------------------------------ prompt logprobs
+LOGPROBS = SamplingParams(prompt_logprobs=2)
+
+
+def test_prompt_logprob_rows_cover_each_chunk_up_to_the_last_prompt_token() -> None:
+    other = make_seq(0, 3, [1])  # did not ask: no rows
+    a = make_seq(1, 10, [2, 3, 4], params=LOGPROBS)
+    plan = build_batch_plan(
+        [ScheduledChunk(other, 3), ScheduledChunk(a, 4)], is_prefill=True, block_size=4
+    )
+    # Query tokens 3..6 (a's positions 0..3) each predict the prompt token after them.
+    assert plan.prompt_logprob_rows == ((1, 3, 4),)
+    assert plan.prompt_logprob_targets.tolist() == a.token_ids[1:5]
+    a.num_computed_tokens = 4
+    plan = build_batch_plan([ScheduledChunk(a, 6)], is_prefill=True, block_size=4)
+    # Positions 4..8: the last prompt token (position 9) predicts no prompt token.
+    assert plan.prompt_logprob_rows == ((1, 0, 5),)
+    assert plan.prompt_logprob_targets.tolist() == a.token_ids[5:10]
+
+
+def test_prompt_logprob_rows_stop_at_the_prompt_in_a_recomputation() -> None:
+    # Preempted after 4 generated tokens: the recomputation covers prompt and completion,
+    # but only the prompt's positions have prompt logprobs.
+    b = make_seq(2, 12, [5, 6, 7], prompt_len=8, params=LOGPROBS)
+    plan = build_batch_plan([ScheduledChunk(b, 12)], is_prefill=True, block_size=4)
+    assert plan.prompt_logprob_rows == ((2, 0, 7),)
+    assert plan.prompt_logprob_targets.tolist() == b.token_ids[1:8]
+    # A chunk that starts at the last prompt token has none left to predict.
+    c = make_seq(3, 12, [5, 6, 7], computed=7, prompt_len=8, params=LOGPROBS)
+    plan = build_batch_plan([ScheduledChunk(c, 5)], is_prefill=True, block_size=4)
+    assert plan.prompt_logprob_rows == ()
+    assert plan.prompt_logprob_targets.tolist() == []
+
+
+@pytest.mark.parametrize(
+    ("params", "needed"),
+    [
+        (SamplingParams(), False),
+        (SamplingParams(repetition_penalty=1.2), True),
+        (SamplingParams(prompt_logprobs=0), True),
+        (SamplingParams(repetition_penalty=0.8, prompt_logprobs=1), True),
+        (SamplingParams(presence_penalty=0.5, logprobs=2), False),
+    ],
+)
+def test_the_executor_needs_the_prompt_for_repetition_penalty_or_prompt_logprobs(
+    params: SamplingParams, needed: bool
+) -> None:
+    assert needs_prompt_tokens(params) is needed
+
+
 # ----------------------------------------------------------------------------- mixed steps
 def mixed_parts(
     decode_tables: list[list[int]], chunk_tables: list[list[int]]
@@ -236,6 +288,37 @@ def test_a_mixed_plan_is_the_decode_rows_then_the_chunks(
     assert plan.sampled_seq_ids == [c.seq.seq_id for c in decoders] + [c.seq.seq_id for c in chunks]
     assert plan.block_table_width == max(map(len, decode_tables + chunk_tables))
     assert plan.has_cached_prefix
+
+
+def test_a_mixed_plan_shifts_the_chunks_forks_and_prompt_logprob_rows() -> None:
+    decoders, _ = mixed_parts([[1], [2, 3]], [])
+    forked = make_seq(10, 6, [4, 5], params=LOGPROBS)
+    forks = tuple(make_seq(20 + i, 6, [4, 6 + i]) for i in range(2))
+    later = make_seq(11, 9, [8, 9, 10], computed=2, params=LOGPROBS)
+    chunks = [ScheduledChunk(forked, 6, forks), ScheduledChunk(later, 7)]
+    prefill = build_batch_plan(
+        chunks, is_prefill=True, block_size=4, released_slots=(9,), block_copies=((4, 6),)
+    )
+    assert prefill.forks == ((1, 20), (2, 21))
+    assert prefill.prompt_logprob_rows == ((10, 0, 5), (11, 6, 6))
+    request = NewRequest(seq_id=11, slot=4, params=LOGPROBS, num_prompt_tokens=9)
+    plan = mixed_batch_plan(
+        build_batch_plan(decoders, is_prefill=False, block_size=4),
+        prefill,
+        released_slots=(5,),
+        new_requests=(request,),
+        block_copies=((5, 7),),
+    )
+    # Two decode rows (two tokens, two samples) come first.
+    assert plan.forks == ((3, 20), (4, 21))
+    assert plan.prompt_logprob_rows == ((10, 2, 5), (11, 8, 6))
+    assert plan.prompt_logprob_targets == prefill.prompt_logprob_targets
+    assert plan.sampled_seq_ids == [0, 1, 10, 20, 21, 11]
+    # The step's own deltas and copies, not the parts'.
+    assert (plan.released_slots, plan.new_requests) == ((5,), (request,))
+    assert plan.block_copies == ((5, 7),)
+    whole = build_batch_plan([*decoders, *chunks], is_prefill=True, block_size=4)
+    assert (whole.forks, whole.prompt_logprob_rows) == (plan.forks, plan.prompt_logprob_rows)
 
 
 def test_decode_and_prefill_plans_are_not_mixed() -> None:
