@@ -39,7 +39,7 @@ from pagedinfer.adapters.sampling_batch import NO_SEED, SamplingBatch
 from pagedinfer.adapters.sampling_noise import exponential_noise
 from pagedinfer.domain.sampling import GREEDY_TEMPERATURE_EPSILON
 
-__all__ = ["Sampler", "uses_fused_race"]
+__all__ = ["Sampler", "filtered_logits", "uses_fused_race"]
 
 _MASK64 = (1 << 64) - 1
 
@@ -98,29 +98,12 @@ class Sampler:
     ) -> torch.Tensor:
         """The general path (any device, every option): processing, temperature, top-k /
         top-p, then the race in its ratio form with noise from :meth:`_noise`."""
-        if processing is not None:
-            assert processors is not None
-            logits = logits.float()
-            processors.apply(logits, processing)
+        logits = _processed(logits, processors, processing)
         if batch.all_greedy:
             return logits.argmax(dim=-1)
-        temperatures = batch.temperatures
-        assert temperatures is not None
-        logits = logits.float()
-        greedy = is_greedy = None
-        if batch.any_greedy:
-            # The table stores greedy rows as 0.0; comparing with the epsilon also keeps a
-            # batch built elsewhere from dividing by a tiny temperature (inf, then NaN).
-            is_greedy = temperatures < GREEDY_TEMPERATURE_EPSILON
-            greedy = logits.argmax(dim=-1)
-            # Greedy rows are divided by 1 and their sample discarded below.
-            temperatures = temperatures.masked_fill(is_greedy, 1.0)
-        scaled = logits / temperatures.unsqueeze(1)
-        if processing is not None and processing.any_min_p:
-            assert processors is not None
-            processors.apply_min_p(scaled, processing)
-        if batch.any_top_k or batch.any_top_p:
-            scaled = _filter_top_k_top_p(scaled, batch, is_greedy)
+        is_greedy = _greedy_rows(batch)
+        greedy = None if is_greedy is None else logits.argmax(dim=-1)
+        scaled = _scaled_and_filtered(logits, batch, is_greedy, processors, processing)
         probs = scaled.softmax(dim=-1)
         noise = self._noise(probs.shape, batch)
         sampled = probs.div_(noise).argmax(dim=-1)
@@ -141,6 +124,71 @@ class Sampler:
             steps=batch.sample_steps,
             seeded=batch.seeds != NO_SEED,
         )
+
+
+def filtered_logits(
+    logits: torch.Tensor,
+    batch: SamplingBatch,
+    processors: LogitsProcessors | None = None,
+    processing: ProcessingStep | None = None,
+) -> torch.Tensor:
+    """The float32 logits ``[n, vocab]`` whose softmax the general path's race draws from:
+    processed, divided by the temperature, then filtered by ``min_p``, top-k and top-p, with
+    ``-inf`` at every token a sampled row can never draw. A greedy row's values do not matter
+    (its token is the argmax of the processed logits): it is divided by 1, never filtered by
+    top-k, and may be by ``min_p`` or top-p. ``logits`` may be changed in place.
+
+    What :meth:`Sampler.sample_with_torch_ops` computes before its race (tests compare it
+    with references written from the definitions).
+    """
+    logits = _processed(logits, processors, processing)
+    if batch.all_greedy:
+        return logits.float()
+    return _scaled_and_filtered(logits, batch, _greedy_rows(batch), processors, processing)
+
+
+def _processed(
+    logits: torch.Tensor, processors: LogitsProcessors | None, processing: ProcessingStep | None
+) -> torch.Tensor:
+    """Allowed ids, bias, the ``min_tokens`` mask and penalties (in place on float32)."""
+    if processing is None:
+        return logits
+    assert processors is not None
+    logits = logits.float()
+    processors.apply(logits, processing)
+    return logits
+
+
+def _greedy_rows(batch: SamplingBatch) -> torch.Tensor | None:
+    """Which rows are greedy (bool ``[n]``), or ``None`` when the batch has none."""
+    if not batch.any_greedy:
+        return None
+    assert batch.temperatures is not None
+    # The table stores greedy rows as 0.0; comparing with the epsilon also keeps a batch built
+    # elsewhere from dividing by a tiny temperature (inf, then NaN).
+    return batch.temperatures < GREEDY_TEMPERATURE_EPSILON
+
+
+def _scaled_and_filtered(
+    logits: torch.Tensor,
+    batch: SamplingBatch,
+    is_greedy: torch.Tensor | None,
+    processors: LogitsProcessors | None,
+    processing: ProcessingStep | None,
+) -> torch.Tensor:
+    """Temperature, then ``min_p``, top-k and top-p (vLLM's order); greedy rows are divided
+    by 1 and left unfiltered by top-k."""
+    temperatures = batch.temperatures
+    assert temperatures is not None
+    if is_greedy is not None:
+        temperatures = temperatures.masked_fill(is_greedy, 1.0)
+    scaled = logits.float() / temperatures.unsqueeze(1)
+    if processing is not None and processing.any_min_p:
+        assert processors is not None
+        processors.apply_min_p(scaled, processing)
+    if batch.any_top_k or batch.any_top_p:
+        scaled = _filter_top_k_top_p(scaled, batch, is_greedy)
+    return scaled
 
 
 def uses_fused_race(
