@@ -4,11 +4,21 @@ Every field is checked when the object is built, so a bad value fails at the cal
 with a message naming the field and the allowed range, never later inside a step. Sequences
 are stored as tuples and ``logit_bias`` as a read-only mapping, so the value is hashable and
 one object can be shared by every request of a batch.
+
+**Floats the device uses.** The sampler works in float32, so every float a request hands it
+must stay finite there, and so must what the sampler computes from it: logits plus
+``logit_bias``, times or divided by ``repetition_penalty``, divided by ``temperature`` (at
+least ``GREEDY_TEMPERATURE_EPSILON``). With ``|logit_bias| <= LOGIT_BIAS_MAX`` (1e10) and
+``repetition_penalty`` in ``REPETITION_PENALTY_RANGE`` ([1e-6, 1e6]) the largest magnitude
+reachable is about ``(|logit| + 1e10) * 1e6 / 1e-5 = 1e21`` for logits up to 1e10, far below
+float32's 3.4e38; ``temperature`` may be any float32-finite value (a huge one flattens the
+distribution; it cannot overflow). Values outside these ranges are rejected instead of
+turning into inf or NaN on the device, where a NaN row samples token 0 whatever
+``allowed_token_ids`` or ``min_tokens`` say. Every value vLLM users pass in practice is inside.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
@@ -16,9 +26,12 @@ from typing import NoReturn
 from pagedinfer.errors import InvalidSamplingParamsError
 
 __all__ = [
+    "FLOAT32_MAX",
     "GREEDY_TEMPERATURE_EPSILON",
+    "LOGIT_BIAS_MAX",
     "MAX_SEED",
     "PENALTY_RANGE",
+    "REPETITION_PENALTY_RANGE",
     "LogitBias",
     "SamplingParams",
 ]
@@ -31,6 +44,12 @@ GREEDY_TEMPERATURE_EPSILON = 1e-5
 MAX_SEED = 2**63 - 1
 # presence_penalty and frequency_penalty, as vLLM and OpenAI allow them.
 PENALTY_RANGE = (-2.0, 2.0)
+# The largest finite float32 (torch.finfo(torch.float32).max): a larger float becomes inf.
+FLOAT32_MAX = 3.4028234663852886e38
+# logit_bias values and repetition_penalty: bounds under which the sampler's float32
+# arithmetic cannot overflow (module docstring). OpenAI's API allows biases in [-100, 100].
+LOGIT_BIAS_MAX = 1e10
+REPETITION_PENALTY_RANGE = (1e-6, 1e6)
 
 
 def _is_int(value: object) -> bool:
@@ -162,11 +181,13 @@ class SamplingParams:
 
     # --------------------------------------------------------------- validation
     def _validate(self) -> None:
-        if not _is_real(self.temperature) or not (0 <= self.temperature < math.inf):
+        # Comparisons, not math.isfinite: an int too large for a float must fail here too.
+        if not _is_real(self.temperature) or not (0 <= self.temperature <= FLOAT32_MAX):
             _fail(
                 "temperature",
                 self.temperature,
-                f"a finite number >= 0 (below {GREEDY_TEMPERATURE_EPSILON} means greedy)",
+                f"a number in [0, {FLOAT32_MAX:.7g}] (finite in float32; below "
+                f"{GREEDY_TEMPERATURE_EPSILON} means greedy)",
             )
         if not _is_int(self.top_k) or self.top_k < -1:
             _fail("top_k", self.top_k, "an integer >= 1, or 0 or -1 to switch top-k off")
@@ -191,11 +212,13 @@ class SamplingParams:
             value = getattr(self, name)
             if not _is_real(value) or not (low <= value <= high):
                 _fail(name, value, f"a number in [{low}, {high}] (0 switches it off)")
-        if not _is_real(self.repetition_penalty) or not (0.0 < self.repetition_penalty < math.inf):
+        low, high = REPETITION_PENALTY_RANGE
+        if not _is_real(self.repetition_penalty) or not (low <= self.repetition_penalty <= high):
             _fail(
                 "repetition_penalty",
                 self.repetition_penalty,
-                "a finite number > 0 (1 switches it off; > 1 discourages repetition)",
+                f"a number in [{low:g}, {high:g}] (1 switches it off; > 1 discourages "
+                "repetition; outside the range the sampler's float32 arithmetic overflows)",
             )
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
@@ -225,9 +248,14 @@ class SamplingParams:
         if self.logit_bias is not None:
             for token_id, bias in self.logit_bias.items():
                 if not _is_int(token_id) or token_id < 0:
-                    _fail("logit_bias", dict(self.logit_bias), "token ids (keys) >= 0")
-                if not _is_real(bias) or not math.isfinite(bias):
-                    _fail("logit_bias", dict(self.logit_bias), "finite numbers as biases")
+                    _fail("logit_bias", _shown(self.logit_bias), "token ids (keys) >= 0")
+                if not _is_real(bias) or not (-LOGIT_BIAS_MAX <= bias <= LOGIT_BIAS_MAX):
+                    _fail(
+                        "logit_bias",
+                        _shown(self.logit_bias),
+                        f"biases in [-{LOGIT_BIAS_MAX:g}, {LOGIT_BIAS_MAX:g}] (token {token_id} "
+                        f"has {bias!r}; larger biases overflow the sampler's float32 logits)",
+                    )
 
     def max_token_id(self) -> int | None:
         """The largest token id any field names (the engine checks it against the vocabulary)."""
@@ -243,7 +271,15 @@ def _as_tuple(value: object, field: str) -> tuple[object, ...]:
     return tuple(value)
 
 
+def _shown(value: Mapping[int, float]) -> object:
+    """A mapping for an error message: whole if small, else its size (messages stay short)."""
+    return dict(value) if len(value) <= 8 else f"<{len(value)} entries>"
+
+
 def _fail(field: str, value: object, allowed: str) -> NoReturn:
+    shown = repr(value)
+    if len(shown) > 200:  # a long list: the message names it without repeating it
+        shown = f"{shown[:160]}... ({len(shown)} characters)"
     raise InvalidSamplingParamsError(
-        f"SamplingParams.{field}={value!r} is invalid: expected {allowed}."
+        f"SamplingParams.{field}={shown} is invalid: expected {allowed}."
     )

@@ -8,7 +8,13 @@ import math
 import pytest
 
 from pagedinfer.domain import SamplingParams
-from pagedinfer.domain.sampling import GREEDY_TEMPERATURE_EPSILON, MAX_SEED
+from pagedinfer.domain.sampling import (
+    FLOAT32_MAX,
+    GREEDY_TEMPERATURE_EPSILON,
+    LOGIT_BIAS_MAX,
+    MAX_SEED,
+    REPETITION_PENALTY_RANGE,
+)
 from pagedinfer.errors import InvalidSamplingParamsError, PagedInferError
 
 
@@ -172,6 +178,19 @@ def test_max_token_id_covers_every_field_that_names_tokens() -> None:
         ("skip_special_tokens", 0),
         ("skip_special_tokens", "no"),
         ("max_tokens", math.inf),
+        # Finite in float64 but not in float32, or overflowing the sampler's float32 logits
+        # (issue 21, item 4: these became inf / NaN on the device, which then sampled token 0
+        # whatever allowed_token_ids and min_tokens said).
+        ("temperature", 1e39),
+        ("temperature", 10**400),  # an int too large for a float
+        ("logit_bias", {5: 1e39}),
+        ("logit_bias", {5: -1e39}),
+        ("logit_bias", {5: 1.01e10}),
+        ("logit_bias", {5: -(10**400)}),
+        ("repetition_penalty", 1e-46),
+        ("repetition_penalty", 9.9e-7),
+        ("repetition_penalty", 1.01e6),
+        ("repetition_penalty", 10**400),
     ],
 )
 def test_bad_value_raises_naming_the_field(field: str, value: object) -> None:
@@ -222,6 +241,12 @@ def test_validation_error_is_a_value_error_and_a_pagedinfer_error() -> None:
         {"include_stop_str_in_output": True},
         {"skip_special_tokens": False},
         {"max_tokens": None},
+        # The float32 bounds themselves (module docstring of domain/sampling.py).
+        {"temperature": FLOAT32_MAX},
+        {"temperature": 1e30},
+        {"logit_bias": {1: LOGIT_BIAS_MAX, 2: -LOGIT_BIAS_MAX, 3: -(10**10)}},
+        {"repetition_penalty": REPETITION_PENALTY_RANGE[0]},
+        {"repetition_penalty": REPETITION_PENALTY_RANGE[1]},
     ],
 )
 def test_boundary_values_are_accepted(kwargs: dict[str, object]) -> None:
@@ -284,3 +309,17 @@ def test_replace_revalidates() -> None:
     assert dataclasses.replace(params, max_tokens=9).max_tokens == 9
     with pytest.raises(InvalidSamplingParamsError, match="max_tokens"):
         dataclasses.replace(params, max_tokens=0)
+
+
+def test_the_float32_bounds() -> None:
+    assert FLOAT32_MAX == 3.4028234663852886e38  # torch.finfo(torch.float32).max
+    assert (LOGIT_BIAS_MAX, REPETITION_PENALTY_RANGE) == (1e10, (1e-6, 1e6))
+    # The largest magnitude the sampler can reach stays far from float32's overflow.
+    low, high = REPETITION_PENALTY_RANGE
+    assert (1e10 + LOGIT_BIAS_MAX) * max(high, 1 / low) / GREEDY_TEMPERATURE_EPSILON < 1e30
+
+
+def test_a_long_bad_list_gives_a_short_message() -> None:
+    with pytest.raises(InvalidSamplingParamsError) as excinfo:
+        SamplingParams(stop_token_ids=[1] * 100_000 + [-1])
+    assert len(str(excinfo.value)) < 400

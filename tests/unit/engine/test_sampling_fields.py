@@ -21,6 +21,7 @@ import torch
 
 from hf_reference import hf_greedy, hf_model
 from pagedinfer import Engine, SamplingParams
+from pagedinfer.domain.sampling import FLOAT32_MAX
 from pagedinfer.errors import CheckpointNotFoundError, InvalidRequestError
 
 VOCAB = 512  # the tiny checkpoint's
@@ -437,6 +438,43 @@ def test_tiny_temperatures_are_greedy(engine: Engine, checkpoint: Path) -> None:
         assert [o.outputs[0].token_ids for o in outputs] == [
             hf_greedy(checkpoint, p, 6) for p in prompts
         ], temperature
+
+
+# ------------------------------------------------------- float32-extreme, valid values
+EXTREMES: dict[str, dict[str, Any]] = {
+    # A float32-finite temperature: the distribution flattens, nothing overflows.
+    "hottest": {"temperature": FLOAT32_MAX},
+    # The largest logits: +1e10 bias, divided by the smallest penalty, by the coldest
+    # sampled temperature (about 1e21).
+    "largest": {"temperature": 1e-5, "logit_bias": {7: 1e10}, "repetition_penalty": 1e-6},
+    # The smallest: every allowed token biased -1e10, times the largest penalty.
+    "smallest": {"logit_bias": {t: -1e10 for t in range(3, 9)}, "repetition_penalty": 1e6},
+    "greedy": {"temperature": 0.0, "logit_bias": {5: -1e10, 8: 1e10}, "repetition_penalty": 1e6},
+}
+
+
+@pytest.mark.parametrize("extreme", list(EXTREMES))
+def test_extreme_valid_values_keep_allowed_token_ids_and_min_tokens(
+    engine: Engine, extreme: str
+) -> None:
+    """Issue 21, item 4: values that overflowed float32 became inf / NaN rows that sampled
+    token 0 (outside allowed_token_ids, and EOS within min_tokens). The values that pass
+    validation now cannot overflow: constraints hold at the bounds."""
+    stop = 8  # held back by min_tokens (the checkpoint has no EOS)
+    allowed = [3, 4, 5, 6, 7, stop]
+    params = SamplingParams(
+        allowed_token_ids=allowed,
+        stop_token_ids=[stop],
+        min_tokens=6,
+        max_tokens=10,
+        seed=1,
+        **EXTREMES[extreme],
+    )
+    prompts = [[3, 4, 5, 6, 7, 8], [9, 10, 11], [stop, 5, 5]]  # penalised tokens in the prompts
+    for output in engine.generate(prompts, params, use_tqdm=False):
+        tokens = output.outputs[0].token_ids
+        assert set(tokens) <= set(allowed), tokens
+        assert stop not in tokens[:6] and len(tokens) >= 6, tokens
 
 
 # ----------------------------------------------------------------------- bad input
