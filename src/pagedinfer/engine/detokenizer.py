@@ -112,24 +112,24 @@ class StopStringMatcher:
     def __init__(self, stop: Sequence[str], *, include_stop_str: bool = False) -> None:
         self._stop = stop
         self._include = include_stop_str
-        self._longest = max((len(s) for s in stop), default=0)
-        self._searched = 0  # text before this offset holds no match (found or allowed)
         self.text = ""
         self.matched: str | None = None
 
     def feed(self, delta: str, *, check: bool = True) -> bool:
-        """Append ``delta``; if a stop string now occurs, cut the text there, return True."""
+        """Append ``delta``; if a stop string now occurs, cut the text there, return True.
+
+        A match must end in ``delta``: one that ended earlier either stopped the text then
+        or lies in text fed with ``check=False``, where no match may end (a short stop
+        string inside the ``min_tokens`` text matched before issue 21's fuzzing found it).
+        """
+        before = len(self.text)
         self.text += delta
         if not check:
-            # A match must end in text fed later: it may start in the last longest-1 chars.
-            self._searched = max(len(self.text) - self._longest + 1, 0)
             return False
-        start = max(self._searched, 0)
-        self._searched = max(len(self.text) - self._longest + 1, 0)
         found = -1
         matched = ""
         for stop in self._stop:
-            index = self.text.find(stop, start)
+            index = self.text.find(stop, max(before - len(stop) + 1, 0))
             if index != -1 and (found == -1 or index < found):
                 found, matched = index, stop
         if found == -1:

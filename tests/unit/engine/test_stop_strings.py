@@ -19,7 +19,11 @@ import pytest
 
 from pagedinfer import Engine, SamplingParams
 from pagedinfer.domain.step_output import StepOutput
-from pagedinfer.engine.detokenizer import CompletionText, IncrementalDetokenizer
+from pagedinfer.engine.detokenizer import (
+    CompletionText,
+    IncrementalDetokenizer,
+    StopStringMatcher,
+)
 
 
 def _byte_char(byte: int) -> str:
@@ -131,6 +135,20 @@ def engine(tokenizer: Any, make_checkpoint: Callable[..., Path], tmp_path: Path)
         engine._executor = ScriptedExecutor(engine, [A, B_LEAD, TAIL, X, X, X, X, X])
         yield engine
         engine._executor = real
+
+
+def test_no_stop_string_may_end_in_the_min_tokens_text() -> None:
+    """Found by the mixed-batch fuzzing (issue 21): the first search after the ``min_tokens``
+    text started ``longest - 1`` characters back in it, so a shorter stop string lying
+    wholly inside that text matched (and ended the request early)."""
+    matcher = StopStringMatcher(["abcde", "c"])
+    assert not matcher.feed("xxc", check=False)  # within min_tokens
+    assert not matcher.feed("y")  # "c" ended in the held text: no match
+    assert matcher.feed("cz") and matcher.matched == "c" and matcher.text == "xxcy"
+    # A match may start in the held text and end after it; the earliest start wins.
+    matcher = StopStringMatcher(["c", "abcde"])
+    assert not matcher.feed("xxab", check=False)
+    assert matcher.feed("cde") and matcher.matched == "abcde" and matcher.text == "xx"
 
 
 def test_the_engine_stops_at_the_token_that_completes_the_stop_string(engine: Engine) -> None:
