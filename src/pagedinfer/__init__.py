@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from pagedinfer.engine.async_engine import AsyncEngine
     from pagedinfer.engine.engine import Engine
     from pagedinfer.engine.outputs import CompletionOutput, Logprob, RequestOutput
+    from pagedinfer.engine.prompts import TokenizedPrompt
     from pagedinfer.engine.streams import RequestStream
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "RequestOutput",
     "RequestStream",
     "SamplingParams",
+    "TokenizedPrompt",
 ]
 __version__ = "0.1.0"
 
@@ -37,6 +39,7 @@ _LAZY = {
     "Logprob": "pagedinfer.engine.outputs",
     "RequestOutput": "pagedinfer.engine.outputs",
     "RequestStream": "pagedinfer.engine.streams",
+    "TokenizedPrompt": "pagedinfer.engine.prompts",
 }
 
 

@@ -149,6 +149,34 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--seed", type=int, metavar="N", default=0, help="sampler seed of unseeded requests"
     )
+    limits = parser.add_argument_group("request limits")
+    limits.add_argument(
+        "--max-n", type=int, metavar="N", default=128, help="most completions (n) per request"
+    )
+    limits.add_argument(
+        "--max-logprobs",
+        type=int,
+        metavar="N",
+        default=20,
+        help="most top logprobs per token (logprobs, prompt_logprobs); -1: the vocabulary",
+    )
+    limits.add_argument(
+        "--max-stop", type=int, metavar="N", default=64, help="most stop strings per request"
+    )
+    limits.add_argument(
+        "--max-stop-str-len",
+        type=int,
+        metavar="N",
+        default=1024,
+        help="most characters per stop string",
+    )
+    limits.add_argument(
+        "--max-consecutive-failed-steps",
+        type=int,
+        metavar="N",
+        default=3,
+        help="failed steps in a row after which the engine is dead (each fails its requests)",
+    )
 
 
 def _sampling_arguments(parser: argparse.ArgumentParser, *, temperature: float) -> None:
@@ -294,6 +322,11 @@ def _engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
         "num_threads": args.num_threads,
         "worker_timeout_s": args.worker_timeout_s,
         "scheduling_policy": args.scheduling_policy,
+        "max_n": args.max_n,
+        "max_logprobs": args.max_logprobs,
+        "max_stop": args.max_stop,
+        "max_stop_str_len": args.max_stop_str_len,
+        "max_consecutive_failed_steps": args.max_consecutive_failed_steps,
     }
 
 

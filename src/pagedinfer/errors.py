@@ -20,6 +20,7 @@ __all__ = [
     "KVCacheMemoryError",
     "MissingDependencyError",
     "PagedInferError",
+    "StepFailedError",
     "UnsupportedModelError",
     "WorkerDiedError",
     "WorkerTimeoutError",
@@ -79,5 +80,24 @@ class MissingDependencyError(PagedInferError, ImportError):
 
 
 class EngineDeadError(PagedInferError, RuntimeError):
-    """An ``AsyncEngine`` step failed: every waiting request raises this, and so does every
-    later request. The cause is chained (``__cause__``); close the engine and build a new one."""
+    """The engine failed in a way it cannot recover from (a tensor-parallel worker died, the
+    device reported an error, or too many steps failed in a row): every waiting request and
+    every later call raises this. The cause is chained (``__cause__``); close the engine and
+    build a new one."""
+
+
+class StepFailedError(PagedInferError, RuntimeError):
+    """A step failed (the executor raised) and the requests that had a row in it were ended
+    with ``finish_reason="abort"``; the engine goes on serving the others.
+
+    ``request_ids`` are the engine's ids of the failed requests that the raising call owns
+    (its ``generate`` batch, its stream, the ``add_request`` requests for ``step()``). The
+    executor's exception is chained (``__cause__``).
+    """
+
+    def __init__(self, message: str, request_ids: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.request_ids = request_ids
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.request_ids))

@@ -3,6 +3,7 @@
 from pagedinfer.engine.async_engine import AsyncEngine, AsyncRequestStream
 from pagedinfer.engine.engine import Engine, EngineStats
 from pagedinfer.engine.outputs import CompletionOutput, Logprob, RequestOutput
+from pagedinfer.engine.prompts import TokenizedPrompt
 
 __all__ = [
     "AsyncEngine",
@@ -12,4 +13,5 @@ __all__ = [
     "EngineStats",
     "Logprob",
     "RequestOutput",
+    "TokenizedPrompt",
 ]

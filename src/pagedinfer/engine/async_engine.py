@@ -12,7 +12,17 @@ Thread model (built on the Engine's, see docs/api.md "Threads"):
   releases its lock while the model runs, so these return at once; they wait at most for the
   bookkeeping part of a step;
 * after each step, the step thread hands that step's outputs to the event loop of each
-  waiting consumer in one ``call_soon_threadsafe`` call per loop (not one per request).
+  waiting consumer in one ``call_soon_threadsafe`` call per loop (not one per request);
+* prompts are tokenized before any lock is taken: ``await tokenize()`` (or
+  ``tokenize_chat()``) runs it in a worker thread, so a long prompt blocks neither the event
+  loop nor the step thread.
+
+Failures: a step that fails (``StepFailedError``) is logged with its traceback on the
+``pagedinfer.engine.async_engine`` logger, the streams of its requests raise
+``StepFailedError`` and the loop goes on. Anything else the step thread meets (the Engine
+dead, a bug) is logged too and ends the AsyncEngine: every waiting stream and every later
+request raises ``EngineDeadError``, and the callbacks registered with :meth:`AsyncEngine.on_dead`
+run once.
 
 Outputs are *cumulative* (as vLLM's default ``RequestOutputKind.CUMULATIVE``): every output
 holds the request's whole completion so far, and its text only ever grows (text that could
@@ -29,20 +39,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import os
 import threading
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
+from pagedinfer.domain.limits import RequestLimits
 from pagedinfer.domain.sampling import SamplingParams
-from pagedinfer.engine.chat import render_chat
 from pagedinfer.engine.engine import Engine, EngineStats, Prompt
 from pagedinfer.engine.outputs import RequestOutput
-from pagedinfer.errors import EngineClosedError, EngineDeadError, InvalidRequestError
+from pagedinfer.engine.prompts import TokenizedPrompt
+from pagedinfer.errors import (
+    EngineClosedError,
+    EngineDeadError,
+    InvalidRequestError,
+    StepFailedError,
+)
 
 __all__ = ["AsyncEngine", "AsyncRequestStream"]
+
+_logger = logging.getLogger(__name__)
 
 
 class _EngineLink:
@@ -55,7 +74,7 @@ class _EngineLink:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    def add(self, prompt: Prompt, params: SamplingParams) -> int:
+    def add(self, prompt: TokenizedPrompt, params: SamplingParams) -> int:
         # stream=True: the Engine tracks the text every step, so outputs carry it.
         return self.engine.add_request(prompt, params, stream=True)
 
@@ -82,8 +101,8 @@ class AsyncRequestStream(AsyncIterator[RequestOutput]):
     Made by :meth:`AsyncEngine.generate` / :meth:`AsyncEngine.chat`, which queue the request
     at once (so bad input raises there, before anything is awaited). Cancelling the task that
     awaits the next output, ``aclose()``, or dropping the stream unfinished aborts the request
-    and frees its KV blocks. If the engine dies (a step raised), waiting raises
-    ``EngineDeadError``.
+    and frees its KV blocks. If a step that held the request fails, waiting raises
+    ``StepFailedError``; if the engine dies, ``EngineDeadError``.
     """
 
     def __init__(
@@ -205,6 +224,7 @@ class AsyncEngine:
         self._abandoned: deque[tuple[int, str]] = deque()
         self._wake = threading.Event()
         self._error: BaseException | None = None
+        self._dead_callbacks: list[Callable[[BaseException], None]] = []  # under _lock
         self._closing = False
         self._closed = False
         self._names = itertools.count()
@@ -219,6 +239,11 @@ class AsyncEngine:
     @property
     def max_model_len(self) -> int:
         return self.engine.max_model_len
+
+    @property
+    def request_limits(self) -> RequestLimits:
+        """The Engine's :attr:`~pagedinfer.Engine.request_limits`."""
+        return self.engine.request_limits
 
     @property
     def is_dead(self) -> bool:
@@ -242,18 +267,19 @@ class AsyncEngine:
     ) -> AsyncRequestStream:
         """Queue one request; ``async for`` over the result yields its outputs as tokens arrive.
 
-        ``prompt`` is a string or a list of token ids. ``request_id`` names the request for
+        ``prompt`` is a string, a list of token ids, or a :class:`TokenizedPrompt` from
+        :meth:`tokenize` (a text is tokenized here, on the event loop: await
+        :meth:`tokenize` first for long ones). ``request_id`` names the request for
         :meth:`abort` (default: a fresh id); an id still in use raises ``ValueError``. Bad
         input raises here (``ValueError``), before anything is queued. Must be called from a
         running event loop.
         """
         loop = asyncio.get_running_loop()
         self._check_serving()
-        params = sampling_params if sampling_params is not None else SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise InvalidRequestError(
-                f"sampling_params must be a SamplingParams, not {type(params).__name__}."
-            )
+        params = self.engine.check_sampling_params(sampling_params)
+        # Before any lock: a text prompt is tokenized here, on the event loop. For long
+        # texts, ``await tokenize(prompt)`` first (a worker thread) and pass its result.
+        tokenized = self.engine.tokenize(prompt)
         with self._lock:
             if request_id is not None and request_id in self._ids:
                 raise InvalidRequestError(
@@ -262,7 +288,7 @@ class AsyncEngine:
                 )
             # Registered under the lock, so the step thread cannot deliver an output for
             # this request before its stream exists.
-            engine_id = self._link.add(prompt, params)
+            engine_id = self._link.add(tokenized, params)
             name = request_id if request_id is not None else f"req-{next(self._names)}"
             stream = AsyncRequestStream(self, engine_id, name, loop)
             self._streams[engine_id] = stream
@@ -286,13 +312,13 @@ class AsyncEngine:
         ``chat_template_kwargs`` reach the template (Qwen3's ``enable_thinking``). Without a
         template (the tokenizer's or ``chat_template``) this raises ``ValueError``.
         """
-        token_ids = self.render_chat(
+        prompt = self.engine.tokenize_chat(
             messages,
             chat_template=chat_template,
             chat_template_kwargs=chat_template_kwargs,
             add_generation_prompt=add_generation_prompt,
         )
-        return self.generate(token_ids, sampling_params, request_id)
+        return self.generate(prompt, sampling_params, request_id)
 
     def render_chat(
         self,
@@ -302,23 +328,59 @@ class AsyncEngine:
         chat_template_kwargs: Mapping[str, Any] | None = None,
         add_generation_prompt: bool = True,
     ) -> list[int]:
-        """The prompt token ids of a conversation (what :meth:`chat` generates from)."""
-        rendered = render_chat(
-            self.engine.tokenizer,
+        """The prompt token ids of a conversation (what :meth:`chat` generates from),
+        validated like :meth:`tokenize`'s. Takes no lock and touches no event loop: safe to
+        call from a worker thread (``asyncio.to_thread``)."""
+        return list(
+            self.engine.tokenize_chat(
+                messages,
+                chat_template=chat_template,
+                chat_template_kwargs=chat_template_kwargs,
+                add_generation_prompt=add_generation_prompt,
+            ).token_ids
+        )
+
+    async def tokenize(self, prompt: Prompt) -> TokenizedPrompt:
+        """:meth:`Engine.tokenize <pagedinfer.Engine.tokenize>` in a worker thread: the
+        prompt tokenized and validated, for :meth:`generate`. Neither the event loop nor the
+        step thread waits for it."""
+        return await asyncio.to_thread(self.engine.tokenize, prompt)
+
+    async def tokenize_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        chat_template: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> TokenizedPrompt:
+        """One conversation rendered by the chat template and tokenized, in a worker
+        thread (``Engine.tokenize_chat``); pass the result to :meth:`generate`."""
+        return await asyncio.to_thread(
+            self.engine.tokenize_chat,
             messages,
             chat_template=chat_template,
             chat_template_kwargs=chat_template_kwargs,
             add_generation_prompt=add_generation_prompt,
-            model_path=self.engine.config.model_path,
         )
-        if len(rendered) != 1:
-            raise InvalidRequestError(
-                f"chat() takes one conversation (a list of messages), got {len(rendered)}: "
-                "call it once per conversation."
-            )
-        token_ids = rendered[0].token_ids
-        assert token_ids is not None
-        return token_ids
+
+    def check_sampling_params(self, params: SamplingParams | None) -> SamplingParams:
+        """:meth:`Engine.check_sampling_params <pagedinfer.Engine.check_sampling_params>`:
+        refuse parameters the engine cannot serve (``InvalidRequestError``) before the
+        prompt is tokenized. Cheap; safe on the event loop."""
+        return self.engine.check_sampling_params(params)
+
+    def on_dead(self, callback: Callable[[BaseException], None]) -> None:
+        """Call ``callback(error)`` once when the engine dies (``error`` is
+        :attr:`dead_error`), from the step thread; at once if it is dead already. A
+        server uses it to exit so that a supervisor restarts it. An exception raised by the
+        callback is logged."""
+        with self._lock:
+            error = self._error
+            if error is None:
+                self._dead_callbacks.append(callback)
+                return
+        _call_dead_callback(callback, error)
 
     async def abort(self, request_id: str) -> bool:
         """Abort a request: its stream yields a final output with ``finish_reason="abort"``.
@@ -391,11 +453,24 @@ class AsyncEngine:
                 if self._closing:
                     return
                 self._abort_abandoned()
-                self._dispatch(link.step())
+                try:
+                    outputs = link.step()
+                except StepFailedError as failure:
+                    _logger.error(
+                        "a step failed: requests %s were aborted; serving the others",
+                        list(failure.request_ids),
+                        exc_info=failure,
+                    )
+                    self._fail_requests(failure)
+                    continue
+                self._dispatch(outputs)
         except BaseException as error:  # the engine failed: nobody may wait forever
             if self._closing and isinstance(error, EngineClosedError):
                 return
-            self._error = error
+            _logger.error("the engine failed and serves no more requests", exc_info=error)
+            with self._lock:
+                self._error = error
+                callbacks, self._dead_callbacks = self._dead_callbacks, []
             self._fail_all(
                 EngineDeadError(
                     f"the engine failed and serves no more requests: {error!r}. Close this "
@@ -403,6 +478,29 @@ class AsyncEngine:
                 ),
                 cause=error,
             )
+            for callback in callbacks:
+                _call_dead_callback(callback, error)
+
+    def _fail_requests(self, failure: StepFailedError) -> None:
+        """The streams of a failed step's requests raise ``StepFailedError`` (their final
+        outputs, "abort", come with the next step and go nowhere)."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[AsyncRequestStream, Any]]] = {}
+        with self._lock:
+            for engine_id in failure.request_ids:
+                stream = self._streams.get(engine_id)
+                if stream is None:
+                    continue
+                self._forget(engine_id, stream.request_id)
+                error = StepFailedError(
+                    f"request {stream.request_id!r} was aborted: a step it was part of failed "
+                    "(the server's log has the details). Other requests are served; retry it.",
+                    (engine_id,),
+                )
+                error.__cause__ = failure.__cause__
+                by_loop.setdefault(stream._loop, []).append((stream, error))
+        for loop, items in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
+                loop.call_soon_threadsafe(_fail_each, items)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         """Hand a step's outputs to their streams: one call per event loop."""
@@ -482,3 +580,15 @@ def _deliver(items: list[tuple[AsyncRequestStream, RequestOutput]]) -> None:
 def _fail(streams: list[AsyncRequestStream], error: BaseException) -> None:
     for stream in streams:
         stream._fail(error)
+
+
+def _fail_each(items: list[tuple[AsyncRequestStream, BaseException]]) -> None:
+    for stream, error in items:
+        stream._fail(error)
+
+
+def _call_dead_callback(callback: Callable[[BaseException], None], error: BaseException) -> None:
+    try:
+        callback(error)
+    except Exception:
+        _logger.exception("an AsyncEngine.on_dead callback raised")

@@ -7,6 +7,13 @@ from dataclasses import dataclass
 
 import torch
 
+from pagedinfer.domain.limits import (
+    DEFAULT_MAX_LOGPROBS,
+    DEFAULT_MAX_N,
+    DEFAULT_MAX_STOP,
+    DEFAULT_MAX_STOP_STR_LEN,
+    RequestLimits,
+)
 from pagedinfer.domain.scheduler import SCHEDULING_POLICIES
 from pagedinfer.errors import ConfigurationError
 
@@ -54,6 +61,21 @@ class EngineConfig:
     num_threads: int | None = None
     worker_timeout_s: float = 120.0
     scheduling_policy: str = "mixed"
+    max_n: int = DEFAULT_MAX_N
+    max_logprobs: int = DEFAULT_MAX_LOGPROBS
+    max_stop: int = DEFAULT_MAX_STOP
+    max_stop_str_len: int = DEFAULT_MAX_STOP_STR_LEN
+    max_consecutive_failed_steps: int = 3
+
+    @property
+    def request_limits(self) -> RequestLimits:
+        """The request limits as configured (``max_logprobs=-1`` not resolved yet)."""
+        return RequestLimits(
+            max_n=self.max_n,
+            max_logprobs=self.max_logprobs,
+            max_stop=self.max_stop,
+            max_stop_str_len=self.max_stop_str_len,
+        )
 
     def __post_init__(self) -> None:
         _positive_int("max_num_seqs", self.max_num_seqs)
@@ -72,6 +94,8 @@ class EngineConfig:
                 )
         if self.num_threads is not None:
             _positive_int("num_threads", self.num_threads)
+        _positive_int("max_consecutive_failed_steps", self.max_consecutive_failed_steps)
+        self.request_limits  # noqa: B018 (validates the limits: ConfigurationError)
         timeout = self.worker_timeout_s
         if (
             not isinstance(timeout, (int, float))

@@ -6,27 +6,31 @@ stop strings and hands each request's news to whoever waits for it (its stream, 
 ``generate`` call that submitted it, or ``step``; see ``requests.py``). Requests are validated
 completely before anything is queued, so a rejected request leaves the engine as it was.
 
-Threads: one lock guards the engine's state, and one thread at a time runs a step. The lock
-is released while the model runs, so ``add_request``, ``abort`` and ``stats`` from other
+Threads: one lock guards the engine's state, and one thread at a time runs a step. Prompts
+are tokenized and validated before the lock is taken (``prompts.py``), and the lock is
+released while the model runs, so ``add_request``, ``abort`` and ``stats`` from other
 threads return at once; ``generate`` and ``stream`` either run the next step themselves or
 wait for the thread that is running it (an ``AsyncEngine`` loop, another ``generate``), and
-return as soon as their own requests are done. Ctrl-C is held back while the bookkeeping
-changes and raised at the next safe point (``interrupts.py``), and a step that fails halfway
-is completed by the next call (:meth:`Engine._catch_up`): nothing is orphaned, nothing is
-reported twice.
+return as soon as their own requests are done; a ``step()`` that had to wait counts the step
+it waited for as its own. Ctrl-C is held back while the bookkeeping changes and raised at the
+next safe point (``interrupts.py``), and bookkeeping that fails halfway is completed by the
+next call (:meth:`Engine._catch_up`): nothing is orphaned, nothing is reported twice. When
+the executor fails, the step's requests fail and the others go on, unless the failure is
+fatal (``failures.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -42,16 +46,30 @@ from pagedinfer.domain.sequence import Sequence as DomainSequence
 from pagedinfer.domain.step_output import StepOutput
 from pagedinfer.engine.chat import render_chat
 from pagedinfer.engine.config import EngineConfig, resolve_device, resolve_dtype
+from pagedinfer.engine.failures import StepFailures, is_fatal
 from pagedinfer.engine.interrupts import InterruptDeferral
 from pagedinfer.engine.outputs import RequestOutput
 from pagedinfer.engine.progress import ProgressBar
-from pagedinfer.engine.prompts import Prompt, PromptInput, parse_prompt, parse_prompts
+from pagedinfer.engine.prompts import (
+    Prompt,
+    PromptEncoder,
+    PromptInput,
+    TokenizedPrompt,
+    parse_prompts,
+)
 from pagedinfer.engine.requests import CompletionState, OutputSink, RequestState
 from pagedinfer.engine.streams import RequestStream
 from pagedinfer.engine.tokenizer import load_tokenizer
-from pagedinfer.errors import EngineClosedError, InvalidRequestError
+from pagedinfer.errors import (
+    EngineClosedError,
+    EngineDeadError,
+    InvalidRequestError,
+    StepFailedError,
+)
 
-__all__ = ["Engine", "EngineStats", "Prompt", "completion_seed"]
+__all__ = ["Engine", "EngineStats", "Prompt", "TokenizedPrompt", "completion_seed"]
+
+_logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +111,13 @@ class Engine:
     ``scheduling_policy="mixed"`` (the default) lets prefill chunks ride along with the
     decoding sequences' tokens in one step; ``"prefill_first"`` runs prefill steps first
     (decoding sequences wait while prompts are prefilled).
-    Unknown keyword arguments raise ``TypeError``.
+    ``max_n``, ``max_logprobs``, ``max_stop`` and ``max_stop_str_len`` bound what one
+    request may ask for (:class:`~pagedinfer.domain.limits.RequestLimits`, resolved in
+    :attr:`request_limits`). A failed step fails its requests
+    (:class:`~pagedinfer.errors.StepFailedError`); ``max_consecutive_failed_steps`` failed
+    steps in a row, or a fatal failure, make the engine dead
+    (:class:`~pagedinfer.errors.EngineDeadError`). Unknown keyword arguments raise
+    ``TypeError``.
 
     Every method may be called from any thread (see docs/api.md, "Threads").
     """
@@ -119,6 +143,11 @@ class Engine:
         num_threads: int | None = None,
         worker_timeout_s: float = 120.0,
         scheduling_policy: str = "mixed",
+        max_n: int = 128,
+        max_logprobs: int = 20,
+        max_stop: int = 64,
+        max_stop_str_len: int = 1024,
+        max_consecutive_failed_steps: int = 3,
     ) -> None:
         self._executor: Executor | None = None
         self._closed = True  # until construction succeeds
@@ -144,6 +173,11 @@ class Engine:
             num_threads=num_threads,
             worker_timeout_s=worker_timeout_s,
             scheduling_policy=scheduling_policy,
+            max_n=max_n,
+            max_logprobs=max_logprobs,
+            max_stop=max_stop,
+            max_stop_str_len=max_stop_str_len,
+            max_consecutive_failed_steps=max_consecutive_failed_steps,
         )
         self.config = config
         self.model_config = read_model_config(config.model_path)
@@ -177,6 +211,13 @@ class Engine:
             # Process-wide: torch has one pool of CPU threads per process (docs/api.md).
             torch.set_num_threads(config.num_threads)
         self.tokenizer = load_tokenizer(config.model_path)
+        vocab_size = self.model_config.vocab_size
+        self._prompts = PromptEncoder(
+            self.tokenizer,
+            vocab_size=vocab_size,
+            max_model_len=self.max_model_len,
+            model_path=config.model_path,
+        )
         executor = create_executor(runner_config)
         try:
             self.scheduler = Scheduler(
@@ -194,6 +235,13 @@ class Engine:
         except BaseException:
             executor.close()
             raise
+        limits = config.request_limits
+        # Resolved: -1 is the vocabulary; n also fits what runs at once.
+        self.request_limits = dataclasses.replace(
+            limits,
+            max_n=min(limits.max_n, self.scheduler.config.max_running),
+            max_logprobs=limits.max_logprobs_for(vocab_size),
+        )
         self._executor = executor
         self._requests: dict[int, RequestState] = {}  # unfinished requests by id
         self._completions: dict[int, CompletionState] = {}  # their sequences, by sequence id
@@ -202,6 +250,9 @@ class Engine:
         self._num_following = 0
         self._step_sink = OutputSink(wants_progress=True)  # requests queued with add_request
         self._stepping = False  # a thread is running a step (possibly with the lock released)
+        self._steps_done = 0  # steps run to their end (recorded or failed), by any thread
+        self._failures = StepFailures(config.max_consecutive_failed_steps)
+        self._dead: BaseException | None = None  # why the engine died (a fatal step failure)
         self._deferral = InterruptDeferral.inactive()  # of the thread that holds the lock
         # Streams dropped unfinished; aborted at the next call (see RequestStream.__del__).
         self._abandoned: deque[int] = deque()
@@ -217,23 +268,108 @@ class Engine:
         self._closed = False
 
     # ------------------------------------------------------------------ requests
+    def tokenize(self, prompt: Prompt) -> TokenizedPrompt:
+        """Tokenize and validate one prompt, without touching the engine's state.
+
+        ``prompt`` is any prompt form (a string, token ids, ``{"prompt": ...}``,
+        ``{"prompt_token_ids": ...}``, a ``TokenizedPrompt``). The result is accepted by
+        every method that takes a prompt and is not tokenized again. Takes no lock: call it
+        from any thread, e.g. a worker thread for a long text (``AsyncEngine.tokenize``).
+        Raises ``InvalidRequestError`` for an empty prompt, an id outside the vocabulary or
+        a prompt too long for ``max_model_len`` (the length is checked before the ids).
+        """
+        return self._prompts.encode(prompt)
+
+    def tokenize_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        chat_template: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> TokenizedPrompt:
+        """One conversation rendered by the chat template and tokenized, as :meth:`chat`
+        does (``text`` is the rendered template). Takes no lock, like :meth:`tokenize`."""
+        rendered = render_chat(
+            self.tokenizer,
+            messages,
+            chat_template=chat_template,
+            chat_template_kwargs=chat_template_kwargs,
+            add_generation_prompt=add_generation_prompt,
+            model_path=self.config.model_path,
+        )
+        if len(rendered) != 1:
+            raise InvalidRequestError(
+                f"one conversation (a list of messages) was expected, got {len(rendered)}: "
+                "render them one at a time."
+            )
+        return self._prompts.encode(rendered[0])
+
+    def check_sampling_params(self, params: SamplingParams | None) -> SamplingParams:
+        """``params`` (``None``: the defaults) if this engine can serve them, else
+        ``InvalidRequestError`` naming the field and the limit.
+
+        Sizes are checked first, in time independent of their values (:attr:`request_limits`,
+        ``n`` against what runs at once); then token ids against the vocabulary. Takes no
+        lock. Every method that takes parameters runs these checks; call it to refuse a
+        request before tokenizing its prompt.
+        """
+        if params is None:
+            return SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError(
+                f"sampling params must be a SamplingParams, not {type(params).__name__}."
+            )
+        max_running = self.scheduler.config.max_running
+        if params.n > max_running:
+            raise InvalidRequestError(
+                f"SamplingParams.n={params.n} completions cannot run at once: at most "
+                f"min(max_num_seqs, max_num_batched_tokens)={max_running} sequences run "
+                "together. Lower n or raise max_num_seqs."
+            )
+        vocab_size = self.model_config.vocab_size
+        self.request_limits.check(params, vocab_size=vocab_size)
+        largest = params.max_token_id()  # bounded: each id list is at most the vocabulary
+        if largest is not None and largest >= vocab_size:
+            raise InvalidRequestError(
+                f"SamplingParams names token id {largest} (stop_token_ids, allowed_token_ids or "
+                f"logit_bias), but the model's ids are in [0, {vocab_size})."
+            )
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > vocab_size:
+                raise InvalidRequestError(
+                    f"SamplingParams.{name}={value} exceeds the vocabulary ({vocab_size} tokens)."
+                )
+        if params.allowed_token_ids is not None and params.min_tokens > 0:
+            held = set(params.stop_token_ids)
+            if not params.ignore_eos:
+                held.update(self.model_config.eos_token_ids)
+            if held.issuperset(params.allowed_token_ids):
+                raise InvalidRequestError(
+                    "SamplingParams.allowed_token_ids holds only EOS / stop tokens, which "
+                    "min_tokens holds back: nothing could be generated. Allow other tokens or "
+                    "set min_tokens=0."
+                )
+        return params
+
     def add_request(
         self, prompt: Prompt, params: SamplingParams | None = None, *, stream: bool = False
     ) -> int:
         """Queue one request and return its id; :meth:`step` returns its outputs.
 
-        ``prompt`` is a string, a list of token ids, ``{"prompt": str}`` or
-        ``{"prompt_token_ids": [...]}``. ``stream=True`` detokenizes the request every step, so
-        that the outputs ``step()`` returns while it runs carry its text so far (otherwise
-        the text arrives when it finishes, or every step if it has stop strings). Raises
-        ``ValueError`` for bad input (and then queues nothing).
+        ``prompt`` is a string, a list of token ids, ``{"prompt": str}``,
+        ``{"prompt_token_ids": [...]}`` or a :class:`TokenizedPrompt`. ``stream=True``
+        detokenizes the request every step, so that the outputs ``step()`` returns while it
+        runs carry its text so far (otherwise the text arrives when it finishes, or every
+        step if it has stop strings). Raises ``ValueError`` for bad input (and then queues
+        nothing). The prompt is tokenized before the engine's lock is taken.
         """
+        checked = self.check_sampling_params(params)
+        tokenized = self._prompts.encode(prompt)
         with self._locked():
             self._check_open()
-            token_ids, text = self._encode(parse_prompt(prompt))
-            request = self._enqueue(
-                token_ids, text, self._check_params(params), self._step_sink, streamed=stream
-            )
+            request = self._enqueue(tokenized, checked, self._step_sink, streamed=stream)
             return request.request_id
 
     def abort(self, request_id: int) -> bool:
@@ -241,9 +377,11 @@ class Engine:
 
         Works in any state and from any thread; the final output goes to whoever waits for
         the request (its stream, its ``generate`` call, or :meth:`step`). False if the
-        request is unknown or already finished.
+        request is unknown or already finished (on a dead engine every request is).
         """
         with self._locked():
+            if self._dead is not None and not self._closed:
+                return False
             self._check_open()
             self._catch_up()
             found = self._abort(request_id)
@@ -258,27 +396,44 @@ class Engine:
                 self._catch_up()
             return bool(self._requests)
 
+    @property
+    def is_dead(self) -> bool:
+        """True once a fatal failure ended the engine (every call but ``stats``, ``abort``,
+        ``has_unfinished_requests`` and ``close`` raises ``EngineDeadError``)."""
+        return self._dead is not None
+
     def step(self) -> list[RequestOutput]:
         """Run one scheduler step; return the news of requests queued with :meth:`add_request`.
 
         That is one output per such request that got tokens or finished since the previous
         ``step()`` returned, however the engine was driven meanwhile (outputs are cumulative:
         the latest state of each). Every request's final output is returned exactly once.
-        If another thread is running a step, this waits for it first.
+        If another thread is running a step, this waits for that step to end and counts it
+        as its own (so ``step()`` keeps pace with threads that step all the time).
+
+        If a step failed since the previous call and ended ``add_request`` requests, this
+        raises :class:`~pagedinfer.errors.StepFailedError` naming them (their final outputs,
+        ``"abort"``, come with the next call); ``EngineDeadError`` once the engine is dead.
         """
         with self._locked():
             self._check_open()
-            while self._stepping:
+            steps_done = self._steps_done
+            while self._stepping and self._steps_done == steps_done:
                 self._wait_for_change()
                 self._check_open()
-            self._step()
+            if self._steps_done == steps_done:  # no step ended meanwhile: run one
+                with contextlib.suppress(StepFailedError):  # reported through the sinks
+                    self._step()
             self._deferral.suspend()  # a held-back Ctrl-C surfaces now, before delivery
+            self._raise_failure(self._step_sink)
             return self._step_sink.take_outputs()
 
     def _step(self) -> bool:
         """One step, called with the lock held and no other step running.
 
-        False if nothing could run. The lock is released while the model runs.
+        False if nothing could run. The lock is released while the model runs. Raises
+        ``StepFailedError`` if the executor failed (the step's requests are ended), or
+        ``EngineDeadError`` if that failure was fatal.
         """
         self._stepping = True
         try:
@@ -286,12 +441,86 @@ class Engine:
             plan = self.scheduler.schedule()
             if plan is None:
                 return False
-            output, seconds = self._execute(plan)
+            try:
+                output, seconds = self._execute(plan)
+            except EngineClosedError:
+                raise
+            except Exception as error:
+                self._steps_done += 1
+                self._fail_step(plan, error)
+            self._failures.succeeded()
+            self._steps_done += 1
             self._record(plan, output, seconds)
             return True
         finally:
             self._stepping = False
             self._changed.notify_all()
+
+    def _fail_step(self, plan: BatchPlan, error: Exception) -> NoReturn:
+        """The executor raised ``error`` running ``plan``: end the requests with a row in it
+        (``"abort"``), tell their consumers, raise. Fatal, or one failure too many in a row:
+        the engine dies instead (every unfinished request ends)."""
+        tensor_parallel = self.config.tensor_parallel_size > 1
+        if self._failures.failed() or is_fatal(error, tensor_parallel=tensor_parallel):
+            self._die(error)
+        failed: dict[int, RequestState] = {}
+        for seq_id in (*plan.seq_ids, *plan.sampled_seq_ids):
+            completion = self._completions.get(seq_id)
+            if completion is not None and completion.request.final is None:
+                failed.setdefault(completion.request.request_id, completion.request)
+        for request in failed.values():
+            request.error = error
+            request.sink.fail(request.request_id, error, dead=False)
+            self._abort(request.request_id)
+        if not failed:  # every row was aborted while the step ran: nobody will raise this
+            _logger.error(
+                "a step failed after its requests were aborted; the engine goes on",
+                exc_info=error,
+            )
+        raise StepFailedError(
+            f"a step failed ({type(error).__name__}: {error}); its requests "
+            f"{sorted(failed)} were aborted and the engine goes on.",
+            tuple(sorted(failed)),
+        ) from error
+
+    def _die(self, error: BaseException) -> NoReturn:
+        """A fatal failure: end every unfinished request ("abort"), raise from now on."""
+        self._dead = error
+        for request in list(self._requests.values()):
+            request.error = error
+            request.sink.fail(request.request_id, error, dead=True)
+            self._abort(request.request_id)
+        self._changed.notify_all()
+        raise self._dead_error()
+
+    def _dead_error(self) -> EngineDeadError:
+        cause = self._dead
+        failures = self._failures
+        why = (
+            f"{failures.in_a_row} steps failed in a row"
+            if failures.in_a_row >= failures.limit
+            else "a step failed in a way the engine cannot recover from"
+        )
+        error = EngineDeadError(
+            f"the engine is dead: {why} ({type(cause).__name__}: {cause}). Every "
+            "unfinished request was aborted; close this Engine and create a new one."
+        )
+        error.__cause__ = cause
+        return error
+
+    def _raise_failure(self, sink: OutputSink) -> None:
+        """Raise what ended requests of ``sink`` (once), if a failed step or death did."""
+        if sink.dead:
+            raise self._dead_error()
+        if sink.failed:
+            ids, cause = tuple(sink.failed), sink.failure
+            sink.failed = []
+            error = StepFailedError(
+                f"a step failed ({type(cause).__name__}: {cause}); requests {list(ids)} had "
+                "a row in it and were aborted. The engine goes on serving other requests.",
+                ids,
+            )
+            raise error from cause
 
     def _execute(self, plan: BatchPlan) -> tuple[StepOutput, float]:
         assert self._executor is not None
@@ -409,12 +638,14 @@ class Engine:
     ) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in input order.
 
-        ``prompts`` is one prompt or a list: strings, token-id lists, ``{"prompt": str}`` or
-        ``{"prompt_token_ids": [...]}``. ``sampling_params`` is one ``SamplingParams`` for all
-        or one per prompt. Every prompt is validated before any is queued. Returns as soon as
-        these requests are done (requests aborted meanwhile come back with
-        ``finish_reason="abort"``); if it raises (Ctrl-C, a failing step), its unfinished
-        requests are aborted.
+        ``prompts`` is one prompt or a list: strings, token-id lists, ``{"prompt": str}``,
+        ``{"prompt_token_ids": [...]}`` or :class:`TokenizedPrompt` s. ``sampling_params`` is
+        one ``SamplingParams`` for all or one per prompt. Every prompt is tokenized and
+        validated (before the engine's lock is taken) before any is queued. Returns as soon
+        as these requests are done (requests aborted meanwhile come back with
+        ``finish_reason="abort"``); if it raises (Ctrl-C; ``StepFailedError`` when a step
+        that held some of them failed; ``EngineDeadError``), its unfinished requests are
+        aborted.
         """
         return self._generate(parse_prompts(prompts), sampling_params, use_tqdm)
 
@@ -436,7 +667,7 @@ class Engine:
         ``enable_thinking``). Each output's ``prompt`` is the rendered text. Without a
         template this raises ``ValueError``.
         """
-        prompts = render_chat(
+        rendered = render_chat(
             self.tokenizer,
             messages,
             chat_template=chat_template,
@@ -444,27 +675,28 @@ class Engine:
             add_generation_prompt=add_generation_prompt,
             model_path=self.config.model_path,
         )
-        return self._generate(prompts, sampling_params, use_tqdm)
+        return self._generate(list(rendered), sampling_params, use_tqdm)
 
     def _generate(
         self,
-        batch: list[PromptInput],
+        batch: list[PromptInput | TokenizedPrompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None,
         use_tqdm: bool,
     ) -> list[RequestOutput]:
+        # Parameters first (cheap refusals), then every prompt, all before the lock.
+        params = self._params_for(batch, sampling_params)
+        prompts = [self._prompts.encode(prompt) for prompt in batch]
         sink = OutputSink(wants_progress=False)
         with self._locked():
             self._check_open()
-            params = self._params_for(batch, sampling_params)
-            encoded = [self._encode(prompt) for prompt in batch]
-            requests = self._enqueue_all(encoded, params, sink)
+            requests = self._enqueue_all(prompts, params, sink)
             progress = ProgressBar(total=len(requests), enabled=use_tqdm)
 
             def report_step() -> None:
                 progress.update(len(requests) - sink.num_unfinished, *self._last_step)
 
             try:
-                self._drive(lambda: sink.num_unfinished == 0, on_step=report_step)
+                self._drive(sink, lambda: sink.num_unfinished == 0, on_step=report_step)
             except BaseException:
                 for request in requests:
                     self._abort(request.request_id)
@@ -483,21 +715,20 @@ class Engine:
         The last has ``finished=True`` (finish reason ``"abort"`` if the request was
         aborted). Iterating steps the engine (or waits for the thread that does); other
         requests advance meanwhile. ``close()`` or dropping the iterator early aborts the
-        request.
+        request. If a step the request was in fails, iterating raises ``StepFailedError``.
         """
+        checked = self.check_sampling_params(params)
+        tokenized = self._prompts.encode(prompt)
         with self._locked():
             self._check_open()
-            token_ids, text = self._encode(parse_prompt(prompt))
             sink = OutputSink(wants_progress=True)
-            request = self._enqueue(
-                token_ids, text, self._check_params(params), sink, streamed=True
-            )
+            request = self._enqueue(tokenized, checked, sink, streamed=True)
             return RequestStream(self, request)
 
     def _next_stream_delta(self, request: RequestState) -> RequestOutput:
         with self._locked():
             sink = request.sink
-            self._drive(lambda: bool(sink.updated))
+            self._drive(sink, lambda: bool(sink.updated))
             self._deferral.suspend()  # a held-back Ctrl-C surfaces now, before delivery
             delta = request.stream_delta()
             sink.updated.clear()
@@ -506,16 +737,32 @@ class Engine:
     def _abandon(self, request_id: int) -> None:
         self._abandoned.append(request_id)  # thread-safe without the lock
 
-    def _drive(self, done: Callable[[], bool], on_step: Callable[[], None] | None = None) -> None:
+    def _drive(
+        self,
+        sink: OutputSink,
+        done: Callable[[], bool],
+        on_step: Callable[[], None] | None = None,
+    ) -> None:
         """Run steps, or wait while another thread runs them, until ``done()``.
 
-        Raises instead of looping when nothing can run and ``done()`` is still false.
+        Raises what ended requests of ``sink`` (a failed step: ``StepFailedError``; the
+        engine's death: ``EngineDeadError``), whichever thread ran that step. A failed step
+        that held none of them is not this caller's business: it steps on. Raises instead
+        of looping when nothing can run and ``done()`` is still false.
         """
-        while not done():
+        while True:
+            self._raise_failure(sink)
+            if done():
+                return
             self._check_open()
             if self._stepping:
                 self._wait_for_change()
-            elif self._step():
+                continue
+            try:
+                stepped = self._step()
+            except StepFailedError:
+                continue  # its requests' consumers raise it (this one at the loop's top)
+            if stepped:
                 if on_step is not None:
                     on_step()
             elif not done():
@@ -526,8 +773,10 @@ class Engine:
 
     # -------------------------------------------------------------------- stats
     def stats(self) -> EngineStats:
+        """The counters; also on a dead engine (what it did before it died)."""
         with self._locked():
-            self._check_open()
+            if self._closed:
+                raise EngineClosedError("the engine is closed; create a new Engine.")
             self._catch_up()
             pool = self.scheduler.pool.stats()
             scheduler = self.scheduler.stats()
@@ -631,99 +880,32 @@ class Engine:
     def _check_open(self) -> None:
         if self._closed:
             raise EngineClosedError("the engine is closed; create a new Engine.")
-
-    def _encode(self, prompt: PromptInput) -> tuple[list[int], str | None]:
-        text = prompt.text
-        if prompt.token_ids is not None:
-            token_ids = list(prompt.token_ids)
-        else:
-            assert text is not None
-            if self.tokenizer is None:
-                raise InvalidRequestError(
-                    f"the checkpoint {self.config.model_path} has no tokenizer files, so text "
-                    "prompts cannot be encoded: pass token-id lists instead."
-                )
-            if not text:
-                raise InvalidRequestError(
-                    "the prompt is empty: a request needs at least one token."
-                )
-            token_ids = list(self.tokenizer.encode(text))
-        if not token_ids:
-            raise InvalidRequestError("the prompt is empty: a request needs at least one token.")
-        vocab_size = self.model_config.vocab_size
-        for token_id in token_ids:
-            if not isinstance(token_id, int) or isinstance(token_id, bool):
-                raise InvalidRequestError(f"token id {token_id!r} is not an integer.")
-            if not 0 <= token_id < vocab_size:
-                raise InvalidRequestError(
-                    f"token id {token_id} is out of range: ids must be in [0, {vocab_size})."
-                )
-        limit = self.max_model_len
-        if len(token_ids) + 1 > limit:
-            raise InvalidRequestError(
-                f"the prompt has {len(token_ids)} tokens; with the first generated token that "
-                f"exceeds max_model_len={limit}. Shorten the prompt to at most {limit - 1} tokens "
-                "or raise max_model_len."
-            )
-        return token_ids, text
-
-    def _check_params(self, params: SamplingParams | None) -> SamplingParams:
-        """Checks that need the model: token ids in range, a vocabulary left to sample."""
-        if params is None:
-            return SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise InvalidRequestError(
-                f"sampling params must be a SamplingParams, not {type(params).__name__}."
-            )
-        vocab_size = self.model_config.vocab_size
-        largest = params.max_token_id()
-        if largest is not None and largest >= vocab_size:
-            raise InvalidRequestError(
-                f"SamplingParams names token id {largest} (stop_token_ids, allowed_token_ids or "
-                f"logit_bias), but the model's ids are in [0, {vocab_size})."
-            )
-        for name in ("logprobs", "prompt_logprobs"):
-            value = getattr(params, name)
-            if value is not None and value > vocab_size:
-                raise InvalidRequestError(
-                    f"SamplingParams.{name}={value} exceeds the vocabulary ({vocab_size} tokens)."
-                )
-        if params.allowed_token_ids is not None and params.min_tokens > 0:
-            held = set(params.stop_token_ids)
-            if not params.ignore_eos:
-                held.update(self.model_config.eos_token_ids)
-            if held.issuperset(params.allowed_token_ids):
-                raise InvalidRequestError(
-                    "SamplingParams.allowed_token_ids holds only EOS / stop tokens, which "
-                    "min_tokens holds back: nothing could be generated. Allow other tokens or "
-                    "set min_tokens=0."
-                )
-        return params
+        if self._dead is not None:
+            raise self._dead_error()
 
     def _params_for(
         self,
-        prompts: list[PromptInput],
+        prompts: list[PromptInput | TokenizedPrompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None,
     ) -> list[SamplingParams]:
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            return [self._check_params(sampling_params)] * len(prompts)
-        params = [self._check_params(p) for p in sampling_params]
-        if len(params) != len(prompts):
+            return [self.check_sampling_params(sampling_params)] * len(prompts)
+        if len(sampling_params) != len(prompts):  # before checking any of them
             raise InvalidRequestError(
-                f"got {len(params)} SamplingParams for {len(prompts)} prompts: pass one for all "
-                "or exactly one per prompt."
+                f"got {len(sampling_params)} SamplingParams for {len(prompts)} prompts: pass "
+                "one for all or exactly one per prompt."
             )
-        return params
+        return [self.check_sampling_params(p) for p in sampling_params]
 
     def _enqueue(
         self,
-        token_ids: list[int],
-        text: str | None,
+        prompt: TokenizedPrompt,
         params: SamplingParams,
         sink: OutputSink,
         *,
         streamed: bool = False,
     ) -> RequestState:
+        token_ids, text = prompt.token_ids, prompt.text
         request_id = self._next_request_id
         # One sequence per completion; the first shares the request's id and prefills the
         # prompt, the others fork from it (completion i is seeded completion_seed(seed, i)).
@@ -757,15 +939,15 @@ class Engine:
 
     def _enqueue_all(
         self,
-        encoded: list[tuple[list[int], str | None]],
+        prompts: list[TokenizedPrompt],
         params: list[SamplingParams],
         sink: OutputSink,
     ) -> list[RequestState]:
         """Queue a validated batch: all of it, or (if the scheduler refuses one) none."""
         requests: list[RequestState] = []
         try:
-            for (token_ids, text), request_params in zip(encoded, params, strict=True):
-                requests.append(self._enqueue(token_ids, text, request_params, sink))
+            for prompt, request_params in zip(prompts, params, strict=True):
+                requests.append(self._enqueue(prompt, request_params, sink))
         except BaseException:
             for request in requests:
                 self._abort(request.request_id)

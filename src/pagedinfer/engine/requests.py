@@ -36,14 +36,21 @@ class OutputSink:
     ``updated`` keeps one entry per request (outputs are cumulative, so the latest state
     replaces an older one without losing anything), in the order the news first came.
     A sink without ``wants_progress`` records only finished requests.
+
+    A request ended by a failed step (or by the engine's death) is finished like any other
+    (``finish_reason="abort"``) and also listed in ``failed`` with the error, so that its
+    consumer raises instead of returning as if nothing happened.
     """
 
-    __slots__ = ("num_unfinished", "updated", "wants_progress")
+    __slots__ = ("dead", "failed", "failure", "num_unfinished", "updated", "wants_progress")
 
     def __init__(self, *, wants_progress: bool) -> None:
         self.wants_progress = wants_progress
         self.updated: dict[int, RequestState] = {}
         self.num_unfinished = 0
+        self.failed: list[int] = []  # ids of requests a failed step ended, not yet reported
+        self.failure: BaseException | None = None  # the latest such step's exception
+        self.dead = False  # the engine died with requests of this sink unfinished
 
     def progressed(self, request: RequestState) -> None:
         if self.wants_progress:
@@ -52,6 +59,12 @@ class OutputSink:
     def finished(self, request: RequestState) -> None:
         self.updated[request.request_id] = request
         self.num_unfinished -= 1
+
+    def fail(self, request_id: int, error: BaseException, *, dead: bool) -> None:
+        """Request ``request_id`` (finished with "abort") was ended by ``error``."""
+        self.failed.append(request_id)
+        self.failure = error
+        self.dead = self.dead or dead
 
     def take_outputs(self) -> list[RequestOutput]:
         """The news as outputs, oldest first; cleared only once every output is built."""
@@ -270,6 +283,7 @@ class RequestState:
     __slots__ = (
         "completions",
         "eos_token_ids",
+        "error",
         "final",
         "prompt",
         "prompt_logprobs",
@@ -294,6 +308,7 @@ class RequestState:
         self.eos_token_ids = eos_token_ids
         self.completions: list[CompletionState] = []
         self.final: RequestOutput | None = None
+        self.error: BaseException | None = None  # what ended it, if a failed step did
         # One entry per prompt token, filled as prefill steps compute them (the first is
         # None: nothing predicts it).
         self.prompt_logprobs: PromptLogprobs | None = (

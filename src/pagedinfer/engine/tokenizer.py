@@ -6,6 +6,12 @@ fail on it with a bare library error. Tokenizer files are then checked here: eve
 is present must be readable (a dangling link, a symlink loop or a directory in its place is
 named), and when transformers cannot build the tokenizer, the file that is not valid JSON is
 named with the position of the problem.
+
+Threads: the engine tokenizes in its callers' threads, concurrently, without a lock. A fast
+(Rust) tokenizer's ``encode`` and ``decode`` only read it and release the GIL, so that is
+safe, as long as nothing changes its truncation or padding settings (transformers' encode
+calls do so only when those differ from "none"): :func:`load_tokenizer` switches both off
+once, at load, and the engine never passes truncation or padding arguments.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ def load_tokenizer(model_path: str) -> Any:
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(model_path)
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
     except Exception as error:
         for path in present:
             _check_json(path)
@@ -49,6 +55,25 @@ def load_tokenizer(model_path: str) -> Any:
             f"{type(error).__name__}: {error}. Expected the files a Hugging Face tokenizer's "
             "save_pretrained writes; copy them again from the original checkpoint."
         ) from error
+    _no_truncation_or_padding(tokenizer)
+    return tokenizer
+
+
+def _no_truncation_or_padding(tokenizer: Any) -> None:
+    """Settle a fast tokenizer's truncation and padding to "none" now, from one thread.
+
+    transformers' ``encode`` resets them to "none" on every call where they are set (a
+    ``tokenizer.json`` may enable either); that reset mutates the Rust tokenizer, which
+    fails ("Already borrowed") or races while another thread encodes. Once both are off,
+    encode and decode only read it.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:  # a slow (pure-Python) tokenizer: no such settings
+        return
+    if backend.truncation is not None:
+        backend.no_truncation()
+    if backend.padding is not None:
+        backend.no_padding()
 
 
 def _check_readable(path: Path) -> None:

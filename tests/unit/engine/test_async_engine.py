@@ -7,6 +7,8 @@ import asyncio
 import dataclasses
 import gc
 import itertools
+import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,7 +17,12 @@ from typing import Any
 import pytest
 
 from pagedinfer import AsyncEngine, Engine, RequestOutput, SamplingParams
-from pagedinfer.errors import EngineClosedError, EngineDeadError, InvalidRequestError
+from pagedinfer.errors import (
+    EngineClosedError,
+    EngineDeadError,
+    InvalidRequestError,
+    WorkerDiedError,
+)
 
 ENGINE_KWARGS: dict[str, Any] = {
     "device": "cpu",
@@ -291,20 +298,31 @@ def test_stats(shared: AsyncEngine) -> None:
     assert stats.num_kv_blocks == ENGINE_KWARGS["num_kv_blocks"]
 
 
-def test_a_failing_step_raises_in_every_consumer_and_the_engine_is_dead(
-    checkpoint: Path,
+def test_a_fatal_step_failure_raises_in_every_consumer_and_the_engine_is_dead(
+    checkpoint: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """A fatal failure (a tensor-parallel worker gone): every stream raises EngineDeadError,
+    later requests too, the traceback is logged and on_dead callbacks run once, from the
+    step thread (ordinary failures: test_step_failures.py)."""
     engine = AsyncEngine(checkpoint, **ENGINE_KWARGS)
     executor = engine.engine._executor
     assert executor is not None
     execute = executor.execute
     calls = 0
+    deaths: list[tuple[BaseException, str]] = []
+    called = threading.Event()
+
+    def on_dead(error: BaseException) -> None:
+        deaths.append((error, threading.current_thread().name))
+        called.set()
+
+    engine.on_dead(on_dead)
 
     def failing_execute(plan: Any) -> Any:
         nonlocal calls
         calls += 1
         if calls == 4:
-            raise RuntimeError("injected device failure")
+            raise WorkerDiedError("injected worker death")
         return execute(plan)
 
     executor.execute = failing_execute  # type: ignore[method-assign]
@@ -318,12 +336,23 @@ def test_a_failing_step_raises_in_every_consumer_and_the_engine_is_dead(
         return [r for r in results if isinstance(r, BaseException)]
 
     try:
-        errors = _run(main())
+        with caplog.at_level(logging.ERROR, logger="pagedinfer"):
+            errors = _run(main())
         assert len(errors) == 4
         for error in errors:
             assert isinstance(error, EngineDeadError)
-            assert isinstance(error.__cause__, RuntimeError)
-            assert "injected device failure" in str(error)
+            assert isinstance(error.__cause__, EngineDeadError)  # the Engine's
+            assert isinstance(error.__cause__.__cause__, WorkerDiedError)
+            assert "injected worker death" in str(error)
+        assert called.wait(30)  # after the streams were failed
+        ((dead_error, thread),) = deaths
+        assert dead_error is engine.dead_error and thread == "pagedinfer-step-loop"
+        late: list[BaseException] = []
+        engine.on_dead(late.append)  # already dead: called at once
+        assert late == [engine.dead_error]
+        (record,) = [r for r in caplog.records if r.levelno == logging.ERROR]
+        assert record.exc_info is not None and "injected worker death" in caplog.text
+        assert engine.engine.stats().kv_cache_usage == 0.0  # every request was aborted
     finally:
         engine.close()
 

@@ -268,3 +268,109 @@ def test_add_request_does_not_wait_for_a_running_step(idle_engine: Engine) -> No
     assert (
         list(finals) == [second] and len(finals[second].outputs[0].token_ids) == GREEDY.max_tokens
     )
+
+
+def test_step_keeps_pace_with_threads_that_keep_calling_generate(
+    checkpoint: Path, reference: dict[tuple[int, ...], list[int]]
+) -> None:
+    """Issue 21, item 6: a step() caller waited for a moment when no step was running, which
+    never came while other threads kept calling generate() (it returned only after they
+    stopped). A step() that waits now counts the step it waited for as its own."""
+    with _engine(checkpoint) as engine:
+        stop = threading.Event()
+        long = SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True)
+
+        def generating(prompt: list[int]) -> Callable[[], None]:
+            def body() -> None:
+                while not stop.is_set():
+                    engine.generate([prompt], long, use_tqdm=False)
+
+            return body
+
+        def stepping() -> RequestOutput:
+            request_id = engine.add_request(PROMPTS[2], GREEDY)
+            while True:
+                for output in engine.step():
+                    if output.finished and output.request_id == request_id:
+                        return output
+
+        threads = [
+            threading.Thread(target=generating(prompt), daemon=True)
+            for prompt in (PROMPTS[0], PROMPTS[3])
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            while engine.stats().num_running < 2:  # both generate calls are stepping
+                time.sleep(0.001)
+            started = time.perf_counter()
+            final = within(stepping, seconds=15)
+            elapsed = time.perf_counter() - started
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(60)
+        assert final.outputs[0].token_ids == reference[tuple(PROMPTS[2])]
+        assert elapsed < 15
+        assert not engine.has_unfinished_requests()
+        assert engine.stats().kv_cache_usage == 0.0
+
+
+def test_a_prompt_is_tokenized_without_the_engine_lock(
+    idle_engine: Engine, reference: dict[tuple[int, ...], list[int]]
+) -> None:
+    """Issue 21, item 3: add_request tokenized under the engine's lock, so one long prompt
+    stalled every other thread. Here the tokenizer blocks until released: generate() from
+    another thread must finish meanwhile."""
+    engine = idle_engine
+    tokenizer = engine.tokenizer
+    entered, release = threading.Event(), threading.Event()
+    real_encode = tokenizer.encode
+
+    def blocking_encode(text: str, **kwargs: object) -> list[int]:
+        entered.set()
+        release.wait(30)
+        return list(real_encode(text, **kwargs))
+
+    tokenizer.encode = blocking_encode
+    added: list[int] = []
+    adding = threading.Thread(target=lambda: added.append(engine.add_request("hello")))
+    adding.start()
+    try:
+        assert entered.wait(30)
+        (output,) = within(lambda: engine.generate([PROMPTS[2]], GREEDY, use_tqdm=False), 10)
+        assert output.outputs[0].token_ids == reference[tuple(PROMPTS[2])]
+        assert engine.stats().num_requests_finished == 1  # and stats did not wait either
+    finally:
+        release.set()
+        adding.join(30)
+        del tokenizer.encode  # the class's method again
+    assert len(added) == 1
+    engine.abort(added[0])
+
+
+def test_tokenizing_megabytes_of_text_does_not_stall_other_threads(idle_engine: Engine) -> None:
+    """The real tokenizer on a long text (over a second on one core) in add_request: the
+    fast tokenizer releases the GIL and the engine holds no lock meanwhile, so a generate()
+    in another thread ends first."""
+    engine = idle_engine
+    text = "The quick brown fox jumps over the lazy dog. " * 30_000  # 1.35 MB
+    finished = threading.Event()
+    raised: list[BaseException] = []
+
+    def tokenize() -> None:
+        try:
+            engine.add_request(text)
+        except BaseException as error:
+            raised.append(error)
+        finished.set()
+
+    thread = threading.Thread(target=tokenize, daemon=True)
+    thread.start()
+    time.sleep(0.05)  # the tokenizer is at work
+    short = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    within(lambda: engine.generate([[1, 2, 3]], short, use_tqdm=False), 30)
+    assert not finished.is_set(), "the generate call waited for the tokenizer"
+    thread.join(60)
+    (error,) = raised  # far longer than max_model_len, once tokenized
+    assert "max_model_len=128" in str(error)
