@@ -182,15 +182,15 @@ def test_max_token_id_covers_every_field_that_names_tokens() -> None:
         # (issue 21, item 4: these became inf / NaN on the device, which then sampled token 0
         # whatever allowed_token_ids and min_tokens said).
         ("temperature", 1e39),
-        ("temperature", 10**400),  # an int too large for a float
+        pytest.param("temperature", 10**400, id="temperature-10**400"),  # too large for a float
         ("logit_bias", {5: 1e39}),
         ("logit_bias", {5: -1e39}),
         ("logit_bias", {5: 1.01e10}),
-        ("logit_bias", {5: -(10**400)}),
+        pytest.param("logit_bias", {5: -(10**400)}, id="logit_bias--10**400"),
         ("repetition_penalty", 1e-46),
         ("repetition_penalty", 9.9e-7),
         ("repetition_penalty", 1.01e6),
-        ("repetition_penalty", 10**400),
+        pytest.param("repetition_penalty", 10**400, id="repetition_penalty-10**400"),
     ],
 )
 def test_bad_value_raises_naming_the_field(field: str, value: object) -> None:
