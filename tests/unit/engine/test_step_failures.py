@@ -278,3 +278,24 @@ def _wait_idle(engine: Engine) -> None:
     while engine.has_unfinished_requests() or engine.stats().kv_cache_usage:
         threading.Event().wait(0.01)
     engine.scheduler.pool.check_integrity()
+
+
+def test_a_failed_forking_step_frees_every_completion(
+    checkpoint: Path, reference: Callable[[list[int]], list[int]]
+) -> None:
+    """n > 1: the step that computes the prompt's last token forks the completions (blocks
+    copied, slots taken); when it fails, the forks are undone and aborted with their parent."""
+    with Engine(checkpoint, **KWARGS) as engine:
+        params = SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=4)
+        # 19 tokens: one prefill step, and a partial last block for each fork to copy.
+        _fail_execute(engine, {1}, lambda: Injected("at the fork"))
+        with pytest.raises(StepFailedError) as raised:
+            engine.generate([list(range(1, 20))], params, use_tqdm=False)
+        assert raised.value.request_ids == (0,)
+        _check_idle(engine)
+        assert not engine.scheduler.pending_block_copies
+        (output,) = engine.generate([list(range(1, 20))], params, use_tqdm=False)
+        assert [len(c.token_ids) for c in output.outputs] == [4, 4, 4]
+        (greedy,) = engine.generate([[7, 8]], GREEDY, use_tqdm=False)
+        assert greedy.outputs[0].token_ids == reference([7, 8])
+        _check_idle(engine)
