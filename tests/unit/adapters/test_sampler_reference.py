@@ -1,15 +1,9 @@
 """The sampler's filters against a plain NumPy reference written from the definitions.
 
-vLLM's semantics, in its order: the logits are divided by the temperature, then
-
-* ``min_p`` keeps the tokens whose probability is at least ``min_p`` times the largest;
-* ``top_k`` keeps the ``k`` most likely of those (every token tied with the k-th is kept;
-  ``k`` 0 or at least the vocabulary keeps them all);
-* ``top_p`` renormalises what is left and keeps the smallest set of most likely tokens whose
-  mass reaches ``top_p`` (``>=``), always at least the most likely one;
-
-and the token is drawn from the softmax over the kept set. Greedy rows (temperature 0) take
-the argmax whatever their filters say.
+The reference (``sampling_reference.py``) follows vLLM's semantics and order: temperature,
+then ``min_p``, top-k (ties with the k-th kept) and top-p (the smallest set of most likely
+tokens whose renormalised mass reaches ``top_p``, at least one). Greedy rows (temperature 0)
+take the argmax whatever their filters say.
 
 Assumptions of the reference, so that float32 rounding cannot decide a case: probabilities are
 distinct (which of two tokens tied at the top-p boundary is kept is not specified; ties at
@@ -39,6 +33,8 @@ from pagedinfer.adapters.sampling_batch import SamplingBatch
 from pagedinfer.adapters.sampling_table import SamplingTable
 from pagedinfer.domain.sampling import SamplingParams
 
+from .sampling_reference import kept_tokens, near_a_boundary
+
 CPU = torch.device("cpu")
 MARGIN = 1e-4
 DRAWS = 400  # per row: a kept token of probability >= 0.1 is missed with chance 0.9**400
@@ -48,47 +44,7 @@ SAMPLING_SETTINGS = settings(max_examples=60, deadline=None)
 
 def reference_kept(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """The tokens a sampled row may draw (bool ``[vocab]``), from the definitions."""
-    z = logits.astype(np.float64) / params.temperature
-    p = np.exp(z - z.max())
-    p /= p.sum()
-    kept = np.ones(len(p), dtype=bool)
-    if params.min_p > 0:
-        kept &= p >= params.min_p * p.max()
-    if 0 < params.top_k < kept.sum():
-        kth_largest = np.sort(p[kept])[::-1][params.top_k - 1]
-        kept &= p >= kth_largest
-    if params.top_p < 1:
-        q = np.where(kept, p, 0.0)
-        q /= q.sum()
-        nucleus = np.zeros_like(kept)
-        mass = 0.0
-        for token in np.argsort(-q, kind="stable"):
-            nucleus[token] = True
-            mass += q[token]
-            if mass >= params.top_p:
-                break
-        kept = nucleus
-    return kept
-
-
-def near_a_boundary(logits: np.ndarray, params: SamplingParams) -> bool:
-    """Whether float32 rounding could move a token across a min_p or top_p boundary."""
-    z = logits.astype(np.float64) / params.temperature
-    p = np.exp(z - z.max())
-    p /= p.sum()
-    if params.min_p > 0 and np.any(np.abs(p - params.min_p * p.max()) < MARGIN * p.max()):
-        return True
-    if params.top_p < 1:
-        kept = reference_kept(
-            logits,
-            SamplingParams(
-                temperature=params.temperature, top_p=1.0, min_p=params.min_p, top_k=params.top_k
-            ),
-        )
-        q = np.sort(np.where(kept, p, 0.0) / p[kept].sum())[::-1]
-        if np.any(np.abs(np.cumsum(q) - params.top_p) < MARGIN):
-            return True
-    return False
+    return kept_tokens(logits, params)
 
 
 @dataclass(frozen=True)
@@ -124,7 +80,7 @@ def cases(draw: st.DrawFn) -> Case:
         probs = np.asarray(shuffled, dtype=np.float64) / sum(shuffled)
         row = np.log(probs).astype(np.float32)
         p = draw(row_params(vocab, top_p_off))
-        if not p.is_greedy and near_a_boundary(row, p):
+        if not p.is_greedy and near_a_boundary(row, p, MARGIN):
             p = SamplingParams(temperature=p.temperature)  # only the temperature: no boundary
         rows.append(row)
         params.append(p)
