@@ -36,7 +36,9 @@ def batch(
         any_top_k=any(k > 0 for k in sampled_ks),
         any_top_p=any(top_ps[i] < 1.0 for i in sampled),
         any_seeded=any_seeded,
-        max_top_k=0 if not sampled_ks or 0 in sampled_ks else max(sampled_ks),
+        # As the table computes it: the largest k of a sampled row with top-k on (the
+        # filter caps it at the vocabulary).
+        max_top_k=max(sampled_ks, default=0),
         temperatures=torch.tensor(temperatures, dtype=torch.float32),
         top_ks=torch.tensor(top_ks, dtype=torch.int64),
         top_ps=torch.tensor(top_ps, dtype=torch.float32),

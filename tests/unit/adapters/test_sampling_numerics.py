@@ -89,3 +89,40 @@ def test_tiny_temperatures_generate_the_greedy_tokens(make_checkpoint: Callable[
             assert [tokens[i] for i in (0, 2, 3)] == [greedy[i] for i in (0, 2, 3)]
     finally:
         runner.close()
+
+
+def test_masks_bias_and_penalties_at_their_bounds_stay_finite_in_a_mixed_batch() -> None:
+    """Greedy and sampled rows together, each with ``-inf`` masks (allowed ids, min_p,
+    top-k / top-p), biases of +-100, penalties at their bounds and temperatures from the
+    epsilon to 100: no NaN reaches the race, and every row keeps its constraints."""
+    from pagedinfer.adapters.logits_processors import LogitsProcessors
+    from pagedinfer.adapters.sampler import filtered_logits
+
+    vocab = 50
+    params = [
+        SamplingParams(temperature=0.0, allowed_token_ids=[3, 4], top_k=2, min_p=0.5),
+        SamplingParams(temperature=1e-5, allowed_token_ids=[3, 4, 9], logit_bias={4: 100.0}),
+        SamplingParams(temperature=100.0, top_p=0.3, logit_bias={1: -100.0, 2: 100.0}),
+        SamplingParams(temperature=1.0, allowed_token_ids=[7], top_k=3, top_p=0.1, min_p=0.9),
+        SamplingParams(
+            temperature=0.7,
+            repetition_penalty=2.0,
+            presence_penalty=2.0,
+            frequency_penalty=-2.0,
+            min_p=1e-4,
+            top_k=vocab,
+        ),
+        SamplingParams(temperature=1.0, allowed_token_ids=[5, 6], min_tokens=2, stop_token_ids=[5]),
+    ]
+    processors = LogitsProcessors(vocab, CPU, eos_token_ids=[0])
+    for key, p in enumerate(params):
+        processors.add(key, p, prompt_token_ids=[1, 2, 3], output_token_ids=[3, 3])
+    logits = torch.randn(len(params), vocab, generator=torch.Generator().manual_seed(4)) * 20
+    processing = processors.plan(list(range(len(params))), lambda _: 3)
+    batch = SamplingBatch.from_params(params, CPU, vocab_size=vocab)
+    filtered = filtered_logits(logits.clone(), batch, processors, processing)
+    assert not filtered.isnan().any() and torch.isfinite(filtered).any(dim=-1).all()
+    for seed in range(10):
+        tokens = Sampler(CPU, seed=seed)(logits.clone(), batch, processors, processing).tolist()
+        assert tokens[0] in (3, 4) and tokens[1] == 4 and tokens[2] != 1 and tokens[3] == 7
+        assert tokens[5] == 6  # 5 is held back by min_tokens
