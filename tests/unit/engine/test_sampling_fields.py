@@ -501,5 +501,5 @@ def test_requests_the_model_cannot_serve_are_refused(
 def test_model_keyword_and_hub_ids(checkpoint: Path) -> None:
     with Engine(model=str(checkpoint), device="cpu", kv_block_size=16, max_model_len=32) as e:
         assert e.generate([1, 2], SamplingParams(max_tokens=1), use_tqdm=False)[0].finished
-    with pytest.raises(CheckpointNotFoundError, match=r"huggingface-cli download Qwen/Qwen3-0\.6B"):
+    with pytest.raises(CheckpointNotFoundError, match=r"`hf download Qwen/Qwen3-0\.6B"):
         Engine(model="Qwen/Qwen3-0.6B", device="cpu")

@@ -445,8 +445,8 @@ def _missing_checkpoint_message(path: str) -> str:
         return (
             f"model {path!r} is not a local directory. It looks like a Hugging Face Hub id, "
             "but pagedinfer only loads local checkpoint directories: download the checkpoint "
-            f"first (e.g. `huggingface-cli download {path} --local-dir ./{name}`, or "
-            "huggingface_hub.snapshot_download) and pass that directory "
+            f"first (e.g. `hf download {path} --local-dir ./{name}`, the CLI of huggingface_hub, "
+            "or huggingface_hub.snapshot_download) and pass that directory "
             f"(Engine(model='./{name}'))."
         )
     return (
