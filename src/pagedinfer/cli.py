@@ -8,6 +8,7 @@ without a traceback; ``--help`` on every command shows each option's default.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 import time
@@ -15,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-__all__ = ["EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_USER_ERROR", "main"]
+__all__ = ["EXIT_ENGINE_DEAD", "EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_USER_ERROR", "main"]
 
 EXIT_USER_ERROR = 2
 """Bad input: options, paths, values (argparse's convention)."""
@@ -23,6 +24,8 @@ EXIT_FAILURE = 1
 """The input was fine but the run failed (out of memory, a worker died)."""
 EXIT_INTERRUPTED = 130
 """Ctrl-C (128 + SIGINT, as shells report it)."""
+EXIT_ENGINE_DEAD = 3
+"""``serve``: the engine failed while serving and the server shut down; restart it."""
 
 DEMO_PROMPTS = (
     "Explain how paged attention works.",
@@ -64,6 +67,43 @@ def _token_ids(text: str) -> list[int]:
             f"expected comma-separated integer token ids (e.g. 1,2,3), got {text!r}"
         ) from None
     return ids
+
+
+def _port(text: str) -> int:
+    """argparse type of ``--port``: an integer in [0, 65535] (0: any free port)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"port {port} is out of range: expected 0 to 65535 (0 picks a free port)"
+        )
+    return port
+
+
+def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
+    """argparse type: a number > 0 of ``kind`` (int or float)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not value > 0 or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+def _host_list(text: str) -> list[str]:
+    """argparse type of ``--allowed-hosts``: comma-separated host names."""
+    hosts = [part.strip() for part in text.split(",") if part.strip()]
+    if not hosts:
+        raise argparse.ArgumentTypeError(f"expected comma-separated host names, got {text!r}")
+    return hosts
 
 
 def _engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -289,18 +329,77 @@ def _build_parser() -> argparse.ArgumentParser:
         "/v1/completions, /v1/chat/completions, /v1/models, /health and /metrics "
         "(see docs/serving.md)",
     )
+    _serve_arguments(serve)
+    _engine_arguments(serve)
+    return parser
+
+
+def _serve_arguments(serve: argparse.ArgumentParser) -> None:
+    from pagedinfer.serving.options import (
+        API_KEY_ENV,
+        DEFAULT_BODY_TIMEOUT_S,
+        DEFAULT_HEADER_TIMEOUT_S,
+        DEFAULT_MAX_REQUEST_BYTES,
+    )
+
     serve.add_argument("model_dir", metavar="MODEL_DIR", help="local Hugging Face checkpoint")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind")
-    serve.add_argument("--port", type=int, default=8000, metavar="N", help="port")
+    serve.add_argument(
+        "--port", type=_port, default=8000, metavar="N", help="port (0: any free port)"
+    )
     serve.add_argument(
         "--served-model-name",
         default=None,
         metavar="NAME",
-        help="the model name clients send (default: MODEL_DIR as given)",
+        help="the model name clients send (default: MODEL_DIR's directory name)",
     )
-    serve.add_argument("--log-level", default="info", help="uvicorn's log level")
-    _engine_arguments(serve)
-    return parser
+    serve.add_argument(
+        "--log-level",
+        default="info",
+        choices=("critical", "error", "warning", "info", "debug", "trace"),
+        help="log level (uvicorn's and pagedinfer's)",
+    )
+    group = serve.add_argument_group("security and limits (docs/serving.md, Deploying)")
+    group.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help=f"require 'Authorization: Bearer KEY' on every route but /health (default: "
+        f"${API_KEY_ENV}, else no key; the variable keeps the key out of the process list)",
+    )
+    group.add_argument(
+        "--metrics-public", action="store_true", help="serve /metrics without the API key"
+    )
+    group.add_argument(
+        "--allowed-hosts",
+        action="extend",
+        type=_host_list,
+        default=None,
+        metavar="HOSTS",
+        help="comma-separated names the Host header may carry ('*.example.com', '*': any); "
+        "default: localhost, 127.0.0.1 and ::1 when bound to a loopback address, else any",
+    )
+    group.add_argument(
+        "--max-request-bytes",
+        type=_positive(int),
+        default=DEFAULT_MAX_REQUEST_BYTES,
+        metavar="N",
+        help="largest request body (413 beyond)",
+    )
+    group.add_argument(
+        "--header-timeout-s",
+        type=_positive(float),
+        default=DEFAULT_HEADER_TIMEOUT_S,
+        metavar="X",
+        help="seconds a request's line and headers may take (the connection is closed)",
+    )
+    group.add_argument(
+        "--body-timeout-s",
+        type=_positive(float),
+        default=DEFAULT_BODY_TIMEOUT_S,
+        metavar="X",
+        help="seconds a request's body may take (408 beyond)",
+    )
 
 
 def _engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
@@ -457,14 +556,37 @@ def _run_serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USER_ERROR
-    run_server(
-        args.model_dir,
-        host=args.host,
-        port=args.port,
-        served_model_name=args.served_model_name,
-        log_level=args.log_level,
-        engine_kwargs=_engine_kwargs(args),
+    from pagedinfer.errors import ConfigurationError, EngineDeadError
+    from pagedinfer.serving.options import API_KEY_ENV, ServingOptions
+
+    api_key = args.api_key
+    if api_key is None and API_KEY_ENV in os.environ:
+        api_key = os.environ[API_KEY_ENV]
+        if not api_key:
+            raise ConfigurationError(
+                f"{API_KEY_ENV} is set but empty: unset it to serve without a key, or set a key."
+            )
+    options = ServingOptions(  # checked before the port is bound and the model loads
+        api_key=api_key,
+        metrics_public=args.metrics_public,
+        allowed_hosts=None if args.allowed_hosts is None else tuple(args.allowed_hosts),
+        max_request_bytes=int(args.max_request_bytes),
+        header_timeout_s=args.header_timeout_s,
+        body_timeout_s=args.body_timeout_s,
     )
+    try:
+        run_server(
+            args.model_dir,
+            host=args.host,
+            port=args.port,
+            served_model_name=args.served_model_name,
+            log_level=args.log_level,
+            engine_kwargs=_engine_kwargs(args),
+            options=options,
+        )
+    except EngineDeadError as error:
+        print(f"pagedinfer serve: error: {error}", file=sys.stderr)
+        return EXIT_ENGINE_DEAD
     return 0
 
 

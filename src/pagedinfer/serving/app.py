@@ -1,18 +1,27 @@
 """The OpenAI-compatible FastAPI app around one :class:`~pagedinfer.AsyncEngine`.
 
 Routes: ``GET /health``, ``GET /metrics``, ``GET /v1/models``, ``POST /v1/completions``,
-``POST /v1/chat/completions``. A request is validated and queued before the response
-starts, so bad input gets a 4xx (OpenAI's error JSON) and never a half-sent stream. A
-client that disconnects gets its requests aborted (their KV blocks freed) at once: streamed
-responses by Starlette's disconnect listener, the others by :func:`_until_disconnected`.
+``POST /v1/chat/completions``, behind a :class:`~pagedinfer.serving.guard.RequestGuard`
+(Host check, API key, bounded body). A request is validated and queued before the response
+starts, so bad input gets a 4xx (OpenAI's error JSON) and never a half-sent stream; the
+checks run cheapest first: sizes against the engine's limits, then the sampling parameters,
+then the prompt is tokenized (or the chat template rendered) in a worker thread, off the
+event loop and without the engine's lock. A client that disconnects gets its requests
+aborted (their KV blocks freed) at once: streamed responses by Starlette's disconnect
+listener, the others by :func:`_until_disconnected`.
+
+A request whose step failed gets a 500 (a stream: an error event, then ``[DONE]``); when
+the engine is dead every request gets a 503 and ``/health`` too. Neither body says more
+than that: the engine logs the traceback.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request, Response
@@ -21,19 +30,25 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pagedinfer.domain.sampling import SamplingParams
 from pagedinfer.engine.async_engine import AsyncEngine, AsyncRequestStream
 from pagedinfer.engine.outputs import RequestOutput
-from pagedinfer.errors import EngineDeadError
+from pagedinfer.engine.prompts import TokenizedPrompt
 from pagedinfer.serving.errors import (
+    ENGINE_DEAD_MESSAGE,
+    SHUTTING_DOWN_MESSAGE,
     OpenAIError,
     error_body,
     from_exception,
     install_error_handlers,
+    log_unexpected,
 )
+from pagedinfer.serving.guard import RequestGuard
 from pagedinfer.serving.metrics import CONTENT_TYPE, RequestTimer, ServerMetrics
+from pagedinfer.serving.options import ServingOptions
 from pagedinfer.serving.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     chat_messages,
     chat_sampling_params,
+    check_sizes,
     completion_prompts,
     completion_sampling_params,
     echoes_prompt_only,
@@ -57,22 +72,29 @@ _DONE = "data: [DONE]\n\n"
 _T = TypeVar("_T")
 
 
-def build_app(engine: AsyncEngine, *, served_model_name: str) -> FastAPI:
-    """The app serving ``engine`` under the model name ``served_model_name``.
+def build_app(
+    engine: AsyncEngine, *, served_model_name: str, options: ServingOptions | None = None
+) -> FastAPI:
+    """The app serving ``engine`` under the model name ``served_model_name``, admitting
+    requests by ``options`` (default: no key, any Host, 1 MiB bodies).
 
     The app does not own the engine: whoever built it closes it (``pagedinfer serve`` does,
     after the server stops).
     """
+    options = options or ServingOptions()
     app = FastAPI(title="pagedinfer", docs_url=None, redoc_url=None, openapi_url=None)
     metrics = ServerMetrics()
     app.state.engine = engine
     app.state.metrics = metrics
     created = int(time.time())
+    limits = engine.request_limits
+    vocab_size = engine.engine.model_config.vocab_size
 
     def rejected(status: int) -> None:
         metrics.requests_rejected.labels(status=str(status)).inc()
 
-    install_error_handlers(app, on_error=rejected)
+    install_error_handlers(app, on_error=rejected, redact=_redactor(engine, served_model_name))
+    app.add_middleware(RequestGuard, options=options, on_reject=rejected)
 
     def check_model(name: str | None) -> None:
         if name is not None and name != served_model_name:
@@ -103,10 +125,9 @@ def build_app(engine: AsyncEngine, *, served_model_name: str) -> FastAPI:
     @app.get("/health")
     async def health() -> Response:
         if not engine.is_running:
-            reason = repr(engine.dead_error) if engine.is_dead else "closed"
+            message = ENGINE_DEAD_MESSAGE if engine.is_dead else SHUTTING_DOWN_MESSAGE
             return JSONResponse(
-                error_body(f"the engine is not running ({reason})", "server_error"),
-                status_code=503,
+                error_body(message, "server_error", code="engine_unavailable"), status_code=503
             )
         return Response(status_code=200)
 
@@ -134,28 +155,36 @@ def build_app(engine: AsyncEngine, *, served_model_name: str) -> FastAPI:
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Response:
         check_model(body.model)
-        params = completion_sampling_params(body)
-        streams = _submit_all(engine, completion_prompts(body), params)
+        check_sizes(body, limits, vocab_size)
+        params = engine.check_sampling_params(completion_sampling_params(body))
+        prompts = await _tokenize_all(engine, completion_prompts(body))
+        streams = _submit_all(engine, prompts, params)
         ctx = context("cmpl", params, body, echo=body.echo, echo_only=echoes_prompt_only(body))
         timers = [metrics.timer() for _ in streams]
         if body.stream:
             events = _stream_completions(ctx, streams, timers, params.n, body.include_usage)
             return _event_stream(events)
-        outputs = await _until_disconnected(
-            request, asyncio.gather(*(_final(s, t) for s, t in zip(streams, timers, strict=True)))
-        )
+        try:
+            outputs = await _until_disconnected(
+                request,
+                asyncio.gather(*(_final(s, t) for s, t in zip(streams, timers, strict=True))),
+            )
+        finally:
+            for stream in streams:
+                stream.close()  # no-op for finished streams; aborts the rest (one failed)
         return JSONResponse(completion_response(ctx, outputs, params.n))
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         check_model(body.model)
-        params = chat_sampling_params(body)
-        stream = engine.chat(
+        check_sizes(body, limits, vocab_size)
+        params = engine.check_sampling_params(chat_sampling_params(body))
+        prompt = await engine.tokenize_chat(
             chat_messages(body),
-            params,
             chat_template_kwargs=body.chat_template_kwargs,
             add_generation_prompt=body.add_generation_prompt,
         )
+        stream = engine.generate(prompt, params)
         ctx = context("chatcmpl", params, body)
         timer = metrics.timer()
         if body.stream:
@@ -167,8 +196,16 @@ def build_app(engine: AsyncEngine, *, served_model_name: str) -> FastAPI:
 
 
 # ------------------------------------------------------------------------------ helpers
+async def _tokenize_all(
+    engine: AsyncEngine, prompts: Sequence[str | list[int]]
+) -> list[TokenizedPrompt]:
+    """Every prompt tokenized and validated in worker threads (not on the event loop, and
+    without the engine's lock)."""
+    return list(await asyncio.gather(*(engine.tokenize(prompt) for prompt in prompts)))
+
+
 def _submit_all(
-    engine: AsyncEngine, prompts: Sequence[str | list[int]], params: Any
+    engine: AsyncEngine, prompts: Sequence[TokenizedPrompt], params: SamplingParams
 ) -> list[AsyncRequestStream]:
     """Queue every prompt, or (if one is refused) none: the others are aborted."""
     streams: list[AsyncRequestStream] = []
@@ -190,6 +227,9 @@ async def _final(stream: AsyncRequestStream, timer: RequestTimer) -> RequestOutp
             timer.tokens(_num_tokens(output))
     except asyncio.CancelledError:
         timer.finished("abort")
+        raise
+    except Exception:
+        timer.finished("error")
         raise
     assert output is not None and output.finished
     timer.finished(_finish_reason(output))
@@ -251,9 +291,12 @@ async def _stream_completions(
         if include_usage:
             ordered = [finals[index] for index in sorted(finals)]
             yield sse(usage_chunk(ctx, "text_completion", ordered))
-    except EngineDeadError as error:
-        yield sse(from_exception(error).body())
-    except BaseException:
+    except Exception as error:  # a failed step, a dead engine: the client hears of it
+        for index, timer in enumerate(timers):
+            if index not in finals:
+                timer.finished("error")
+        yield _error_event(error, ctx)
+    except BaseException:  # the client left (or the server stops): nobody to tell
         for index, timer in enumerate(timers):
             if index not in finals:
                 timer.finished("abort")
@@ -282,9 +325,11 @@ async def _stream_chat(
                 timer.finished(_finish_reason(output))
         if include_usage and final is not None:
             yield sse(usage_chunk(ctx, "chat.completion.chunk", [final]))
-    except EngineDeadError as error:
-        yield sse(from_exception(error).body())
-    except BaseException:
+    except Exception as error:  # a failed step, a dead engine: the client hears of it
+        if final is None:
+            timer.finished("error")
+        yield _error_event(error, ctx)
+    except BaseException:  # the client left (or the server stops): nobody to tell
         if final is None:
             timer.finished("abort")
         raise
@@ -326,6 +371,27 @@ async def _merge(
     finally:
         for task in tasks:
             task.cancel()
+
+
+def _error_event(error: Exception, ctx: ResponseContext) -> str:
+    """The event that ends a stream that failed: OpenAI's error JSON (generic for a 5xx; the
+    failure is logged, by the engine or here)."""
+    log_unexpected(error, f"the stream {ctx.response_id}")
+    return sse(from_exception(error).body())
+
+
+def _redactor(engine: AsyncEngine, served_model_name: str) -> Callable[[str], str]:
+    """Replaces the checkpoint's path (as given and absolute) in client-facing messages by
+    the served name: the path stays on the server."""
+    given = engine.engine.config.model_path
+    paths = sorted({given, os.path.abspath(given)}, key=len, reverse=True)
+
+    def redact(message: str) -> str:
+        for path in paths:
+            message = message.replace(path, served_model_name)
+        return message
+
+    return redact
 
 
 def _num_tokens(output: RequestOutput) -> int:

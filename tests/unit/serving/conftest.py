@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,7 @@ class ServerProcess:
     checkpoint: Path
     log_path: Path
     engine_kwargs: dict[str, Any] = field(default_factory=lambda: dict(ENGINE_KWARGS))
+    headers: dict[str, str] = field(default_factory=dict)  # e.g. the API key
 
     @property
     def api_url(self) -> str:
@@ -56,7 +57,9 @@ class ServerProcess:
 
     def metrics(self) -> dict[str, float]:
         """The server's /metrics as {name{labels}: value} (comments and buckets left out)."""
-        text = httpx.get(self.base_url + "/metrics", timeout=30).text
+        response = httpx.get(self.base_url + "/metrics", headers=self.headers, timeout=30)
+        response.raise_for_status()
+        text = response.text
         values = {}
         for line in text.splitlines():
             if line.startswith("#") or "_bucket" in line or not line.strip():
@@ -83,9 +86,23 @@ def free_port() -> int:
         return port
 
 
-def start_server(checkpoint: Path, log_path: Path, **extra: Any) -> ServerProcess:
-    kwargs = {**ENGINE_KWARGS, **extra}
-    port = free_port()
+def server_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.pop("PAGEDINFER_API_KEY", None)
+    return env
+
+
+def serve_command(
+    checkpoint: Path,
+    port: int,
+    *,
+    served_model_name: str | None = MODEL_NAME,
+    args: Sequence[str] = (),
+    **engine_kwargs: Any,
+) -> list[str]:
+    """``python -m pagedinfer serve ...`` with the test engine settings (overridable)."""
     command = [
         sys.executable,
         "-m",
@@ -96,21 +113,46 @@ def start_server(checkpoint: Path, log_path: Path, **extra: Any) -> ServerProces
         "127.0.0.1",
         "--port",
         str(port),
-        "--served-model-name",
-        MODEL_NAME,
         "--log-level",
         "warning",
     ]
-    for name, value in kwargs.items():
+    if served_model_name is not None:
+        command += ["--served-model-name", served_model_name]
+    for name, value in {**ENGINE_KWARGS, **engine_kwargs}.items():
         command += [f"--{name.replace('_', '-')}", str(value)]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
-    env.setdefault("OMP_NUM_THREADS", "1")
+    return [*command, *args]
+
+
+def start_server(
+    checkpoint: Path,
+    log_path: Path,
+    *,
+    served_model_name: str | None = MODEL_NAME,
+    args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    launcher: Sequence[str] | None = None,
+    **engine_kwargs: Any,
+) -> ServerProcess:
+    """Start a server and wait until /health answers 200. ``args`` are more options of
+    ``serve``; ``launcher`` replaces ``python -m pagedinfer`` (a bootstrap script that
+    patches something first, given the serve arguments)."""
+    port = free_port()
+    command = serve_command(
+        checkpoint, port, served_model_name=served_model_name, args=args, **engine_kwargs
+    )
+    if launcher is not None:
+        command = [*launcher, *command[3:]]
     log = log_path.open("w")
     process = subprocess.Popen(
-        command, stdout=log, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO
+        command,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env or server_env(),
+        cwd=REPO,
     )
     server = ServerProcess(process, f"http://127.0.0.1:{port}", checkpoint, log_path)
+    server.engine_kwargs.update(engine_kwargs)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         if process.poll() is not None:

@@ -507,6 +507,17 @@ def _post(server: ServerProcess, path: str, body: Any) -> httpx.Response:
         ("/completions", {"prompt": ""}, 400, None),
         ("/completions", {"prompt": [1] * 3000}, 400, None),
         ("/completions", {"prompt": "hi", "model": "gpt-4"}, 404, "model"),
+        # Sizes against the request limits (max_n=128), before anything is built from them.
+        ("/completions", {"prompt": ["hi"] * 65, "n": 2}, 400, "prompt"),
+        ("/completions", {"prompt": "hi", "n": 10**9}, 400, "n"),
+        ("/completions", {"prompt": "hi", "stop": ["x"] * 65}, 400, "stop"),
+        # Strict types (issue 21, item 5): no coercion.
+        ("/completions", {"prompt": "hi", "max_tokens": "10"}, 400, "max_tokens"),
+        ("/completions", {"prompt": "hi", "n": "2"}, 400, "n"),
+        ("/completions", {"prompt": "hi", "stream": "yes"}, 400, "stream"),
+        ("/completions", {"prompt": [True, False]}, 400, "prompt"),
+        ("/completions", {"prompt": "hi", "temperature": 1e39}, 400, "temperature"),
+        ("/completions", {"prompt": "hi", "logit_bias": {"5": 1000}}, 400, "logit_bias"),
         ("/chat/completions", {"messages": []}, 400, "messages"),
         ("/chat/completions", {"messages": [{"content": "no role"}]}, 400, "messages"),
         (

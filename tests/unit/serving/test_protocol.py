@@ -11,6 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from pagedinfer import SamplingParams
+from pagedinfer.domain.limits import RequestLimits
 from pagedinfer.errors import InvalidRequestError, InvalidSamplingParamsError
 from pagedinfer.serving.protocol import (
     ChatCompletionRequest,
@@ -18,6 +19,7 @@ from pagedinfer.serving.protocol import (
     RequestFieldError,
     chat_messages,
     chat_sampling_params,
+    check_sizes,
     completion_prompts,
     completion_sampling_params,
     echoes_prompt_only,
@@ -100,7 +102,6 @@ def test_bad_completion_fields_name_the_parameter() -> None:
     cases = {
         "suffix": {"suffix": "x"},
         "best_of": {"best_of": 2},
-        "logprobs": {"logprobs": 21},
         "logit_bias": {"logit_bias": {"x": 1.0}},
         "prompt_logprobs": {"prompt_logprobs": 1, "stream": True},
     }
@@ -177,7 +178,6 @@ def test_bad_chat_fields_name_the_parameter() -> None:
         "functions": {"functions": [tool["function"]]},
         "tool_choice": {"tool_choice": "required"},
         "response_format": {"response_format": {"type": "json_object"}},
-        "top_logprobs": {"top_logprobs": 21, "logprobs": True},
         "prompt_logprobs": {"prompt_logprobs": 1, "stream": True},
     }
     for param, fields in cases.items():
@@ -233,7 +233,7 @@ def test_serve_without_the_extra_says_what_to_install(tmp_path: Path) -> None:
 
 
 def test_library_errors_become_openai_errors() -> None:
-    from pagedinfer.errors import EngineDeadError
+    from pagedinfer.errors import EngineClosedError, EngineDeadError, StepFailedError
     from pagedinfer.serving.errors import from_exception
 
     bad = from_exception(InvalidSamplingParamsError("SamplingParams.top_p=2 is invalid: ..."))
@@ -242,7 +242,146 @@ def test_library_errors_become_openai_errors() -> None:
     assert (vocab.status, vocab.param) == (400, "logprobs")
     too_long = from_exception(InvalidRequestError("the prompt has 9 tokens; ... max_model_len=8"))
     assert (too_long.status, too_long.param) == (400, None)
-    dead = from_exception(EngineDeadError("the engine failed"))
+    # 5xx bodies are generic: the exception's text (which may hold paths, reprs) stays out.
+    internals = "/secret/path RuntimeError('CUDA error: device-side assert')"
+    dead = from_exception(EngineDeadError(internals))
     assert (dead.status, dead.type, dead.code) == (503, "server_error", "engine_unavailable")
-    assert from_exception(RuntimeError("boom")).status == 500
+    closed = from_exception(EngineClosedError(internals))
+    assert (closed.status, closed.type, closed.code) == (503, "server_error", "engine_unavailable")
+    failed = from_exception(StepFailedError(internals, (3,)))
+    assert (failed.status, failed.type) == (500, "server_error")
+    for error in (RuntimeError(internals), ValueError(internals), KeyError(internals)):
+        assert from_exception(error).status == 500  # a bug, not the client's mistake
+    for converted in (dead, closed, failed, from_exception(ValueError(internals))):
+        assert "secret" not in converted.message and "CUDA" not in converted.message
     assert set(bad.body()["error"]) == {"message", "type", "param", "code"}
+
+
+# ------------------------------------------------------------------ strict schema
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"max_tokens": "10"}, "max_tokens"),
+        ({"n": "2"}, "n"),
+        ({"n": 2.0}, "n"),
+        ({"n": True}, "n"),
+        ({"stream": "yes"}, "stream"),
+        ({"stream": 1}, "stream"),
+        ({"prompt": [True, False]}, "prompt"),
+        ({"prompt": [[1, True]]}, "prompt"),
+        ({"prompt": ["a", 1]}, "prompt"),
+        ({"temperature": "0.5"}, "temperature"),
+        ({"seed": "7"}, "seed"),
+        ({"seed": 2**64}, "seed"),
+        ({"stop": ["a", 1]}, "stop"),
+        ({"logit_bias": {"5": "1"}}, "logit_bias"),
+        ({"echo": "true"}, "echo"),
+        ({"stream_options": {"include_usage": "yes"}}, "stream_options"),
+        ({"stop_token_ids": [1.0]}, "stop_token_ids"),
+    ],
+)
+def test_wrong_json_types_are_refused(fields: dict[str, object], param: str) -> None:
+    with pytest.raises(ValidationError) as error:
+        CompletionRequest.model_validate({"prompt": "hi", **fields})
+    assert error.value.errors()[0]["loc"][0] == param
+
+
+def test_json_integers_are_accepted_where_numbers_are_expected() -> None:
+    request = CompletionRequest.model_validate(
+        {"prompt": "hi", "temperature": 1, "top_p": 1, "logit_bias": {"5": 2}}
+    )
+    params = completion_sampling_params(request)
+    assert params.temperature == 1.0 and params.logit_bias == {5: 2.0}
+    chat = ChatCompletionRequest.model_validate(
+        {"messages": [{"role": "user", "content": "x"}], "presence_penalty": 1}
+    )
+    assert chat_sampling_params(chat).presence_penalty == 1.0
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        "temperature",
+        "top_p",
+        "min_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+    ],
+)
+@pytest.mark.parametrize("value", [1e39, -1e39, 1e-46, float("inf"), float("nan")])
+def test_device_floats_must_be_finite_in_float32(field: str, value: float) -> None:
+    with pytest.raises(ValidationError, match="float32") as error:
+        CompletionRequest.model_validate({"prompt": "hi", field: value})
+    assert error.value.errors()[0]["loc"][0] == field
+
+
+def test_float32_edges_are_accepted() -> None:
+    # The largest float32 and the smallest positive one (subnormal) are representable; 0 too.
+    request = CompletionRequest.model_validate(
+        {"prompt": "hi", "temperature": 3.4028234663852886e38, "min_p": 0, "top_p": 1.5e-45}
+    )
+    assert request.temperature == 3.4028234663852886e38 and request.top_p == 1.5e-45
+
+
+@pytest.mark.parametrize("bias", [100.5, -101, 1000, 1e39, float("nan")])
+def test_logit_bias_is_within_openais_range(bias: float) -> None:
+    with pytest.raises(ValidationError) as error:
+        CompletionRequest.model_validate({"prompt": "hi", "logit_bias": {"5": bias}})
+    assert error.value.errors()[0]["loc"][:2] == ("logit_bias", "5")
+    for edge in (100, -100, 0.5):
+        request = CompletionRequest.model_validate({"prompt": "hi", "logit_bias": {"5": edge}})
+        assert completion_sampling_params(request).logit_bias == {5: edge}
+
+
+# ------------------------------------------------------------------ sizes before work
+LIMITS = RequestLimits(max_n=4, max_logprobs=5, max_stop=3, max_stop_str_len=10)
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "message"),
+    [
+        ({"n": 5}, "n", "max_n=4"),
+        ({"n": 10**12}, "n", "max_n=4"),
+        ({"prompt": ["a", "b", "c"], "n": 2}, "prompt", "6 sequences"),
+        ({"prompt": [[1]] * 5}, "prompt", "5 sequences"),
+        ({"logprobs": 6}, "logprobs", r"\[0, 5\]"),
+        ({"logprobs": -1}, "logprobs", r"\[0, 5\]"),
+        ({"prompt_logprobs": 6}, "prompt_logprobs", r"\[0, 5\]"),
+        ({"stop": ["a", "b", "c", "d"]}, "stop", "4 strings.*max_stop=3"),
+        ({"stop": "x" * 11}, "stop", "11 characters.*max_stop_str_len=10"),
+        ({"stop": ["a", "x" * 11]}, "stop", "11 characters"),
+        ({"stop_token_ids": list(range(101))}, "stop_token_ids", "101 entries"),
+        ({"logit_bias": {str(i): 1 for i in range(101)}}, "logit_bias", "101 entries"),
+    ],
+)
+def test_sizes_over_the_limits_are_refused(
+    fields: dict[str, object], param: str, message: str
+) -> None:
+    request = CompletionRequest.model_validate({"prompt": "hi", **fields})
+    with pytest.raises(RequestFieldError, match=message) as error:
+        check_sizes(request, LIMITS, vocab_size=100)
+    assert error.value.param == param
+
+
+def test_sizes_at_the_limits_pass() -> None:
+    request = CompletionRequest.model_validate(
+        {
+            "prompt": ["a", "b"],
+            "n": 2,
+            "logprobs": 5,
+            "prompt_logprobs": 5,
+            "stop": ["a", "b", "x" * 10],
+            "stop_token_ids": list(range(100)),
+            "logit_bias": {str(i): 1 for i in range(100)},
+        }
+    )
+    check_sizes(request, LIMITS, vocab_size=100)
+    check_sizes(CompletionRequest(prompt=[1, 2, 3, 4, 5], n=4), LIMITS, vocab_size=100)
+    chat = {"messages": [{"role": "user", "content": "x"}], "logprobs": True}
+    check_sizes(ChatCompletionRequest.model_validate({**chat, "top_logprobs": 5}), LIMITS, 100)
+    with pytest.raises(RequestFieldError) as error:
+        check_sizes(ChatCompletionRequest.model_validate({**chat, "top_logprobs": 6}), LIMITS, 100)
+    assert error.value.param == "top_logprobs"
+    unlimited = RequestLimits(max_logprobs=-1)  # -1: the whole vocabulary
+    check_sizes(CompletionRequest(prompt="x", logprobs=100), unlimited, vocab_size=100)

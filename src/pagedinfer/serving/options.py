@@ -1,0 +1,148 @@
+"""What ``pagedinfer serve`` lets in: API key, allowed hosts, body size, read timeouts.
+
+Pure Python (neither FastAPI nor uvicorn): the command line reads the defaults from here to
+build its ``--help`` without the serve extra installed.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pagedinfer.errors import ConfigurationError, PagedInferError
+
+__all__ = [
+    "API_KEY_ENV",
+    "DEFAULT_BODY_TIMEOUT_S",
+    "DEFAULT_HEADER_TIMEOUT_S",
+    "DEFAULT_MAX_HEADER_BYTES",
+    "DEFAULT_MAX_REQUEST_BYTES",
+    "LOOPBACK_HOSTS",
+    "AddressInUseError",
+    "ServingOptions",
+    "default_allowed_hosts",
+    "host_allowed",
+    "served_name",
+]
+
+# The environment variable that holds the API key (vLLM's is VLLM_API_KEY).
+API_KEY_ENV = "PAGEDINFER_API_KEY"
+
+# 1 MiB. The longest prompt a request needs is max_model_len tokens: 128k tokens of English
+# text are ~0.5 MiB of JSON, as token ids ~0.9 MiB. Parsing a body runs on the event loop
+# (json + pydantic, ~50 ms for 1 MiB of token ids), so this also bounds how long one
+# request can hold up every other connection; raise it for batches of long prompts.
+DEFAULT_MAX_REQUEST_BYTES = 1 << 20
+# The request line and headers (together); uvicorn's h11 allows 16 KiB, nginx 32 KiB.
+DEFAULT_MAX_HEADER_BYTES = 64 * 1024
+# From a connection's first byte (or its opening) to the end of a request's headers.
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+# From the end of the headers to the body's last byte (1 MiB at 140 kbit/s).
+DEFAULT_BODY_TIMEOUT_S = 60.0
+
+# The names a loopback-bound server answers to by default (the Host header's host part).
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+class AddressInUseError(PagedInferError, OSError):
+    """The address ``pagedinfer serve`` should listen on is taken by another process."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServingOptions:
+    """The server's admission rules (``build_app``, ``run_server``; docs/serving.md,
+    "Deploying").
+
+    ``api_key``: every route but ``/health`` (and ``/metrics`` when ``metrics_public``)
+    requires ``Authorization: Bearer <api_key>``; ``None``: no key. ``allowed_hosts``: the
+    host names the ``Host`` header may carry (``"*.example.com"`` matches subdomains, ``"*"``
+    any); ``None``: ``build_app`` checks nothing, ``run_server`` picks
+    :func:`default_allowed_hosts` of the bind address. ``max_request_bytes``: the most body
+    bytes a request may send (413 beyond). ``header_timeout_s`` / ``body_timeout_s``: how
+    long a request's headers / body may take to arrive (the connection is closed / 408).
+    ``max_header_bytes``: the request line and headers together.
+    """
+
+    api_key: str | None = None
+    metrics_public: bool = False
+    allowed_hosts: tuple[str, ...] | None = None
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+
+    def __post_init__(self) -> None:
+        if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key):
+            raise ConfigurationError(
+                "api_key must be a non-empty string, or None for no key (an empty "
+                f"--api-key / {API_KEY_ENV} would let everyone in)."
+            )
+        if self.allowed_hosts is not None:
+            hosts = tuple(host.strip().lower() for host in self.allowed_hosts if host.strip())
+            if not hosts:
+                raise ConfigurationError(
+                    "allowed_hosts is empty: name at least one host, or '*' for any."
+                )
+            object.__setattr__(self, "allowed_hosts", hosts)
+        for name in ("max_request_bytes", "max_header_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigurationError(f"{name}={value!r} is invalid: expected an integer >= 1.")
+        for name in ("header_timeout_s", "body_timeout_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not (0 < value < math.inf):
+                raise ConfigurationError(
+                    f"{name}={value!r} is invalid: expected a number of seconds > 0."
+                )
+
+
+def default_allowed_hosts(bind_host: str) -> tuple[str, ...] | None:
+    """The Host names a server bound to ``bind_host`` answers by default: the loopback names
+    (and the bind address) when it is a loopback address, else any (``None``).
+
+    A browser page from another site can reach a loopback server through DNS rebinding (its
+    name resolving to 127.0.0.1); such a request carries that site's name as its Host.
+    """
+    host = bind_host.strip("[]").lower()
+    if host == "localhost":
+        return LOOPBACK_HOSTS
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return None
+    if not loopback:
+        return None
+    return LOOPBACK_HOSTS if host in LOOPBACK_HOSTS else (*LOOPBACK_HOSTS, host)
+
+
+def host_allowed(header: str | None, allowed: Sequence[str]) -> bool:
+    """Whether a ``Host`` header value names one of ``allowed`` (port ignored)."""
+    if "*" in allowed:
+        return True
+    if not header:
+        return False
+    value = header.strip().lower()
+    if value.startswith("["):  # [::1]:8000
+        host = value[1 : value.find("]")] if "]" in value else ""
+    elif value.count(":") == 1:  # name:port
+        host = value.partition(":")[0]
+    else:
+        host = value
+    host = host.rstrip(".")
+    for pattern in allowed:
+        if pattern.startswith("*."):
+            if host.endswith(pattern[1:]) and len(host) > len(pattern) - 1:
+                return True
+        elif host == pattern:
+            return True
+    return False
+
+
+def served_name(model_path: str) -> str:
+    """The model name clients send by default: the checkpoint directory's name (its path
+    stays on the server)."""
+    name = os.path.basename(os.path.abspath(model_path))
+    return name or "model"
