@@ -90,12 +90,12 @@ class StepFailedError(PagedInferError, RuntimeError):
     """A step failed (the executor raised) and the requests that had a row in it were ended
     with ``finish_reason="abort"``; the engine goes on serving the others.
 
-    ``request_ids`` are the engine's ids of the failed requests that the raising call owns
-    (its ``generate`` batch, its stream, the ``add_request`` requests for ``step()``). The
-    executor's exception is chained (``__cause__``).
+    ``request_ids`` are the ids (``RequestOutput.request_id``, strings) of the failed requests
+    that the raising call owns (its ``generate`` batch, its stream, the ``add_request``
+    requests for ``step()``). The executor's exception is chained (``__cause__``).
     """
 
-    def __init__(self, message: str, request_ids: tuple[int, ...] = ()) -> None:
+    def __init__(self, message: str, request_ids: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.request_ids = request_ids
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import os
@@ -74,11 +75,11 @@ class _EngineLink:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    def add(self, prompt: TokenizedPrompt, params: SamplingParams) -> int:
+    def add(self, prompt: TokenizedPrompt, params: SamplingParams) -> str:
         # stream=True: the Engine tracks the text every step, so outputs carry it.
         return self.engine.add_request(prompt, params, stream=True)
 
-    def abort(self, engine_id: int) -> bool:
+    def abort(self, engine_id: str) -> bool:
         return self.engine.abort(engine_id)
 
     def step(self) -> list[RequestOutput]:
@@ -91,12 +92,15 @@ class _EngineLink:
         return self.engine.stats()
 
     @staticmethod
-    def engine_id(output: RequestOutput) -> int:
+    def engine_id(output: RequestOutput) -> str:
         return output.request_id
 
 
 class AsyncRequestStream(AsyncIterator[RequestOutput]):
     """The outputs of one request (cumulative), ending with the one whose ``finished`` is True.
+
+    ``request_id`` is the request's name (given to :meth:`AsyncEngine.generate`, or a fresh
+    ``"req-N"``): what :meth:`AsyncEngine.abort` takes, and every output's ``request_id``.
 
     Made by :meth:`AsyncEngine.generate` / :meth:`AsyncEngine.chat`, which queue the request
     at once (so bad input raises there, before anything is awaited). Cancelling the task that
@@ -108,7 +112,7 @@ class AsyncRequestStream(AsyncIterator[RequestOutput]):
     def __init__(
         self,
         owner: AsyncEngine,
-        engine_id: int,
+        engine_id: str,
         request_id: str,
         loop: asyncio.AbstractEventLoop,
     ) -> None:
@@ -144,6 +148,8 @@ class AsyncRequestStream(AsyncIterator[RequestOutput]):
             assert self._error is not None
             raise self._error
         self._latest = None
+        if output.request_id != self.request_id:  # the Engine's id: show the stream's
+            output = dataclasses.replace(output, request_id=self.request_id)
         if output.finished:
             self._done = True
             self._owner._unregister(self)
@@ -215,13 +221,13 @@ class AsyncEngine:
         self._lock = threading.Lock()  # guards the three tables below
         # By the Engine's request id. Weak: a stream its consumer dropped must be collectable,
         # so that its __del__ aborts the request.
-        self._streams: weakref.WeakValueDictionary[int, AsyncRequestStream] = (
+        self._streams: weakref.WeakValueDictionary[str, AsyncRequestStream] = (
             weakref.WeakValueDictionary()
         )
-        self._ids: dict[str, int] = {}  # request_id -> the Engine's id
+        self._ids: dict[str, str] = {}  # request_id -> the Engine's id
         # (engine id, request id) of streams whose consumer left; the step thread aborts
         # them before its next step.
-        self._abandoned: deque[tuple[int, str]] = deque()
+        self._abandoned: deque[tuple[str, str]] = deque()
         self._wake = threading.Event()
         self._error: BaseException | None = None
         self._dead_callbacks: list[Callable[[BaseException], None]] = []  # under _lock
@@ -494,7 +500,7 @@ class AsyncEngine:
                 error = StepFailedError(
                     f"request {stream.request_id!r} was aborted: a step it was part of failed "
                     "(the server's log has the details). Other requests are served; retry it.",
-                    (engine_id,),
+                    (stream.request_id,),
                 )
                 error.__cause__ = failure.__cause__
                 by_loop.setdefault(stream._loop, []).append((stream, error))
@@ -535,7 +541,7 @@ class AsyncEngine:
                 loop.call_soon_threadsafe(_fail, items, error)
 
     # ------------------------------------------------------------------- internals
-    def _abort_soon(self, engine_id: int, request_id: str) -> None:
+    def _abort_soon(self, engine_id: str, request_id: str) -> None:
         """A consumer left: the step thread forgets its stream and aborts the request before
         its next step. Takes no lock (see ``AsyncRequestStream.__del__``)."""
         self._abandoned.append((engine_id, request_id))
@@ -553,7 +559,7 @@ class AsyncEngine:
         with self._lock:
             self._forget(stream._engine_id, stream.request_id)
 
-    def _forget(self, engine_id: int, request_id: str) -> None:
+    def _forget(self, engine_id: str, request_id: str) -> None:
         """Drop a request from the tables, if it is there (the lock is held)."""
         self._streams.pop(engine_id, None)
         if self._ids.get(request_id) == engine_id:

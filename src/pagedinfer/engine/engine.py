@@ -355,8 +355,9 @@ class Engine:
 
     def add_request(
         self, prompt: Prompt, params: SamplingParams | None = None, *, stream: bool = False
-    ) -> int:
-        """Queue one request and return its id; :meth:`step` returns its outputs.
+    ) -> str:
+        """Queue one request and return its id (a string, as ``RequestOutput.request_id``);
+        :meth:`step` returns its outputs.
 
         ``prompt`` is a string, a list of token ids, ``{"prompt": str}``,
         ``{"prompt_token_ids": [...]}`` or a :class:`TokenizedPrompt`. ``stream=True``
@@ -370,21 +371,24 @@ class Engine:
         with self._locked():
             self._check_open()
             request = self._enqueue(tokenized, checked, self._step_sink, streamed=stream)
-            return request.request_id
+            return request.name
 
-    def abort(self, request_id: int) -> bool:
+    def abort(self, request_id: str) -> bool:
         """Finish a request now with ``finish_reason="abort"`` and free its KV blocks.
 
         Works in any state and from any thread; the final output goes to whoever waits for
         the request (its stream, its ``generate`` call, or :meth:`step`). False if the
         request is unknown or already finished (on a dead engine every request is).
+        ``request_id`` is a string (``RequestOutput.request_id``, what :meth:`add_request`
+        returned); anything else raises ``TypeError``.
         """
+        key = _request_key(request_id)
         with self._locked():
             if self._dead is not None and not self._closed:
                 return False
             self._check_open()
             self._catch_up()
-            found = self._abort(request_id)
+            found = key is not None and self._abort(key)
             if found:
                 self._changed.notify_all()
             return found
@@ -470,17 +474,18 @@ class Engine:
                 failed.setdefault(completion.request.request_id, completion.request)
         for request in failed.values():
             request.error = error
-            request.sink.fail(request.request_id, error, dead=False)
+            request.sink.fail(request.name, error, dead=False)
             self._abort(request.request_id)
         if not failed:  # every row was aborted while the step ran: nobody will raise this
             _logger.error(
                 "a step failed after its requests were aborted; the engine goes on",
                 exc_info=error,
             )
+        names = tuple(failed[key].name for key in sorted(failed))
         raise StepFailedError(
             f"a step failed ({type(error).__name__}: {error}); its requests "
-            f"{sorted(failed)} were aborted and the engine goes on.",
-            tuple(sorted(failed)),
+            f"{list(names)} were aborted and the engine goes on.",
+            names,
         ) from error
 
     def _die(self, error: BaseException) -> NoReturn:
@@ -488,7 +493,7 @@ class Engine:
         self._dead = error
         for request in list(self._requests.values()):
             request.error = error
-            request.sink.fail(request.request_id, error, dead=True)
+            request.sink.fail(request.name, error, dead=True)
             self._abort(request.request_id)
         self._changed.notify_all()
         raise self._dead_error()
@@ -953,6 +958,20 @@ class Engine:
                 self._abort(request.request_id)
             raise
         return requests
+
+
+def _request_key(request_id: str) -> int | None:
+    """The engine's key of the request named ``request_id`` (the decimal form of the key),
+    or None if no request can have that name."""
+    if not isinstance(request_id, str):
+        raise TypeError(
+            f"request ids are strings (RequestOutput.request_id, what add_request returned), "
+            f"got {type(request_id).__name__} {request_id!r}."
+        )
+    if not (request_id.isascii() and request_id.isdigit()) or len(request_id) > 20:
+        return None
+    key = int(request_id)
+    return key if str(key) == request_id else None  # "01" names no request
 
 
 def _rate(tokens: int, seconds: float) -> float:

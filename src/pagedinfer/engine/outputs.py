@@ -64,14 +64,17 @@ class CompletionOutput:
 class RequestOutput:
     """A request's state after a step; final once ``finished`` is True.
 
-    ``prompt`` is the prompt's text (``None`` for token-id prompts), ``prompt_token_ids`` its
-    tokens, ``prompt_logprobs`` one entry per prompt token when the request asked for them
-    (``None`` for the first token; else ``None`` altogether). ``outputs`` holds the
-    completions in index order. ``num_cached_tokens`` counts prompt tokens served from the
-    prefix cache.
+    ``request_id`` is a string, as in vLLM: the decimal form of the engine's request
+    counter (``"0"``, ``"1"``, ...; with ``n > 1`` ids advance by ``n``), the id
+    ``Engine.add_request`` returned and ``Engine.abort`` takes; an ``AsyncEngine`` stream's
+    outputs carry the stream's own ``request_id``. ``prompt`` is the prompt's text
+    (``None`` for token-id prompts), ``prompt_token_ids`` its tokens, ``prompt_logprobs``
+    one entry per prompt token when the request asked for them (``None`` for the first
+    token; else ``None`` altogether). ``outputs`` holds the completions in index order.
+    ``num_cached_tokens`` counts prompt tokens served from the prefix cache.
     """
 
-    request_id: int
+    request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
     prompt_logprobs: PromptLogprobs | None

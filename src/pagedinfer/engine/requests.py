@@ -48,7 +48,7 @@ class OutputSink:
         self.wants_progress = wants_progress
         self.updated: dict[int, RequestState] = {}
         self.num_unfinished = 0
-        self.failed: list[int] = []  # ids of requests a failed step ended, not yet reported
+        self.failed: list[str] = []  # names of requests a failed step ended, not reported yet
         self.failure: BaseException | None = None  # the latest such step's exception
         self.dead = False  # the engine died with requests of this sink unfinished
 
@@ -60,8 +60,8 @@ class OutputSink:
         self.updated[request.request_id] = request
         self.num_unfinished -= 1
 
-    def fail(self, request_id: int, error: BaseException, *, dead: bool) -> None:
-        """Request ``request_id`` (finished with "abort") was ended by ``error``."""
+    def fail(self, request_id: str, error: BaseException, *, dead: bool) -> None:
+        """Request ``request_id`` (its name; finished with "abort") was ended by ``error``."""
         self.failed.append(request_id)
         self.failure = error
         self.dead = self.dead or dead
@@ -278,13 +278,18 @@ class CompletionState:
 
 
 class RequestState:
-    """One request: its prompt, its completions, its sink, and its final output once done."""
+    """One request: its prompt, its completions, its sink, and its final output once done.
+
+    ``request_id`` is the engine's integer key (its first sequence's id); ``name`` the
+    string its outputs carry and callers use (``str(request_id)``).
+    """
 
     __slots__ = (
         "completions",
         "eos_token_ids",
         "error",
         "final",
+        "name",
         "prompt",
         "prompt_logprobs",
         "prompt_logprobs_sent",
@@ -303,6 +308,7 @@ class RequestState:
         wants_prompt_logprobs: bool = False,
     ) -> None:
         self.request_id = request_id
+        self.name = str(request_id)
         self.prompt = prompt
         self.sink = sink
         self.eos_token_ids = eos_token_ids
@@ -391,7 +397,7 @@ class RequestState:
     ) -> RequestOutput:
         first = self.completions[0].seq  # the request's first sequence prefilled the prompt
         return RequestOutput(
-            request_id=self.request_id,
+            request_id=self.name,
             prompt=self.prompt,
             prompt_token_ids=first.prompt_token_ids,
             prompt_logprobs=prompt_logprobs,

@@ -18,7 +18,7 @@ class _StreamSource(Protocol):
 
     def _next_stream_delta(self, request: RequestState) -> RequestOutput: ...
 
-    def abort(self, request_id: int) -> bool: ...
+    def abort(self, request_id: str) -> bool: ...
 
     def _abandon(self, request_id: int) -> None: ...
 
@@ -37,7 +37,7 @@ class RequestStream(Iterator[RequestOutput]):
     def __init__(self, source: _StreamSource, request: RequestState) -> None:
         self._source = source
         self._request = request
-        self.request_id = request.request_id
+        self.request_id = request.name  # RequestOutput.request_id, what abort takes
         self._done = False
 
     def __iter__(self) -> RequestStream:
@@ -68,4 +68,4 @@ class RequestStream(Iterator[RequestOutput]):
         # abort is only queued here; the engine carries it out at its next call.
         if not self._done:
             self._done = True
-            self._source._abandon(self.request_id)
+            self._source._abandon(self._request.request_id)

@@ -258,6 +258,23 @@ def test_abort_from_another_coroutine_ends_the_stream(shared: AsyncEngine) -> No
     _wait_idle(shared)
 
 
+def test_outputs_carry_the_streams_request_id(shared: AsyncEngine) -> None:
+    """vLLM's AsyncLLM: every output names the request as the caller did (a string)."""
+
+    async def main() -> tuple[list[str], list[str], str]:
+        named = shared.generate("x", GREEDY, request_id="mine")
+        fresh = shared.generate("y", GREEDY)
+        return (
+            [output.request_id async for output in named],
+            [output.request_id async for output in fresh],
+            fresh.request_id,
+        )
+
+    named, fresh, fresh_id = _run(main())
+    assert named and set(named) == {"mine"}
+    assert fresh and set(fresh) == {fresh_id} and isinstance(fresh_id, str)
+
+
 def test_bad_input_raises_at_the_call_and_the_engine_keeps_serving(shared: AsyncEngine) -> None:
     async def main() -> RequestOutput:
         with pytest.raises(InvalidRequestError, match="the prompt is empty"):
@@ -391,8 +408,8 @@ def test_add_request_stream_true_carries_text_while_running(offline: Engine) -> 
     """What AsyncEngine builds on: step() outputs of a streamed request carry its text."""
     plain = offline.add_request("Hello, world!", GREEDY)
     streamed = offline.add_request("Hello, world!", GREEDY, stream=True)
-    texts: dict[int, list[str]] = {plain: [], streamed: []}
-    finals: dict[int, RequestOutput] = {}
+    texts: dict[str, list[str]] = {plain: [], streamed: []}
+    finals: dict[str, RequestOutput] = {}
     while len(finals) < 2:
         for output in offline.step():
             if output.finished:

@@ -28,7 +28,7 @@ def _summary(outputs: list[RequestOutput]) -> list[list[tuple[list[int], str | N
 def _by_step_loop(engine: Engine) -> list[RequestOutput]:
     """add_request + step(): the step sink shows progress, so the full path runs."""
     ids = [engine.add_request(p, params) for p, params in zip(PROMPTS, PARAMS, strict=True)]
-    final: dict[int, RequestOutput] = {}
+    final: dict[str, RequestOutput] = {}
     while engine.has_unfinished_requests():
         final.update((o.request_id, o) for o in engine.step() if o.finished)
     return [final[request_id] for request_id in ids]

@@ -31,7 +31,8 @@ def test_generate_text_prompts_in_input_order(engine: Engine) -> None:
     prompts = ["Hello, world!", "The quick brown fox", "paged attention", "a"]
     outputs = engine.generate(prompts, GREEDY, use_tqdm=False)
     assert [o.prompt for o in outputs] == prompts
-    assert [o.request_id for o in outputs] == sorted(o.request_id for o in outputs)
+    # vLLM's ids: strings, the engine's counter in order.
+    assert [o.request_id for o in outputs] == [str(i) for i in range(len(prompts))]
     for prompt, output in zip(prompts, outputs, strict=True):
         assert output.prompt_token_ids == engine.tokenizer.encode(prompt)
         assert len(output.outputs[0].token_ids) == 16 and output.finished
@@ -130,8 +131,12 @@ def test_step_loop_and_abort(engine: Engine) -> None:
     assert all(not o.finished and len(o.outputs[0].token_ids) == 1 for o in outputs)
     assert engine.abort(drop)
     assert not engine.abort(drop)  # already gone
-    assert not engine.abort(10**9)
-    finished: dict[int, RequestOutput] = {}
+    assert not engine.abort(str(10**9))
+    for unknown in ("", "x", f"0{keep}", f" {keep}", f"+{keep}", "1" * 400, "\u0663"):
+        assert not engine.abort(unknown)  # no request has such a name
+    with pytest.raises(TypeError, match="request ids are strings"):
+        engine.abort(int(keep))  # type: ignore[arg-type]
+    finished: dict[str, RequestOutput] = {}
     while engine.has_unfinished_requests():
         for output in engine.step():
             if output.finished:
@@ -168,7 +173,7 @@ def test_stream_closed_early_aborts(engine: Engine) -> None:
 def test_requests_added_before_generate_are_not_lost(engine: Engine) -> None:
     earlier = engine.add_request([9, 9, 9], SamplingParams(temperature=0.0, max_tokens=40))
     engine.generate([[1, 2]], SamplingParams(temperature=0.0, max_tokens=2), use_tqdm=False)
-    collected: dict[int, RequestOutput] = {}
+    collected: dict[str, RequestOutput] = {}
     while engine.has_unfinished_requests() or not collected:
         for output in engine.step():
             if output.finished:

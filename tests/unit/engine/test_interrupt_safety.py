@@ -150,8 +150,8 @@ def test_a_failure_in_a_step_driven_by_step(
     deltas: list[RequestOutput] = [next(stream)]
     calls = _inject(monkeypatch, engine, stage, when, FAILURES[failure], on_call=3)
 
-    def drive() -> tuple[dict[int, RequestOutput], int]:
-        finals: dict[int, RequestOutput] = {}
+    def drive() -> tuple[dict[str, RequestOutput], int]:
+        finals: dict[str, RequestOutput] = {}
         raised = 0
         for _ in range(200):
             try:
@@ -171,7 +171,7 @@ def test_a_failure_in_a_step_driven_by_step(
     monkeypatch.undo()
     assert calls[0] >= 3 and raised == 1
     deltas.extend(within(lambda: list(stream)))
-    assert sorted(finals) == ids
+    assert sorted(finals, key=int) == ids
     for prompt, request_id in zip(STEP_PROMPTS, ids, strict=True):
         assert finals[request_id].outputs[0].finish_reason == "length"
         assert finals[request_id].outputs[0].token_ids == reference[tuple(prompt)]
@@ -205,7 +205,7 @@ def test_a_failure_in_generate_aborts_only_its_own_requests(
         reference[tuple(p)] for p in GENERATE_PROMPTS
     ]
     # The request queued with add_request ran on (perhaps to its end during generate).
-    finals: dict[int, RequestOutput] = {}
+    finals: dict[str, RequestOutput] = {}
     for _ in range(100):
         finals.update({o.request_id: o for o in engine.step() if o.finished})
         if not engine.has_unfinished_requests() and finals:

@@ -57,9 +57,9 @@ def _tokens(deltas: list[RequestOutput]) -> list[int]:
     return [token for delta in deltas for token in delta.outputs[0].token_ids]
 
 
-def _drain(engine: Engine) -> dict[int, RequestOutput]:
+def _drain(engine: Engine) -> dict[str, RequestOutput]:
     """Step until idle; the final outputs step() returned, each checked to come once."""
-    finals: dict[int, RequestOutput] = {}
+    finals: dict[str, RequestOutput] = {}
     for _ in range(1000):
         for output in engine.step():
             if output.finished:
@@ -153,7 +153,7 @@ def test_a_stream_resumes_after_others_drove_the_engine(
 
 
 def test_abort_output_reaches_step(engine: Engine) -> None:
-    def body() -> dict[int, RequestOutput]:
+    def body() -> dict[str, RequestOutput]:
         request_id = engine.add_request([1, 2, 3], LONG)
         engine.step()
         assert engine.abort(request_id)
@@ -178,7 +178,7 @@ def test_generate_returns_once_its_own_requests_are_done(
 ) -> None:
     """Requests queued with add_request keep running; their outputs wait for step()."""
 
-    def body() -> tuple[list[RequestOutput], dict[int, RequestOutput]]:
+    def body() -> tuple[list[RequestOutput], dict[str, RequestOutput]]:
         long_id = engine.add_request([9, 9, 9], SamplingParams(temperature=0.0, max_tokens=100))
         outputs = engine.generate([[1, 2]], GREEDY, use_tqdm=False)
         assert engine.has_unfinished_requests()  # the long request is still running
@@ -248,7 +248,7 @@ def test_nothing_to_run_raises_instead_of_spinning(engine: Engine) -> None:
     """A consumer waits for a request the scheduler no longer has: an error, not a hang."""
     stream = engine.stream([1, 2, 3], LONG)
     next(stream)
-    engine.scheduler.abort(stream.request_id)  # behind the engine's back (a bug elsewhere)
+    engine.scheduler.abort(int(stream.request_id))  # behind the engine's back (a bug elsewhere)
 
     def body() -> None:
         with pytest.raises(RuntimeError, match="nothing left to run"):

@@ -100,7 +100,7 @@ def test_abort_from_another_thread_ends_the_waiting_generate(checkpoint: Path) -
         def killer() -> None:
             while engine.stats().num_generated_tokens < 5:
                 time.sleep(0.001)
-            assert engine.abort(0)  # the first request of a fresh engine
+            assert engine.abort("0")  # the first request of a fresh engine
 
         thread = threading.Thread(target=killer, daemon=True)
         thread.start()
