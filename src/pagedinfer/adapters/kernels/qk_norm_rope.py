@@ -132,23 +132,26 @@ def _qk_norm_rope_kernel(  # type: ignore[no-untyped-def]
         )
         if STORE_KV:
             slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
-            mask = mask & (slot >= 0)
-            page = slot // BLOCK_SIZE
-            cache_offs = (
-                page * stride_cache_block
-                + (slot % BLOCK_SIZE) * stride_cache_slot
-                + heads[:, None] * stride_cache_head
-                + offs_half[None, :]
-            )
-            k_dst = k_cache_ptr + cache_offs
-            tl.store(k_dst, y1.to(k_cache_ptr.dtype.element_ty), mask=mask)
-            tl.store(k_dst + HALF, y2.to(k_cache_ptr.dtype.element_ty), mask=mask)
-            v_offs = (NUM_HEADS + NUM_KV_HEADS) * HEAD_DIM + head_offs
-            v1 = tl.load(row_ptr + v_offs, mask=mask, other=0.0)
-            v2 = tl.load(row_ptr + v_offs + HALF, mask=mask, other=0.0)
-            v_dst = v_cache_ptr + cache_offs
-            tl.store(v_dst, v1.to(v_cache_ptr.dtype.element_ty), mask=mask)
-            tl.store(v_dst + HALF, v2.to(v_cache_ptr.dtype.element_ty), mask=mask)
+            # A branch, not ``mask & (slot >= 0)``: Triton 3.9's interpreter turns a scalar
+            # comparison broadcast into a block into an int32 mask, which its store refuses
+            # ("mask has unsupported dtype"). store_kv skips padding rows the same way.
+            if slot >= 0:
+                page = slot // BLOCK_SIZE
+                cache_offs = (
+                    page * stride_cache_block
+                    + (slot % BLOCK_SIZE) * stride_cache_slot
+                    + heads[:, None] * stride_cache_head
+                    + offs_half[None, :]
+                )
+                k_dst = k_cache_ptr + cache_offs
+                tl.store(k_dst, y1.to(k_cache_ptr.dtype.element_ty), mask=mask)
+                tl.store(k_dst + HALF, y2.to(k_cache_ptr.dtype.element_ty), mask=mask)
+                v_offs = (NUM_HEADS + NUM_KV_HEADS) * HEAD_DIM + head_offs
+                v1 = tl.load(row_ptr + v_offs, mask=mask, other=0.0)
+                v2 = tl.load(row_ptr + v_offs + HALF, mask=mask, other=0.0)
+                v_dst = v_cache_ptr + cache_offs
+                tl.store(v_dst, v1.to(v_cache_ptr.dtype.element_ty), mask=mask)
+                tl.store(v_dst + HALF, v2.to(v_cache_ptr.dtype.element_ty), mask=mask)
         else:
             k_dst = k_out_ptr + token * stride_k_out + head_offs
             tl.store(k_dst, y1.to(k_out_ptr.dtype.element_ty), mask=mask)
