@@ -1,14 +1,16 @@
 """The OpenAI-compatible FastAPI app around one :class:`~pagedinfer.AsyncEngine`.
 
-Routes: ``GET /health``, ``GET /metrics``, ``GET /v1/models``, ``POST /v1/completions``,
-``POST /v1/chat/completions``, behind a :class:`~pagedinfer.serving.guard.RequestGuard`
+Routes: ``GET /health``, ``GET /metrics``, ``GET /version``, ``GET /v1/models`` (and
+``/v1/models/{id}``), ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST
+/tokenize``, ``POST /detokenize``, behind a :class:`~pagedinfer.serving.guard.RequestGuard`
 (Host check, API key, bounded body). A request is validated and queued before the response
 starts, so bad input gets a 4xx (OpenAI's error JSON) and never a half-sent stream; the
-checks run cheapest first: sizes against the engine's limits, then the sampling parameters,
-then the prompt is tokenized (or the chat template rendered) in a worker thread, off the
-event loop and without the engine's lock. A client that disconnects gets its requests
-aborted (their KV blocks freed) at once: streamed responses by Starlette's disconnect
-listener, the others by :func:`_until_disconnected`.
+checks run cheapest first: the fields the server does not serve
+(:mod:`pagedinfer.serving.fields`), sizes against the engine's limits, then the sampling
+parameters, then the prompt is tokenized (or the chat template rendered) and truncated in
+a worker thread, off the event loop and without the engine's lock. A client that
+disconnects gets its requests aborted (their KV blocks freed) at once: streamed responses by
+Starlette's disconnect listener, the others by :func:`_until_disconnected`.
 
 A request whose step failed gets a 500 (a stream: an error event, then ``[DONE]``); when
 the engine is dead every request gets a 503 and ``/health`` too. Neither body says more
@@ -24,8 +26,10 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from fastapi import FastAPI, Request, Response
+from fastapi import Body, FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ValidationError
 
 from pagedinfer.domain.sampling import SamplingParams
 from pagedinfer.engine.async_engine import AsyncEngine, AsyncRequestStream
@@ -40,18 +44,37 @@ from pagedinfer.serving.errors import (
     install_error_handlers,
     log_unexpected,
 )
+from pagedinfer.serving.fields import FieldPolicy
 from pagedinfer.serving.guard import RequestGuard
 from pagedinfer.serving.metrics import CONTENT_TYPE, RequestTimer, ServerMetrics
 from pagedinfer.serving.options import ServingOptions
+from pagedinfer.serving.prompts import (
+    ChatRendering,
+    Truncation,
+    decode_tokens,
+    encode_chat,
+    encode_prompt,
+    render_chat_ids,
+    token_strings,
+    tokenize_text,
+)
 from pagedinfer.serving.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeRequest,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
     chat_messages,
     chat_sampling_params,
+    chat_template_kwargs,
+    check_fields,
     check_sizes,
     completion_prompts,
     completion_sampling_params,
+    echo_prefix,
     echoes_prompt_only,
+    response_role,
+    truncation_limit,
 )
 from pagedinfer.serving.responses import (
     ChoiceCursor,
@@ -70,6 +93,7 @@ __all__ = ["build_app"]
 
 _DONE = "data: [DONE]\n\n"
 _T = TypeVar("_T")
+_M = TypeVar("_M", bound=BaseModel)
 
 
 def build_app(
@@ -88,7 +112,9 @@ def build_app(
     app.state.metrics = metrics
     created = int(time.time())
     limits = engine.request_limits
-    vocab_size = engine.engine.model_config.vocab_size
+    sync_engine = engine.engine
+    vocab_size = sync_engine.model_config.vocab_size
+    policy = FieldPolicy(ignore_unknown=options.ignore_unknown_fields)
 
     def rejected(status: int) -> None:
         metrics.requests_rejected.labels(status=str(status)).inc()
@@ -106,21 +132,68 @@ def build_app(
                 code="model_not_found",
             )
 
+    def admit(body: BaseModel) -> None:
+        """The checks every body passes first: its fields, its model."""
+        check_fields(body, policy, trust_request_chat_template=options.trust_request_chat_template)
+        check_model(getattr(body, "model", None))
+
+    def rendering(body: ChatCompletionRequest | TokenizeChatRequest) -> ChatRendering:
+        return ChatRendering(
+            chat_template=body.chat_template or options.chat_template,
+            template_kwargs=chat_template_kwargs(body),
+            add_generation_prompt=body.generation_prompt,
+            add_special_tokens=body.add_special_tokens,
+        )
+
     token_text = _token_text(engine)
     decode = _decode(engine)
 
-    def context(prefix: str, params: SamplingParams, body: Any, **fields: bool) -> ResponseContext:
+    def context(
+        prefix: str,
+        params: SamplingParams,
+        body: CompletionRequest | ChatCompletionRequest,
+        **fields: Any,
+    ) -> ResponseContext:
         return ResponseContext(
-            response_id=f"{prefix}-{uuid.uuid4().hex}",
+            response_id=f"{prefix}-{body.request_id or uuid.uuid4().hex}",
             model=served_model_name,
             created=int(time.time()),
             token_text=token_text,
             num_logprobs=params.logprobs,
-            return_token_ids=body.return_token_ids,
+            return_token_ids=bool(body.return_token_ids),
             decode=decode,
             prompt_logprobs=body.prompt_logprobs is not None,
+            tokens_as_ids=bool(body.return_tokens_as_token_ids),
+            continuous_usage=body.stream and body.continuous_usage,
             **fields,
         )
+
+    def model_card() -> dict[str, Any]:
+        return {
+            "id": served_model_name,
+            "object": "model",
+            "created": created,
+            "owned_by": "pagedinfer",
+            "root": served_model_name,
+            "parent": None,
+            "max_model_len": engine.max_model_len,
+            "permission": [
+                {
+                    "id": f"modelperm-{uuid.uuid4().hex}",
+                    "object": "model_permission",
+                    "created": created,
+                    "allow_create_engine": False,
+                    "allow_sampling": True,
+                    "allow_logprobs": True,
+                    "allow_search_indices": False,
+                    "allow_view": True,
+                    "allow_fine_tuning": False,
+                    "organization": "*",
+                    "group": None,
+                    "is_blocking": False,
+                }
+            ],
+        }
 
     @app.get("/health")
     async def health() -> Response:
@@ -136,28 +209,74 @@ def build_app(
         stats = await engine.stats() if engine.is_running else None
         return Response(metrics.render(stats), media_type=CONTENT_TYPE)
 
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        from pagedinfer import __version__
+
+        return {"version": __version__}
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        check_model(model_id)
+        return model_card()
+
+    @app.post("/tokenize")
+    async def tokenize(payload: dict[str, Any] = Body(...)) -> dict[str, Any]:  # noqa: B008
+        body: TokenizeChatRequest | TokenizeCompletionRequest
+        if "messages" in payload:
+            body = _validated(TokenizeChatRequest, payload)
+        else:
+            body = _validated(TokenizeCompletionRequest, payload)
+        admit(body)
+        if isinstance(body, TokenizeChatRequest):
+            messages = chat_messages(body)
+            token_ids = await asyncio.to_thread(
+                render_chat_ids, sync_engine, messages, rendering(body)
+            )
+        else:
+            token_ids = await asyncio.to_thread(
+                tokenize_text,
+                sync_engine,
+                body.prompt,
+                add_special_tokens=body.add_special_tokens,
+            )
+        strings = None
+        if body.return_token_strs:
+            strings = await asyncio.to_thread(token_strings, sync_engine, token_ids)
         return {
-            "object": "list",
-            "data": [
-                {
-                    "id": served_model_name,
-                    "object": "model",
-                    "created": created,
-                    "owned_by": "pagedinfer",
-                    "root": served_model_name,
-                    "max_model_len": engine.max_model_len,
-                }
-            ],
+            "count": len(token_ids),
+            "max_model_len": engine.max_model_len,
+            "tokens": token_ids,
+            "token_strs": strings,
         }
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
+        admit(body)
+        return {"prompt": await asyncio.to_thread(decode_tokens, sync_engine, body.tokens)}
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        check_model(body.model)
+        admit(body)
         check_sizes(body, limits, vocab_size)
         params = engine.check_sampling_params(completion_sampling_params(body))
-        prompts = await _tokenize_all(engine, completion_prompts(body))
+        truncation = Truncation(truncation_limit(body, engine.max_model_len), body.truncation_side)
+        prompts = await asyncio.gather(
+            *(
+                asyncio.to_thread(
+                    encode_prompt,
+                    sync_engine,
+                    prompt,
+                    add_special_tokens=body.add_special_tokens,
+                    truncation=truncation,
+                )
+                for prompt in completion_prompts(body)
+            )
+        )
         streams = _submit_all(engine, prompts, params)
         ctx = context("cmpl", params, body, echo=body.echo, echo_only=echoes_prompt_only(body))
         timers = [metrics.timer() for _ in streams]
@@ -176,16 +295,22 @@ def build_app(
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        check_model(body.model)
+        admit(body)
         check_sizes(body, limits, vocab_size)
         params = engine.check_sampling_params(chat_sampling_params(body))
-        prompt = await engine.tokenize_chat(
-            chat_messages(body),
-            chat_template_kwargs=body.chat_template_kwargs,
-            add_generation_prompt=body.add_generation_prompt,
+        truncation = Truncation(truncation_limit(body, engine.max_model_len), body.truncation_side)
+        prompt = await asyncio.to_thread(
+            encode_chat, sync_engine, chat_messages(body), rendering(body), truncation
         )
         stream = engine.generate(prompt, params)
-        ctx = context("chatcmpl", params, body)
+        ctx = context(
+            "chatcmpl",
+            params,
+            body,
+            role=response_role(body),
+            echo_text=echo_prefix(body),
+            prompt_text=bool(body.return_prompt_text),
+        )
         timer = metrics.timer()
         if body.stream:
             return _event_stream(_stream_chat(ctx, stream, timer, body.include_usage))
@@ -196,12 +321,12 @@ def build_app(
 
 
 # ------------------------------------------------------------------------------ helpers
-async def _tokenize_all(
-    engine: AsyncEngine, prompts: Sequence[str | list[int]]
-) -> list[TokenizedPrompt]:
-    """Every prompt tokenized and validated in worker threads (not on the event loop, and
-    without the engine's lock)."""
-    return list(await asyncio.gather(*(engine.tokenize(prompt) for prompt in prompts)))
+def _validated(model: type[_M], payload: dict[str, Any]) -> _M:
+    """``payload`` parsed as ``model``; its errors answered as FastAPI's own (a 400)."""
+    try:
+        return model.model_validate(payload)
+    except ValidationError as error:
+        raise RequestValidationError(error.errors()) from None
 
 
 def _submit_all(
@@ -224,7 +349,7 @@ async def _final(stream: AsyncRequestStream, timer: RequestTimer) -> RequestOutp
     output: RequestOutput | None = None
     try:
         async for output in stream:
-            timer.tokens(_num_tokens(output))
+            _observe(timer, output)
     except asyncio.CancelledError:
         timer.finished("abort")
         raise
@@ -278,7 +403,7 @@ async def _stream_completions(
     finals: dict[int, RequestOutput] = {}
     try:
         async for prompt_index, output in _merge(streams):
-            timers[prompt_index].tokens(_num_tokens(output))
+            _observe(timers[prompt_index], output)
             for completion in completions_of(output):
                 index = prompt_index * n + completion.index
                 cursor = cursors.setdefault(index, ChoiceCursor())
@@ -314,10 +439,11 @@ async def _stream_chat(
     final: RequestOutput | None = None
     try:
         async for output in stream:
-            timer.tokens(_num_tokens(output))
+            _observe(timer, output)
+            prompt = prompt_of(output)
             for completion in completions_of(output):
                 cursor = cursors.setdefault(completion.index, ChoiceCursor())
-                chunk = chat_chunk(ctx, completion, cursor)
+                chunk = chat_chunk(ctx, completion, cursor, prompt)
                 if chunk is not None:
                     yield sse(chunk)
             if output.finished:
@@ -394,8 +520,12 @@ def _redactor(engine: AsyncEngine, served_model_name: str) -> Callable[[str], st
     return redact
 
 
-def _num_tokens(output: RequestOutput) -> int:
-    return max((len(c.token_ids) for c in completions_of(output)), default=0)
+def _observe(timer: RequestTimer, output: RequestOutput) -> None:
+    """Tell a request's timer what has arrived: its tokens so far (the longest completion's),
+    and its prompt (counted with the first token)."""
+    prompt = prompt_of(output)
+    num_tokens = max((len(c.token_ids) for c in completions_of(output)), default=0)
+    timer.tokens(num_tokens, len(prompt.token_ids), prompt.num_cached_tokens)
 
 
 def _finish_reason(output: RequestOutput) -> str | None:

@@ -4,8 +4,8 @@
 HTTP request, before the app sees it:
 
 1. the ``Host`` header must name an allowed host (against DNS rebinding), else 400;
-2. with an API key, every route but ``/health`` (and ``/metrics`` if public) needs
-   ``Authorization: Bearer <key>``, compared in constant time, else 401;
+2. with an API key, every route but ``/health`` and ``/version`` (and ``/metrics`` if
+   public) needs ``Authorization: Bearer <key>``, compared in constant time, else 401;
 3. the body is read whole, at most ``max_request_bytes`` (a ``Content-Length`` over it is a
    413 before a byte is read; a chunked body is counted as it comes) and within
    ``body_timeout_s`` (else 408); the app then gets it in one message.
@@ -35,8 +35,9 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-# Routes anyone may call, with or without the key.
-_OPEN_PATHS = frozenset({"/health"})
+# Routes anyone may call, with or without the key (vLLM leaves these two open too: probes
+# and version checks run before a client has a key).
+_OPEN_PATHS = frozenset({"/health", "/version"})
 
 
 class RequestGuard:

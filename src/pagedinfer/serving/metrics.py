@@ -1,9 +1,12 @@
 """``/metrics``: the server's Prometheus metrics, in one registry per app (no global state).
 
-Engine gauges and counters (requests running and waiting, tokens, prefix-cache hit rate, KV
-usage, preemptions) are read from ``Engine.stats()`` when Prometheus scrapes; latencies are
-observed by the request handlers as tokens reach them: time to first token, the gap between
-consecutive tokens (inter-token latency), and the whole request.
+Engine gauges and counters (requests running and waiting, tokens computed, prefix-cache hit
+rate, KV usage, preemptions) are read from ``Engine.stats()`` when Prometheus scrapes;
+latencies are observed by the request handlers as tokens reach them: time to first token,
+the gap between consecutive tokens (inter-token latency), and the whole request. The
+handlers also count each request's prompt tokens once, when its first token arrives (vLLM's
+``prompt_tokens_total``: every prompt token, whether computed or served by the prefix
+cache), and the ones the prefix cache served.
 """
 
 from __future__ import annotations
@@ -57,7 +60,9 @@ class _EngineStatsCollector(Collector):
             stats.prefix_cache_hit_rate,
         )
         yield _counter(
-            "prompt_tokens", "Prompt tokens computed (prefill).", stats.num_prompt_tokens
+            "prompt_tokens_computed",
+            "Prompt tokens computed in prefill steps (recomputation after preemption included).",
+            stats.num_prompt_tokens,
         )
         yield _counter("generation_tokens", "Tokens generated.", stats.num_generated_tokens)
         yield _counter(
@@ -110,6 +115,17 @@ class ServerMetrics:
             ["finish_reason"],
             registry=self.registry,
         )
+        self.prompt_tokens = Counter(
+            _PREFIX + "prompt_tokens",
+            "Prompt tokens of the requests that reached their first token, each counted once "
+            "(computed or served by the prefix cache).",
+            registry=self.registry,
+        )
+        self.prompt_tokens_cached = Counter(
+            _PREFIX + "prompt_tokens_cached",
+            "Of those, prompt tokens served by the prefix cache.",
+            registry=self.registry,
+        )
         self.requests_rejected = Counter(
             _PREFIX + "requests_rejected",
             "HTTP requests answered with an error status.",
@@ -136,11 +152,13 @@ class RequestTimer:
         self._last: float | None = None
         self._tokens = 0
 
-    def tokens(self, num_tokens: int) -> None:
-        """``num_tokens`` (the total so far) have arrived by now.
+    def tokens(self, num_tokens: int, prompt_tokens: int = 0, cached_tokens: int = 0) -> None:
+        """``num_tokens`` (the total so far) have arrived by now, for a prompt of
+        ``prompt_tokens`` of which the prefix cache served ``cached_tokens``.
 
-        The first arrival is the time to first token; after that, ``k`` tokens that arrive
-        together after a gap ``t`` count as ``k`` inter-token latencies of ``t / k``.
+        The first arrival is the time to first token, and counts the prompt; after that,
+        ``k`` tokens that arrive together after a gap ``t`` count as ``k`` inter-token
+        latencies of ``t / k``.
         """
         new = num_tokens - self._tokens
         if new <= 0:
@@ -148,6 +166,8 @@ class RequestTimer:
         now = time.perf_counter()
         if self._last is None:
             self._metrics.time_to_first_token.observe(now - self._arrival)
+            self._metrics.prompt_tokens.inc(prompt_tokens)
+            self._metrics.prompt_tokens_cached.inc(cached_tokens)
         else:
             gap = (now - self._last) / new
             for _ in range(new):

@@ -1,4 +1,5 @@
-"""What ``pagedinfer serve`` lets in: API key, allowed hosts, body size, read timeouts.
+"""What ``pagedinfer serve`` lets in (API key, allowed hosts, body size, read timeouts, unknown
+request fields) and how it renders chats (its chat template).
 
 Pure Python (neither FastAPI nor uvicorn): the command line reads the defaults from here to
 build its ``--help`` without the serve extra installed.
@@ -25,6 +26,7 @@ __all__ = [
     "ServingOptions",
     "default_allowed_hosts",
     "host_allowed",
+    "load_chat_template",
     "served_name",
 ]
 
@@ -53,17 +55,22 @@ class AddressInUseError(PagedInferError, OSError):
 
 @dataclass(frozen=True, slots=True)
 class ServingOptions:
-    """The server's admission rules (``build_app``, ``run_server``; docs/serving.md,
-    "Deploying").
+    """The server's admission rules and chat rendering (``build_app``, ``run_server``;
+    docs/serving.md, "Deploying").
 
-    ``api_key``: every route but ``/health`` (and ``/metrics`` when ``metrics_public``)
-    requires ``Authorization: Bearer <api_key>``; ``None``: no key. ``allowed_hosts``: the
-    host names the ``Host`` header may carry (``"*.example.com"`` matches subdomains, ``"*"``
-    any); ``None``: ``build_app`` checks nothing, ``run_server`` picks
+    ``api_key``: every route but ``/health`` and ``/version`` (and ``/metrics`` when
+    ``metrics_public``) requires ``Authorization: Bearer <api_key>``; ``None``: no key.
+    ``allowed_hosts``: the host names the ``Host`` header may carry (``"*.example.com"``
+    matches subdomains, ``"*"`` any); ``None``: ``build_app`` checks nothing, ``run_server`` picks
     :func:`default_allowed_hosts` of the bind address. ``max_request_bytes``: the most body
     bytes a request may send (413 beyond). ``header_timeout_s`` / ``body_timeout_s``: how
     long a request's headers / body may take to arrive (the connection is closed / 408).
     ``max_header_bytes``: the request line and headers together.
+    ``chat_template``: the Jinja template chats are rendered with (``None``: the
+    tokenizer's). ``trust_request_chat_template``: accept a ``chat_template`` sent in a
+    request (a template is code the server runs; off, such a request is a 400).
+    ``ignore_unknown_fields``: a request field the server does not know is logged and
+    ignored (vLLM's behaviour) instead of answered with a 400 (OpenAI's).
     """
 
     api_key: str | None = None
@@ -73,6 +80,9 @@ class ServingOptions:
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    chat_template: str | None = None
+    trust_request_chat_template: bool = False
+    ignore_unknown_fields: bool = False
 
     def __post_init__(self) -> None:
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key):
@@ -139,6 +149,28 @@ def host_allowed(header: str | None, allowed: Sequence[str]) -> bool:
         elif host == pattern:
             return True
     return False
+
+
+def load_chat_template(value: str) -> str:
+    """``--chat-template``: the contents of the file ``value`` names, else ``value`` itself
+    when it looks like a template (it holds ``{``, ``}`` or a newline), its backslash escapes
+    (``\\n``) decoded, as vLLM reads it. Raises
+    :class:`~pagedinfer.errors.ConfigurationError` for anything else."""
+    try:
+        with open(value, encoding="utf-8") as file:
+            return file.read()
+    except UnicodeDecodeError:
+        raise ConfigurationError(
+            f"--chat-template {value!r} is not a UTF-8 text file: give a Jinja template file."
+        ) from None
+    except OSError as error:
+        if not any(mark in value for mark in "{}\n"):
+            raise ConfigurationError(
+                f"--chat-template {value!r} looks like a file path but cannot be read "
+                f"({error.strerror or error}): give a template file, or the template itself."
+            ) from None
+    # Non-Latin-1 characters survive as \uXXXX escapes, decoded back with the others.
+    return value.encode("latin-1", "backslashreplace").decode("unicode_escape")
 
 
 def served_name(model_path: str) -> str:

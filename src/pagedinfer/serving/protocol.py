@@ -1,10 +1,16 @@
 """The OpenAI request bodies the server accepts, and their translation into ``SamplingParams``.
 
-Request bodies are parsed by pydantic models that follow OpenAI's names (plus the vLLM
-extensions a vLLM user reaches for: ``top_k``, ``min_p``, ``repetition_penalty``,
-``ignore_eos``, ``min_tokens``, ``stop_token_ids``, ``skip_special_tokens``,
-``include_stop_str_in_output``, ``return_token_ids``, ``chat_template_kwargs``). Unknown
-fields are ignored, as OpenAI-compatible servers do.
+Request bodies are parsed by pydantic models that follow OpenAI's names, plus the vLLM
+extensions a vLLM user reaches for (``top_k``, ``min_p``, ``repetition_penalty``,
+``ignore_eos``, ``min_tokens``, ``stop_token_ids``, ``allowed_token_ids``,
+``skip_special_tokens``, ``include_stop_str_in_output``, ``return_token_ids``,
+``return_tokens_as_token_ids``, ``prompt_logprobs``, ``truncate_prompt_tokens``,
+``add_special_tokens``, ``request_id``; for chat ``echo``, ``add_generation_prompt``,
+``continue_final_message``, ``chat_template``, ``chat_template_kwargs``, ``documents``,
+``reasoning_effort``, ``return_prompt_text``). Fields the models do not declare land in
+``model_extra`` and :func:`check_fields` decides about them with the tables of
+:mod:`pagedinfer.serving.fields`: a field is implemented, refused with a 400 that names it,
+ignored with a logged warning (metadata only), or unknown (a 400): none is dropped silently.
 
 Types are strict (pydantic's strict mode): ``"max_tokens": "10"``, ``"stream": "yes"`` or
 ``"prompt": [true, false]`` are 400s, not coerced; a JSON integer is accepted where a number
@@ -22,7 +28,7 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -37,36 +43,47 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from pagedinfer.domain.limits import RequestLimits
-from pagedinfer.domain.sampling import SamplingParams
+from pagedinfer.domain.sampling import MAX_SEED, SamplingParams
 from pagedinfer.errors import InvalidRequestError
+from pagedinfer.serving.fields import (
+    CHAT,
+    COMPLETIONS,
+    TOKENIZE_CHAT,
+    TOKENIZE_COMPLETION,
+    FieldPolicy,
+    RequestFieldError,
+)
 
 __all__ = [
     "LOGIT_BIAS_LIMIT",
     "ChatCompletionRequest",
     "ChatMessage",
     "CompletionRequest",
+    "DetokenizeRequest",
     "RequestFieldError",
     "StreamOptions",
+    "TokenizeChatRequest",
+    "TokenizeCompletionRequest",
     "chat_messages",
     "chat_sampling_params",
+    "chat_template_kwargs",
+    "check_fields",
     "check_sizes",
     "completion_prompts",
     "completion_sampling_params",
+    "echo_prefix",
     "echoes_prompt_only",
+    "request_seed",
+    "response_role",
+    "truncation_limit",
 ]
-
-
-class RequestFieldError(InvalidRequestError):
-    """A request field the server cannot serve; ``param`` names it for the error JSON."""
-
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 # OpenAI's range of a logit_bias value.
 LOGIT_BIAS_LIMIT = 100.0
 _INT64 = 2**63
+# The longest client-chosen request_id (it becomes part of the response's id).
+MAX_REQUEST_ID_LENGTH = 256
 
 
 def _float32(value: float) -> float:
@@ -89,6 +106,7 @@ Float32 = Annotated[float, AfterValidator(_float32)]
 # A JSON integer that fits an int64 (token ids, counts and seeds reach int64 tensors).
 Int64 = Annotated[int, Field(ge=-_INT64, lt=_INT64)]
 Bias = Annotated[Float32, Field(ge=-LOGIT_BIAS_LIMIT, le=LOGIT_BIAS_LIMIT)]
+TokenId = Annotated[int, Field(ge=0, lt=_INT64)]
 
 
 def _one_of(expected: str) -> Any:
@@ -116,12 +134,27 @@ ContentField = Annotated[
 
 
 class _Request(BaseModel):
-    # strict: JSON types are not coerced ("10" is no integer, "yes" no boolean).
-    model_config = ConfigDict(extra="ignore", strict=True)
+    # strict: JSON types are not coerced ("10" is no integer, "yes" no boolean). Undeclared
+    # fields are kept (model_extra) for check_fields to judge: none is dropped silently.
+    model_config = ConfigDict(extra="allow", strict=True)
 
 
 class StreamOptions(_Request):
-    include_usage: bool = False
+    """``stream_options``. ``include_usage`` left out follows ``continuous_usage_stats``
+    (vLLM's extension: usage in every chunk, which implies the final usage chunk)."""
+
+    include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None
+
+    @property
+    def usage(self) -> bool:
+        if self.include_usage is not None:
+            return self.include_usage
+        return bool(self.continuous_usage_stats)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.usage and bool(self.continuous_usage_stats)
 
 
 class _SamplingFields(_Request):
@@ -138,7 +171,6 @@ class _SamplingFields(_Request):
     logit_bias: dict[str, Bias] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: str | None = None
     # vLLM's extensions (pass them with the openai client's extra_body).
     top_k: Int64 | None = None
     min_p: Float32 | None = None
@@ -146,14 +178,23 @@ class _SamplingFields(_Request):
     ignore_eos: bool = False
     min_tokens: Int64 = 0
     stop_token_ids: list[Int64] | None = None
+    allowed_token_ids: list[Int64] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    return_token_ids: bool = False
+    return_token_ids: bool | None = None
+    return_tokens_as_token_ids: bool | None = None
     prompt_logprobs: Int64 | None = None
+    truncate_prompt_tokens: Int64 | None = None
+    truncation_side: Literal["left", "right"] | None = None
+    request_id: Annotated[str, Field(min_length=1, max_length=MAX_REQUEST_ID_LENGTH)] | None = None
 
     @property
     def include_usage(self) -> bool:
-        return self.stream_options is not None and self.stream_options.include_usage
+        return self.stream_options is not None and self.stream_options.usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.continuous_usage
 
     def _sampling_params(
         self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None
@@ -166,10 +207,11 @@ class _SamplingFields(_Request):
             "n": self.n,
             "max_tokens": max_tokens,
             "stop": () if self.stop is None else self.stop,
-            "seed": self.seed,
+            "seed": request_seed(self.seed),
             "ignore_eos": self.ignore_eos,
             "min_tokens": self.min_tokens,
             "stop_token_ids": self.stop_token_ids or (),
+            "allowed_token_ids": self.allowed_token_ids,
             "skip_special_tokens": self.skip_special_tokens,
             "include_stop_str_in_output": self.include_stop_str_in_output,
             "logprobs": logprobs,
@@ -201,36 +243,144 @@ class CompletionRequest(_SamplingFields):
     max_tokens: Int64 | None = 16
     logprobs: Int64 | None = None
     echo: bool = False
-    suffix: str | None = None
     best_of: Int64 | None = None
+    add_special_tokens: bool = True
+
+    @property
+    def output_tokens(self) -> int | None:
+        """The most tokens the request generates (``None``: until ``max_model_len``)."""
+        if self.echo and self.max_tokens == 0:
+            return 1
+        return self.max_tokens
 
 
 class ChatMessage(_Request):
+    """One message. Fields beyond these (``tool_calls``, ``tool_call_id``,
+    ``reasoning_content``, ...) reach the chat template as they are."""
+
     role: str
     content: ContentField | None = None
     name: str | None = None
 
 
-class ChatCompletionRequest(_SamplingFields):
-    """``POST /v1/chat/completions``."""
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+
+
+class _ChatTemplateFields(_Request):
+    """How a conversation is rendered (chat completions and ``/tokenize``)."""
 
     messages: list[ChatMessage] = Field(min_length=1)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @property
+    def generation_prompt(self) -> bool:
+        """``add_generation_prompt``, off when ``continue_final_message`` asks to continue
+        the last message (setting both to true is a 400: :func:`check_fields`)."""
+        return self.add_generation_prompt and not self.continue_final_message
+
+
+class ChatCompletionRequest(_SamplingFields, _ChatTemplateFields):
+    """``POST /v1/chat/completions``."""
+
     max_tokens: Int64 | None = None
     max_completion_tokens: Int64 | None = None
     logprobs: bool = False
     top_logprobs: Int64 | None = None
-    # vLLM's extensions: variables for the chat template (Qwen3's enable_thinking), and
-    # whether the template appends the assistant turn's opening.
-    chat_template_kwargs: dict[str, Any] | None = None
-    add_generation_prompt: bool = True
-    # Refused unless they ask for nothing (no tool-call parsing, no guided decoding): read
-    # so that a client relying on them gets a 400, not free text it did not ask for.
-    tools: list[Any] | None = None
-    tool_choice: Any = None
-    functions: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
+    # vLLM's extensions: the new message starts with the last one's content when its role is
+    # the response's; template variables; the rendered prompt in the response.
+    echo: bool = False
+    documents: list[dict[str, str]] | None = None
+    reasoning_effort: ReasoningEffort | None = None
+    return_prompt_text: bool | None = None
+
+    @property
+    def output_tokens(self) -> int | None:
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
+        return self.max_tokens
 
 
+class TokenizeCompletionRequest(_Request):
+    """``POST /tokenize`` with a ``prompt`` (vLLM's shape)."""
+
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool | None = None
+
+
+class TokenizeChatRequest(_ChatTemplateFields):
+    """``POST /tokenize`` with ``messages`` (vLLM's shape)."""
+
+    model: str | None = None
+    return_token_strs: bool | None = None
+
+
+class DetokenizeRequest(_Request):
+    """``POST /detokenize`` (vLLM's shape)."""
+
+    model: str | None = None
+    tokens: list[TokenId]
+
+
+# ------------------------------------------------------------------------------ fields
+_ENDPOINTS: dict[type[BaseModel], str] = {
+    CompletionRequest: COMPLETIONS,
+    ChatCompletionRequest: CHAT,
+    TokenizeCompletionRequest: TOKENIZE_COMPLETION,
+    TokenizeChatRequest: TOKENIZE_CHAT,
+    DetokenizeRequest: TOKENIZE_COMPLETION,
+}
+
+
+def check_fields(
+    request: BaseModel, policy: FieldPolicy, *, trust_request_chat_template: bool = False
+) -> None:
+    """Refuse the fields of ``request`` the server cannot serve (400 naming the field) and
+    warn about the ignored ones (:mod:`pagedinfer.serving.fields`). Also: ``stream_options``
+    needs ``stream: true`` (vLLM's rule), and a ``chat_template`` in a request needs the
+    server's ``--trust-request-chat-template`` (as vLLM: a template is code the server
+    runs)."""
+    endpoint = _ENDPOINTS[type(request)]
+    policy.check(endpoint, request.model_extra)
+    if isinstance(request, _SamplingFields) and request.stream_options is not None:
+        policy.check(endpoint, request.stream_options.model_extra, prefix="stream_options.")
+        if not request.stream and request.stream_options.model_fields_set:
+            raise _bad("stream_options", "stream_options can only be given with stream=true")
+    if isinstance(request, _ChatTemplateFields):
+        if request.chat_template is not None and not trust_request_chat_template:
+            raise _bad(
+                "chat_template",
+                "a chat template sent with the request is refused: this server renders chats "
+                "with its own template (the operator can allow request templates with "
+                "--trust-request-chat-template)",
+            )
+        if (
+            request.continue_final_message
+            and request.add_generation_prompt
+            and "add_generation_prompt" in request.model_fields_set
+        ):
+            raise _bad(
+                "continue_final_message",
+                "continue_final_message and add_generation_prompt cannot both be true: set "
+                "add_generation_prompt to false to continue the last message",
+            )
+
+
+def request_seed(seed: int | None) -> int | None:
+    """The ``SamplingParams.seed`` of a request's ``seed``: ``-1`` is unseeded (vLLM's rule),
+    other negative seeds (vLLM takes any signed 64-bit seed) are taken modulo 2**63, so
+    ``-5`` samples as ``2**63 - 5`` does."""
+    if seed is None or seed == -1:
+        return None
+    return seed & MAX_SEED
+
+
+# -------------------------------------------------------------------------- completions
 def completion_prompts(request: CompletionRequest) -> list[str | list[int]]:
     """The prompts of a completion request: one text, several texts, token ids or several."""
     prompt = request.prompt
@@ -247,19 +397,13 @@ def completion_sampling_params(request: CompletionRequest) -> SamplingParams:
     """The request's ``SamplingParams``. ``echo`` asks for the prompt's logprobs too when
     ``logprobs`` is set, and with ``max_tokens=0`` (the prompt alone, as vLLM serves it) one
     token is generated and dropped."""
-    if request.suffix is not None:
-        raise _bad("suffix", "suffix is not supported (no insertion models)")
     if request.best_of is not None and request.best_of != request.n:
         raise _bad("best_of", "best_of must equal n (or be left out)")
     logprobs = request.logprobs
-    max_tokens = request.max_tokens
     prompt_logprobs = None
-    if request.echo:
-        if max_tokens == 0:
-            max_tokens = 1
-        if logprobs is not None:
-            prompt_logprobs = max(logprobs, request.prompt_logprobs or 0)
-    return request._sampling_params(max_tokens, logprobs, prompt_logprobs)
+    if request.echo and logprobs is not None:
+        prompt_logprobs = max(logprobs, request.prompt_logprobs or 0)
+    return request._sampling_params(request.output_tokens, logprobs, prompt_logprobs)
 
 
 def echoes_prompt_only(request: CompletionRequest) -> bool:
@@ -267,39 +411,102 @@ def echoes_prompt_only(request: CompletionRequest) -> bool:
     return request.echo and request.max_tokens == 0
 
 
-def chat_sampling_params(request: ChatCompletionRequest) -> SamplingParams:
-    if request.tools or request.functions:
-        param = "tools" if request.tools else "functions"
-        raise _bad(param, f"{param} are not supported: pagedinfer does not parse tool calls")
-    if request.tool_choice not in (None, "none", "auto"):
-        raise _bad("tool_choice", "tool_choice is not supported: pagedinfer does not call tools")
-    if request.response_format is not None and request.response_format.get("type") != "text":
+def truncation_limit(
+    request: CompletionRequest | ChatCompletionRequest, max_model_len: int
+) -> int | None:
+    """How many prompt tokens ``truncate_prompt_tokens`` keeps (``None``: no truncation).
+
+    vLLM's rule: ``k`` keeps the last ``k`` tokens (the first ``k`` with
+    ``truncation_side: "right"``), ``-1`` as many as fit beside ``max_tokens`` in
+    ``max_model_len``, and a ``k`` above that is a 400.
+    """
+    requested = request.truncate_prompt_tokens
+    if requested is None:
+        return None
+    output = request.output_tokens
+    budget = max_model_len - (1 if output is None else max(output, 1))
+    if budget < 1:
         raise _bad(
-            "response_format",
-            "response_format other than {'type': 'text'} is not supported (no guided decoding)",
+            "truncate_prompt_tokens",
+            f"max_tokens={output} leaves no room for a prompt in max_model_len={max_model_len}: "
+            "ask for fewer tokens",
         )
-    max_tokens = request.max_completion_tokens
-    if max_tokens is None:
-        max_tokens = request.max_tokens
+    if requested == -1:
+        return budget
+    if requested < 1:
+        raise _bad(
+            "truncate_prompt_tokens",
+            f"truncate_prompt_tokens must be -1 (as many as fit) or at least 1, got {requested}",
+        )
+    if requested > budget:
+        raise _bad(
+            "truncate_prompt_tokens",
+            f"truncate_prompt_tokens={requested} is more than max_model_len - max_tokens = "
+            f"{budget}: ask for at most {budget} (or -1)",
+        )
+    return requested
+
+
+# --------------------------------------------------------------------------------- chat
+def chat_sampling_params(request: ChatCompletionRequest) -> SamplingParams:
     top = request.top_logprobs
     if top is not None and top > 0 and not request.logprobs:
         raise _bad("top_logprobs", "top_logprobs needs logprobs=true")
     logprobs = (top or 0) if request.logprobs else None
-    return request._sampling_params(max_tokens, logprobs)
+    return request._sampling_params(request.output_tokens, logprobs)
 
 
-def chat_messages(request: ChatCompletionRequest) -> list[dict[str, Any]]:
-    """The conversation as the chat template expects it: text content parts joined."""
+def chat_messages(request: _ChatTemplateFields) -> list[dict[str, Any]]:
+    """The conversation as the chat template expects it: text content parts joined; other
+    fields of a message (``tool_calls``, ...) passed on as they are."""
     messages = []
     for message in request.messages:
         content = message.content
         if isinstance(content, list):
             content = "".join(_text_part(part) for part in content)
-        rendered: dict[str, Any] = {"role": message.role, "content": content or ""}
+        rendered: dict[str, Any] = {**(message.model_extra or {})}
+        rendered.update(role=message.role, content=content or "")
         if message.name is not None:
             rendered["name"] = message.name
         messages.append(rendered)
     return messages
+
+
+def chat_template_kwargs(request: _ChatTemplateFields) -> dict[str, Any] | None:
+    """The template's variables: ``chat_template_kwargs``, then (vLLM's) ``documents``,
+    ``continue_final_message`` and ``reasoning_effort`` (which also turns thinking on or off
+    through ``enable_thinking``, unless ``chat_template_kwargs`` sets it)."""
+    kwargs: dict[str, Any] = dict(request.chat_template_kwargs or {})
+    if request.continue_final_message:
+        kwargs["continue_final_message"] = True
+    if isinstance(request, ChatCompletionRequest):
+        if request.documents is not None:
+            kwargs["documents"] = request.documents
+        effort = request.reasoning_effort
+        if effort is not None:
+            kwargs["reasoning_effort"] = effort
+            kwargs.setdefault("enable_thinking", effort != "none")
+    return kwargs or None
+
+
+def response_role(request: ChatCompletionRequest) -> str:
+    """The role of the answer: ``assistant``, or the last message's when the template adds
+    no generation prompt (the model continues that turn), as vLLM."""
+    return "assistant" if request.generation_prompt else request.messages[-1].role
+
+
+def echo_prefix(request: ChatCompletionRequest) -> str:
+    """With ``echo``, what the answer starts with: the last message's content when its role
+    is the answer's (vLLM's rule), else nothing."""
+    if not request.echo:
+        return ""
+    last = request.messages[-1]
+    if last.role != response_role(request):
+        return ""
+    content = last.content
+    if isinstance(content, list):
+        return "".join(_text_part(part) for part in content)
+    return content or ""
 
 
 def _text_part(part: dict[str, Any]) -> str:
@@ -318,6 +525,7 @@ def _logit_bias(bias: dict[str, float]) -> dict[int, float]:
         raise _bad("logit_bias", "logit_bias keys must be token ids (integers)") from error
 
 
+# -------------------------------------------------------------------------------- sizes
 def check_sizes(
     request: CompletionRequest | ChatCompletionRequest, limits: RequestLimits, vocab_size: int
 ) -> None:
@@ -360,6 +568,7 @@ def check_sizes(
         )
     for param, size in (
         ("stop_token_ids", len(request.stop_token_ids or ())),
+        ("allowed_token_ids", len(request.allowed_token_ids or ())),
         ("logit_bias", len(request.logit_bias or ())),
     ):
         if size > vocab_size:

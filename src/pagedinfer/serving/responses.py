@@ -9,6 +9,11 @@ Choices are numbered as OpenAI and vLLM do: with several prompts and ``n`` compl
 choice ``prompt_index * n + completion_index``. Streams cut each choice's deltas from the
 cumulative outputs with a :class:`ChoiceCursor`; a choice's last chunk carries its
 ``finish_reason`` (once, even when other choices of the request run on).
+
+The optional fields vLLM's responses carry (``token_ids``, ``prompt_token_ids``,
+``prompt_logprobs``, ``stop_reason``, ``system_fingerprint``, a chat message's ``refusal``,
+``reasoning``, ...) are present as ``null`` when not asked for, as vLLM sends them: a client
+written against vLLM reads them as attributes of the ``openai`` client's objects.
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ __all__ = [
     "usage",
     "usage_chunk",
 ]
+
+# Token strings of return_tokens_as_token_ids (vLLM's form).
+_TOKEN_ID_PREFIX = "token_id:"
 
 # JSON has no -inf: a token the model rules out gets vLLM's stand-in.
 _MIN_LOGPROB = -9999.0
@@ -82,12 +90,16 @@ class Prompt:
     token_ids: Sequence[int]
     # Per prompt token, {token_id: Logprob} (None for the first); None unless asked for.
     logprobs: Sequence[Mapping[int, Any] | None] | None
+    num_cached_tokens: int = 0  # served by the prefix cache
 
 
 def prompt_of(output: RequestOutput) -> Prompt:
     """The prompt of one engine output (the only other place that knows its shape)."""
     return Prompt(
-        text=output.prompt, token_ids=output.prompt_token_ids, logprobs=output.prompt_logprobs
+        text=output.prompt,
+        token_ids=output.prompt_token_ids,
+        logprobs=output.prompt_logprobs,
+        num_cached_tokens=output.num_cached_tokens,
     )
 
 
@@ -108,6 +120,14 @@ class ResponseContext:
     echo_only: bool = False
     # vLLM's prompt_logprobs extension: {token_id: {logprob, rank, decoded_token}} per token.
     prompt_logprobs: bool = False
+    # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:<id>".
+    tokens_as_ids: bool = False
+    # stream_options.continuous_usage_stats: every chunk carries the usage so far.
+    continuous_usage: bool = False
+    # Chat: the answer's role, what echo puts before it, whether the rendered prompt is sent.
+    role: str = "assistant"
+    echo_text: str = ""
+    prompt_text: bool = False
 
 
 class ChoiceCursor:
@@ -137,20 +157,36 @@ class ChoiceCursor:
         return text, tokens
 
 
-def usage(outputs: Sequence[RequestOutput], *, echo_only: bool = False) -> dict[str, int]:
+def usage(outputs: Sequence[RequestOutput], *, echo_only: bool = False) -> dict[str, Any]:
     """Token counts: each prompt once (however many completions it has), every completion's
-    generated tokens (none when only the prompt is echoed)."""
-    prompt_tokens = sum(len(prompt_of(output).token_ids) for output in outputs)
+    generated tokens (none when only the prompt is echoed), and the prompt tokens the prefix
+    cache served (``prompt_tokens_details.cached_tokens``, always sent)."""
+    prompts = [prompt_of(output) for output in outputs]
     completion_tokens = 0
     if not echo_only:
         completion_tokens = sum(
             len(completion.token_ids) for output in outputs for completion in completions_of(output)
         )
+    return _usage(
+        sum(len(prompt.token_ids) for prompt in prompts),
+        completion_tokens,
+        sum(prompt.num_cached_tokens for prompt in prompts),
+    )
+
+
+def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
+
+
+def _running_usage(context: ResponseContext, prompt: Prompt, num_tokens: int) -> dict[str, Any]:
+    """One choice's usage so far (``continuous_usage_stats``): its prompt, its tokens."""
+    generated = 0 if context.echo_only else num_tokens
+    return _usage(len(prompt.token_ids), generated, prompt.num_cached_tokens)
 
 
 def sse(body: Mapping[str, Any] | str) -> str:
@@ -179,6 +215,9 @@ def completion_response(
                 "logprobs": _completion_logprobs(context, entries, 0)[0],
                 "finish_reason": completion.finish_reason,
                 "stop_reason": completion.stop_reason,
+                "token_ids": None,
+                "prompt_logprobs": None,
+                "prompt_token_ids": None,
             }
             if context.prompt_logprobs:
                 choice["prompt_logprobs"] = _vllm_prompt_logprobs(context, prompt)
@@ -194,6 +233,8 @@ def completion_response(
         "model": context.model,
         "choices": choices,
         "usage": usage(outputs, echo_only=context.echo_only),
+        "system_fingerprint": None,
+        "service_tier": None,
     }
 
 
@@ -224,6 +265,8 @@ def completion_chunk(
         "logprobs": logprobs,
         "finish_reason": completion.finish_reason,
         "stop_reason": completion.stop_reason,
+        "token_ids": None,
+        "prompt_token_ids": None,
     }
     if context.return_token_ids:
         choice["token_ids"] = list(completion.token_ids[new])
@@ -231,7 +274,10 @@ def completion_chunk(
             choice["prompt_token_ids"] = list(prompt.token_ids)
     cursor.started = True
     cursor.finished = finished
-    return _chunk(context, "text_completion", choice)
+    chunk = _chunk(context, "text_completion", choice)
+    if context.continuous_usage:
+        chunk["usage"] = _running_usage(context, prompt, len(completion.token_ids))
+    return chunk
 
 
 def _entries(completion: Completion, tokens: slice) -> TokenEntries:
@@ -304,7 +350,7 @@ def _vllm_prompt_logprobs(context: ResponseContext, prompt: Prompt) -> list[Any]
             str(token_id): {
                 "logprob": _logprob_value(entry),
                 "rank": getattr(entry, "rank", None),
-                "decoded_token": _token_string(context, token_id, entry),
+                "decoded_token": _token_text(context, token_id, entry),
             }
             for token_id, entry in ranked.items()
         }
@@ -313,55 +359,67 @@ def _vllm_prompt_logprobs(context: ResponseContext, prompt: Prompt) -> list[Any]
 
 
 # -------------------------------------------------------------------------------- chat
-def chat_response(
-    context: ResponseContext, output: RequestOutput, *, role: str = "assistant"
-) -> dict[str, Any]:
+def chat_response(context: ResponseContext, output: RequestOutput) -> dict[str, Any]:
+    prompt = prompt_of(output)
     choices = []
     for completion in completions_of(output):
         choice: dict[str, Any] = {
             "index": completion.index,
-            "message": {"role": role, "content": completion.text},
+            "message": _message(context, context.echo_text + completion.text),
             "logprobs": _chat_logprobs(context, completion, slice(0, len(completion.token_ids))),
             "finish_reason": completion.finish_reason,
             "stop_reason": completion.stop_reason,
+            "token_ids": list(completion.token_ids) if context.return_token_ids else None,
         }
-        if context.return_token_ids:
-            choice["token_ids"] = list(completion.token_ids)
         choices.append(choice)
-    body: dict[str, Any] = {
+    return {
         "id": context.response_id,
         "object": "chat.completion",
         "created": context.created,
         "model": context.model,
         "choices": choices,
         "usage": usage([output]),
+        "system_fingerprint": None,
+        "service_tier": None,
+        "prompt_logprobs": (
+            _vllm_prompt_logprobs(context, prompt) if context.prompt_logprobs else None
+        ),
+        "prompt_token_ids": list(prompt.token_ids) if context.return_token_ids else None,
+        "prompt_text": prompt.text if context.prompt_text else None,
     }
-    if context.prompt_logprobs:
-        body["prompt_logprobs"] = _vllm_prompt_logprobs(context, prompt_of(output))
-    if context.return_token_ids:
-        body["prompt_token_ids"] = list(prompt_of(output).token_ids)
-    return body
+
+
+def _message(context: ResponseContext, content: str) -> dict[str, Any]:
+    """A whole answer: its role and text, and (``null``) the fields the server never fills."""
+    return {
+        "role": context.role,
+        "content": content,
+        "refusal": None,
+        "annotations": None,
+        "audio": None,
+        "function_call": None,
+        "reasoning": None,
+    }
 
 
 def chat_chunk(
-    context: ResponseContext,
-    completion: Completion,
-    cursor: ChoiceCursor,
-    *,
-    role: str = "assistant",
+    context: ResponseContext, completion: Completion, cursor: ChoiceCursor, prompt: Prompt
 ) -> dict[str, Any] | None:
-    """The chunk for what is new in one choice; the first also carries the role. None when
-    nothing is new (or the choice has ended)."""
+    """The chunk for what is new in one choice; None when nothing is new (or the choice has
+    ended). A choice's first chunk carries the role, what ``echo`` repeats, and (asked for)
+    the prompt's token ids and rendered text."""
     if cursor.finished:
         return None
     text, tokens = cursor.advance(completion)
     finished = completion.finish_reason is not None
     if not text and tokens.start == tokens.stop and not finished and cursor.started:
         return None
+    first = not cursor.started
     delta: dict[str, Any] = {}
-    if not cursor.started:
-        delta["role"] = role
-    if text or not cursor.started:
+    if first:
+        delta["role"] = context.role
+        text = context.echo_text + text
+    if text or first:
         delta["content"] = text
     choice: dict[str, Any] = {
         "index": completion.index,
@@ -369,12 +427,18 @@ def chat_chunk(
         "logprobs": _chat_logprobs(context, completion, tokens),
         "finish_reason": completion.finish_reason,
         "stop_reason": completion.stop_reason,
+        "token_ids": list(completion.token_ids[tokens]) if context.return_token_ids else None,
     }
-    if context.return_token_ids:
-        choice["token_ids"] = list(completion.token_ids[tokens])
     cursor.started = True
     cursor.finished = finished
-    return _chunk(context, "chat.completion.chunk", choice)
+    chunk = _chunk(context, "chat.completion.chunk", choice)
+    if first and context.return_token_ids:
+        chunk["prompt_token_ids"] = list(prompt.token_ids)
+    if first and context.prompt_text:
+        chunk["prompt_text"] = prompt.text
+    if context.continuous_usage:
+        chunk["usage"] = _running_usage(context, prompt, len(completion.token_ids))
+    return chunk
 
 
 def _chat_logprobs(
@@ -386,19 +450,19 @@ def _chat_logprobs(
     for token_id, entries in zip(
         completion.token_ids[tokens], completion.logprobs[tokens], strict=True
     ):
-        token = _token_string(context, token_id, entries.get(token_id))
+        entry = entries.get(token_id)
         content.append(
             {
-                "token": token,
-                "logprob": _logprob_value(entries.get(token_id)),
-                "bytes": list(token.encode()),
+                "token": _token_string(context, token_id, entry),
+                "logprob": _logprob_value(entry),
+                "bytes": _token_bytes(context, token_id, entry),
                 "top_logprobs": [
                     {
-                        "token": (top := _token_string(context, other, entry)),
-                        "logprob": _logprob_value(entry),
-                        "bytes": list(top.encode()),
+                        "token": _token_string(context, other, top),
+                        "logprob": _logprob_value(top),
+                        "bytes": _token_bytes(context, other, top),
                     }
-                    for other, entry in _ranked(entries, context.num_logprobs, keep=None)
+                    for other, top in _ranked(entries, context.num_logprobs, keep=None)
                 ],
             }
         )
@@ -449,5 +513,19 @@ def _logprob_value(entry: Any) -> float:
 
 
 def _token_string(context: ResponseContext, token_id: int, entry: Any) -> str:
+    """How logprobs name a token: its text, or ``token_id:<id>`` with vLLM's
+    ``return_tokens_as_token_ids``."""
+    if context.tokens_as_ids:
+        return f"{_TOKEN_ID_PREFIX}{token_id}"
+    return _token_text(context, token_id, entry)
+
+
+def _token_text(context: ResponseContext, token_id: int, entry: Any) -> str:
     decoded = getattr(entry, "decoded_token", None)
     return decoded if isinstance(decoded, str) else context.token_text(token_id)
+
+
+def _token_bytes(context: ResponseContext, token_id: int, entry: Any) -> list[int]:
+    """A chat logprob's ``bytes``: the UTF-8 of the token's text (also when the token is
+    named by its id)."""
+    return list(_token_text(context, token_id, entry).encode())
