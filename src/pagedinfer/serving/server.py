@@ -154,6 +154,7 @@ def run_server(
         logger.info("listening on %s:%d; loading %s ...", host, sock.getsockname()[1], model_path)
         engine = AsyncEngine(model_path, **(engine_kwargs or {}))
         name = served_model_name or served_name(os.fspath(model_path))
+        logger.info("%s; served as %r", engine.engine.describe(), name)
         serve_engine(engine, sock, served_model_name=name, log_level=log_level, options=options)
     finally:
         sock.close()
