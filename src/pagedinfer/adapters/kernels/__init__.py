@@ -17,6 +17,7 @@ this package is imported: ``triton.jit`` decides at decoration time).
 from __future__ import annotations
 
 import os
+from typing import Any
 
 __all__ = ["interpreter_enabled"]
 
@@ -37,17 +38,23 @@ def _patch_interpreter_for_numpy_2_4() -> None:
     """
     try:
         import triton.runtime.interpreter as interpreter
-    except ImportError:  # pragma: no cover - triton always ships the interpreter
+    except ImportError:  # triton is not installed: nothing to patch (its kernels cannot run)
         return
     original = getattr(interpreter, "_patch_lang_tensor", None)
     if original is None or getattr(original, "_pagedinfer_patched", False):
         return
 
-    def patch_lang_tensor(tensor: object, scope: object) -> None:
-        original(tensor, scope)
-        scope.set_attr(  # type: ignore[attr-defined]
-            tensor, "__index__", lambda self: int(self.handle.data.reshape(()))
-        )
+    def index(self: Any) -> int:
+        return int(self.handle.data.reshape(()))
+
+    def patch_lang_tensor(tensor: object, *scope: object) -> None:
+        # Triton 3.6 passes a patch scope (set_attr, undone on exit); older releases (3.2)
+        # take the tensor class alone and set its attributes for good, as we then do.
+        original(tensor, *scope)
+        if scope:
+            scope[0].set_attr(tensor, "__index__", index)  # type: ignore[attr-defined]
+        else:
+            tensor.__index__ = index  # type: ignore[attr-defined]
 
     patch_lang_tensor._pagedinfer_patched = True  # type: ignore[attr-defined]
     interpreter._patch_lang_tensor = patch_lang_tensor
