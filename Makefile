@@ -52,7 +52,7 @@ test-gpu:
 	PYTHONPATH=src $(PYTHON) -m pytest -m gpu tests/gpu -p no:cacheprovider $(PYTEST_ARGS)
 
 demo: $(STAMP)
-	$(VPY) -m pagedinfer demo $(if $(MODEL),--model $(MODEL),)
+	$(VPY) -m pagedinfer demo $(if $(MODEL),--model $(MODEL),) $(if $(NUM_THREADS),--num-threads $(NUM_THREADS),)
 
 bench: bench-pool $(STAMP)
 	$(VPY) benchmarks/throughput.py --device cpu --scale cpu

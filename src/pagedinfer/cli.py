@@ -69,6 +69,19 @@ def _token_ids(text: str) -> list[int]:
     return ids
 
 
+def _num_threads(text: str) -> int | str:
+    """argparse type of ``--num-threads``: an integer >= 1, or ``auto``."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'auto', got {text!r}")
+    return value
+
+
 def _port(text: str) -> int:
     """argparse type of ``--port``: an integer in [0, 65535] (0: any free port)."""
     try:
@@ -116,8 +129,9 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-model-len",
         type=int,
         metavar="N",
-        default=4096,
-        help="most tokens (prompt + output) per request",
+        default=None,
+        help="most tokens (prompt + output) per request; beyond the model's limit is an error "
+        "(default: 4096, or the model's limit if lower)",
     )
     group.add_argument(
         "--max-num-seqs", type=int, metavar="N", default=512, help="most requests running at once"
@@ -165,10 +179,22 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--num-threads",
-        type=int,
-        default=None,
+        type=_num_threads,
+        default="auto",
         metavar="N",
-        help="torch CPU threads (default: torch's, one per core; fewer if the machine is shared)",
+        help="torch CPU threads; auto: half the CPUs this process may use, which does not "
+        "collapse when other work shares the cores (docs/api.md)",
+    )
+    group.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="DIR",
+        help="directory to load the tokenizer from (default: the model directory)",
+    )
+    group.add_argument(
+        "--skip-tokenizer-init",
+        action="store_true",
+        help="load no tokenizer: token-id prompts only, no output text",
     )
     group.add_argument(
         "--worker-timeout-s",
@@ -419,6 +445,8 @@ def _engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
         "seed": args.seed,
         "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
         "num_threads": args.num_threads,
+        "tokenizer": args.tokenizer,
+        "skip_tokenizer_init": args.skip_tokenizer_init,
         "worker_timeout_s": args.worker_timeout_s,
         "scheduling_policy": args.scheduling_policy,
         "max_n": args.max_n,

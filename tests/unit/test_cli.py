@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from pagedinfer import __version__
 from pagedinfer.cli import EXIT_USER_ERROR, main
+
+
+@pytest.fixture(autouse=True)
+def restore_threads() -> Iterator[None]:
+    """The commands set torch's (process-wide) threads: --num-threads auto by default."""
+    import torch
+
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +60,12 @@ def _assert_one_line_error(status: int, err: str, *needles: str) -> None:
         (["generate", "--model", "CKPT", "--prompt", "hi", "--max-tokens", "0"], ["max_tokens"]),
         (["generate", "--model", "CKPT", "--prompt", "hi", "--max-model-len", "x"], ["invalid"]),
         (["generate", "--model", "CKPT", "--prompt", "hi", "--device", "tpu"], ["device"]),
+        (
+            ["generate", "--model", "CKPT", "--prompt", "hi", "--max-model-len", "4097"],
+            ["max_model_len=4097 exceeds the model's context of 4096 positions"],
+        ),
+        (["generate", "--model", "CKPT", "--prompt", "hi", "--num-threads", "0"], ["'0'"]),
+        (["generate", "--model", "CKPT", "--prompt", "hi", "--num-threads", "x"], ["'x'"]),
         (["generate", "--model", "CKPT", "--prompt", "hi", "--kv-block-size", "0"], ["kv_block"]),
         (["generate", "--model", "CKPT"], ["--prompt"]),
         (["generate", "--model", "CKPT", "--prompt", "hi", "--no-such-flag"], ["--no-such-flag"]),
@@ -83,7 +99,8 @@ def test_help_shows_defaults(command: str, capsys: pytest.CaptureFixture[str]) -
     assert status == 0
     out = " ".join(out.split())  # argparse wraps to the terminal's width
     assert "--model DIR" in out
-    assert "(default: 4096)" in out  # --max-model-len
+    assert "(default: 4096, or the model's limit if lower)" in out  # --max-model-len
+    assert "(default: auto)" in out  # --num-threads
     assert "(default: 256)" in out  # --kv-block-size
     if command != "bench":
         assert "(default: 64)" in out  # --max-tokens

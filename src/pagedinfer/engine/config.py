@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -19,13 +20,23 @@ from pagedinfer.errors import ConfigurationError
 
 __all__ = [
     "ATTENTION_BACKENDS",
+    "DEFAULT_MAX_MODEL_LEN",
     "SCHEDULING_POLICIES",
     "EngineConfig",
+    "available_cpus",
+    "default_num_threads",
     "resolve_device",
     "resolve_dtype",
+    "resolve_max_model_len",
+    "resolve_num_threads",
 ]
 
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash")
+
+DEFAULT_MAX_MODEL_LEN = 4096
+"""``max_model_len`` when none is given, unless the model's limit is lower: small enough that
+the KV cache of one sequence fits a CPU's memory (vLLM's default is the model's whole
+context, 40,960 tokens for Qwen3, which a CPU cache of float32 KV would spend gigabytes on)."""
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -48,7 +59,7 @@ class EngineConfig:
     dtype: str | torch.dtype = "auto"
     max_num_seqs: int = 512
     max_num_batched_tokens: int = 16384
-    max_model_len: int = 4096
+    max_model_len: int | None = None  # None: DEFAULT_MAX_MODEL_LEN or the model's limit
     kv_block_size: int = 256
     num_kv_blocks: int | None = None
     gpu_memory_utilization: float = 0.9
@@ -58,7 +69,7 @@ class EngineConfig:
     attention_backend: str = "auto"
     seed: int = 0
     kv_cache_memory_bytes: int | None = None
-    num_threads: int | None = None
+    num_threads: int | str | None = None  # None: torch's own; "auto": default_num_threads()
     worker_timeout_s: float = 120.0
     scheduling_policy: str = "mixed"
     max_n: int = DEFAULT_MAX_N
@@ -66,6 +77,8 @@ class EngineConfig:
     max_stop: int = DEFAULT_MAX_STOP
     max_stop_str_len: int = DEFAULT_MAX_STOP_STR_LEN
     max_consecutive_failed_steps: int = 3
+    tokenizer: str | None = None  # a directory; None: the model's
+    skip_tokenizer_init: bool = False
 
     @property
     def request_limits(self) -> RequestLimits:
@@ -80,7 +93,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         _positive_int("max_num_seqs", self.max_num_seqs)
         _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
-        _positive_int("max_model_len", self.max_model_len, minimum=2)
+        if self.max_model_len is not None:
+            _positive_int("max_model_len", self.max_model_len, minimum=2)
         _positive_int("kv_block_size", self.kv_block_size)
         _positive_int("tensor_parallel_size", self.tensor_parallel_size)
         if self.num_kv_blocks is not None:
@@ -92,7 +106,12 @@ class EngineConfig:
                     f"num_kv_blocks={self.num_kv_blocks} and kv_cache_memory_bytes="
                     f"{self.kv_cache_memory_bytes} both size the KV cache: pass only one."
                 )
-        if self.num_threads is not None:
+        if self.num_threads is not None and self.num_threads != "auto":
+            if not isinstance(self.num_threads, int) or isinstance(self.num_threads, bool):
+                raise ConfigurationError(
+                    f"num_threads={self.num_threads!r} is invalid: expected an integer >= 1, "
+                    "'auto' or None."
+                )
             _positive_int("num_threads", self.num_threads)
         _positive_int("max_consecutive_failed_steps", self.max_consecutive_failed_steps)
         self.request_limits  # noqa: B018 (validates the limits: ConfigurationError)
@@ -121,9 +140,14 @@ class EngineConfig:
                 f"attention_backend={self.attention_backend!r} is unknown: choose one of "
                 f"{', '.join(ATTENTION_BACKENDS)}."
             )
-        for name in ("enforce_eager", "enable_prefix_caching"):
+        for name in ("enforce_eager", "enable_prefix_caching", "skip_tokenizer_init"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigurationError(f"{name}={getattr(self, name)!r} must be True or False.")
+        if self.skip_tokenizer_init and self.tokenizer is not None:
+            raise ConfigurationError(
+                f"tokenizer={self.tokenizer!r} and skip_tokenizer_init=True contradict each "
+                "other: pass one of them."
+            )
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ConfigurationError(f"seed={self.seed!r} must be an integer.")
         if self.scheduling_policy not in SCHEDULING_POLICIES:
@@ -131,6 +155,60 @@ class EngineConfig:
                 f"scheduling_policy={self.scheduling_policy!r} is unknown: choose one of "
                 f"{', '.join(SCHEDULING_POLICIES)}."
             )
+
+
+def resolve_max_model_len(requested: int | None, context_len: int, window: int | None) -> int:
+    """``max_model_len`` for a model that positions ``context_len`` tokens (and whose
+    sliding-window layers, if any, attend ``window`` tokens): ``requested`` as given (the
+    executor refuses it beyond the model's limit, naming the limit), or when ``None`` the
+    default ``DEFAULT_MAX_MODEL_LEN``, lowered to what the model can serve exactly."""
+    if requested is not None:
+        return requested
+    return min(DEFAULT_MAX_MODEL_LEN, context_len, window or context_len)
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask, bounded by a cgroup CPU quota
+    (a container's ``--cpus``) where there is one."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cpus = os.cpu_count() or 1
+    quota = _cgroup_cpu_quota()
+    return max(1, min(cpus, quota) if quota is not None else cpus)
+
+
+def _cgroup_cpu_quota() -> int | None:
+    """CPUs allowed by the cgroup v2 quota (``cpu.max``, rounded up), or None if unlimited."""
+    try:
+        with open("/sys/fs/cgroup/cpu.max", encoding="ascii") as file:
+            quota, period = file.read().split()[:2]
+        if quota == "max":
+            return None
+        return max(1, math.ceil(int(quota) / int(period)))
+    except (OSError, ValueError):
+        return None
+
+
+def default_num_threads(tensor_parallel_size: int = 1) -> int:
+    """``num_threads="auto"``: half the CPUs this process may use (:func:`available_cpus`),
+    shared by the tensor-parallel ranks, at least 1.
+
+    Half, not all: torch's CPU kernels split every operation across their threads and wait
+    for the slowest, so when another busy process holds a core a step waits for a thread that
+    is not running. Measured on 2 cores beside other work (docs/benchmarks.md): 2 threads
+    decoded at 37 tok/s, 1 thread at 622 tok/s. On a machine of one's own, half the cores
+    costs less than that collapse (torch's default: one thread per core).
+    """
+    return max(1, available_cpus() // 2 // max(1, tensor_parallel_size))
+
+
+def resolve_num_threads(requested: int | str | None, tensor_parallel_size: int) -> int | None:
+    """The thread count to set (``None``: leave torch's alone)."""
+    if requested == "auto":
+        return default_num_threads(tensor_parallel_size)
+    assert requested is None or isinstance(requested, int)
+    return requested
 
 
 def _positive_int(name: str, value: object, minimum: int = 1) -> None:

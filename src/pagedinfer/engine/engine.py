@@ -45,7 +45,13 @@ from pagedinfer.domain.sequence import FinishReason, SequenceStatus
 from pagedinfer.domain.sequence import Sequence as DomainSequence
 from pagedinfer.domain.step_output import StepOutput
 from pagedinfer.engine.chat import render_chat
-from pagedinfer.engine.config import EngineConfig, resolve_device, resolve_dtype
+from pagedinfer.engine.config import (
+    EngineConfig,
+    resolve_device,
+    resolve_dtype,
+    resolve_max_model_len,
+    resolve_num_threads,
+)
 from pagedinfer.engine.failures import StepFailures, is_fatal
 from pagedinfer.engine.interrupts import InterruptDeferral
 from pagedinfer.engine.outputs import RequestOutput
@@ -59,12 +65,14 @@ from pagedinfer.engine.prompts import (
 )
 from pagedinfer.engine.requests import CompletionState, OutputSink, RequestState
 from pagedinfer.engine.streams import RequestStream
-from pagedinfer.engine.tokenizer import load_tokenizer
+from pagedinfer.engine.tokenizer import TOKENIZER_FILES, load_tokenizer
 from pagedinfer.errors import (
+    CheckpointNotFoundError,
     EngineClosedError,
     EngineDeadError,
     InvalidRequestError,
     StepFailedError,
+    UnsupportedModelError,
 )
 
 __all__ = ["Engine", "EngineStats", "Prompt", "TokenizedPrompt", "completion_seed"]
@@ -111,6 +119,11 @@ class Engine:
     ``scheduling_policy="mixed"`` (the default) lets prefill chunks ride along with the
     decoding sequences' tokens in one step; ``"prefill_first"`` runs prefill steps first
     (decoding sequences wait while prompts are prefilled).
+    ``max_model_len`` (``None``: 4096, or the model's limit if lower) beyond the model's
+    limit raises ``ConfigurationError`` naming the limit. ``num_threads`` sets torch's CPU
+    threads, which are process-wide: ``None`` leaves them as they are, ``"auto"`` is half the
+    CPUs this process may use. ``tokenizer`` is another directory to load the tokenizer
+    from; ``skip_tokenizer_init=True`` loads none (token-id prompts only, empty texts).
     ``max_n``, ``max_logprobs``, ``max_stop`` and ``max_stop_str_len`` bound what one
     request may ask for (:class:`~pagedinfer.domain.limits.RequestLimits`, resolved in
     :attr:`request_limits`). A failed step fails its requests
@@ -130,7 +143,7 @@ class Engine:
         dtype: str = "auto",
         max_num_seqs: int = 512,
         max_num_batched_tokens: int = 16384,
-        max_model_len: int = 4096,
+        max_model_len: int | None = None,
         kv_block_size: int = 256,
         num_kv_blocks: int | None = None,
         gpu_memory_utilization: float = 0.9,
@@ -140,7 +153,7 @@ class Engine:
         attention_backend: str = "auto",
         seed: int = 0,
         kv_cache_memory_bytes: int | None = None,
-        num_threads: int | None = None,
+        num_threads: int | str | None = None,
         worker_timeout_s: float = 120.0,
         scheduling_policy: str = "mixed",
         max_n: int = 128,
@@ -148,6 +161,8 @@ class Engine:
         max_stop: int = 64,
         max_stop_str_len: int = 1024,
         max_consecutive_failed_steps: int = 3,
+        tokenizer: str | os.PathLike[str] | None = None,
+        skip_tokenizer_init: bool = False,
     ) -> None:
         self._executor: Executor | None = None
         self._closed = True  # until construction succeeds
@@ -178,14 +193,22 @@ class Engine:
             max_stop=max_stop,
             max_stop_str_len=max_stop_str_len,
             max_consecutive_failed_steps=max_consecutive_failed_steps,
+            tokenizer=None if tokenizer is None else os.fspath(tokenizer),
+            skip_tokenizer_init=skip_tokenizer_init,
         )
         self.config = config
         self.model_config = read_model_config(config.model_path)
         resolved_device = resolve_device(config.device)
         self.device = resolved_device
         self.dtype = resolve_dtype(config.dtype, resolved_device, self.model_config.dtype)
-        # A model cannot attend past the positions it was trained for.
-        self.max_model_len = min(config.max_model_len, self.model_config.max_context_len)
+        # Never silently below what was asked: beyond the model's limit is an error naming it.
+        self.max_model_len = resolve_max_model_len(
+            config.max_model_len,
+            self.model_config.max_context_len,
+            self.model_config.sliding_window,
+        )
+        self.model_config.check_max_model_len(self.max_model_len)
+        num_threads = resolve_num_threads(config.num_threads, config.tensor_parallel_size)
         self.attention_backend = resolve_backend_name(
             config.attention_backend, resolved_device, block_size=config.kv_block_size
         )
@@ -204,13 +227,14 @@ class Engine:
             seed=config.seed,
             tensor_parallel_size=config.tensor_parallel_size,
             kv_cache_memory_bytes=config.kv_cache_memory_bytes,
-            num_threads=config.num_threads,
+            num_threads=num_threads,
             worker_timeout_s=config.worker_timeout_s,
         )
-        if config.num_threads is not None:
-            # Process-wide: torch has one pool of CPU threads per process (docs/api.md).
-            torch.set_num_threads(config.num_threads)
-        self.tokenizer = load_tokenizer(config.model_path)
+        if num_threads is not None:
+            # Process-wide (torch has one pool of CPU threads per process), so only when the
+            # caller asked for it: None leaves torch's setting alone (docs/api.md).
+            torch.set_num_threads(num_threads)
+        self.tokenizer = _tokenizer(config)
         vocab_size = self.model_config.vocab_size
         self._prompts = PromptEncoder(
             self.tokenizer,
@@ -971,6 +995,30 @@ class Engine:
                 self._abort(request.request_id)
             raise
         return requests
+
+
+def _tokenizer(config: EngineConfig) -> Any:
+    """The tokenizer ``config`` asks for: none, the model directory's, or another
+    directory's (which must hold one)."""
+    if config.skip_tokenizer_init:
+        return None
+    if config.tokenizer is None:
+        return load_tokenizer(config.model_path)
+    directory = config.tokenizer
+    if not os.path.isdir(directory):
+        raise CheckpointNotFoundError(
+            f"tokenizer={directory!r} is not a directory: pass the local directory that holds "
+            "the tokenizer files (tokenizer.json, tokenizer_config.json, ...), or leave "
+            "tokenizer out to use the model directory's. pagedinfer never downloads; get a "
+            "Hub tokenizer with: hf download REPO --local-dir DIR"
+        )
+    tokenizer = load_tokenizer(directory)
+    if tokenizer is None:
+        raise UnsupportedModelError(
+            f"tokenizer={directory!r} holds no tokenizer files (one of "
+            f"{', '.join(TOKENIZER_FILES)}): pass a directory that does."
+        )
+    return tokenizer
 
 
 def _request_key(request_id: str) -> int | None:

@@ -1,7 +1,9 @@
-"""Engine options a newcomer meets: the CPU KV cache's default size, its knob, num_threads."""
+"""Engine options a newcomer meets: the CPU KV cache's default size, its knob, num_threads,
+max_model_len against the model's limit, another tokenizer directory."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -10,7 +12,8 @@ import torch
 
 from pagedinfer import Engine, SamplingParams
 from pagedinfer.adapters.kv_cache import CPU_KV_CACHE_WEIGHTS_MULTIPLE, kv_block_bytes
-from pagedinfer.errors import ConfigurationError
+from pagedinfer.engine.config import DEFAULT_MAX_MODEL_LEN, default_num_threads
+from pagedinfer.errors import ConfigurationError, UnsupportedModelError
 
 OPTIONS = {"device": "cpu", "kv_block_size": 16, "max_model_len": 128}
 
@@ -74,3 +77,64 @@ def test_num_threads_sets_torchs_cpu_threads(checkpoint: Path) -> None:
         engine.generate([[1, 2, 3]], SamplingParams(max_tokens=2), use_tqdm=False)
     with pytest.raises(ConfigurationError, match="num_threads"):
         Engine(checkpoint, num_threads=0, **OPTIONS)
+
+
+@pytest.mark.usefixtures("restore_threads")
+def test_num_threads_auto_is_half_the_cpus_and_none_leaves_torch_alone(checkpoint: Path) -> None:
+    cpus = len(os.sched_getaffinity(0))
+    assert default_num_threads() == max(1, cpus // 2)
+    assert default_num_threads(tensor_parallel_size=2) == max(1, cpus // 4)
+    torch.set_num_threads(3)
+    with Engine(checkpoint, **OPTIONS):  # num_threads=None: a process-wide setting untouched
+        assert torch.get_num_threads() == 3
+    with Engine(checkpoint, num_threads="auto", **OPTIONS):
+        assert torch.get_num_threads() == default_num_threads()
+    with pytest.raises(ConfigurationError, match="'all' is invalid: expected an integer >= 1"):
+        Engine(checkpoint, num_threads="all", **OPTIONS)
+
+
+def test_max_model_len_beyond_the_models_limit_is_an_error_naming_it(
+    make_checkpoint: Callable[..., Path],
+) -> None:
+    """It used to be lowered to the limit silently; the user learnt of it when a prompt that
+    fitted what they asked for was refused."""
+    checkpoint = make_checkpoint("tiny", max_position_embeddings=256)
+    message = r"max_model_len=257 exceeds the model's context of 256 positions"
+    with pytest.raises(ConfigurationError, match=message):
+        Engine(checkpoint, device="cpu", kv_block_size=16, max_model_len=257)
+    with Engine(checkpoint, device="cpu", kv_block_size=16, max_model_len=256) as engine:
+        assert engine.max_model_len == 256
+    with Engine(checkpoint, device="cpu", kv_block_size=16) as engine:
+        assert engine.max_model_len == 256  # the default, lowered to the model's limit
+
+
+def test_the_default_max_model_len_is_4096_or_what_the_model_serves(
+    checkpoint: Path, make_checkpoint: Callable[..., Path]
+) -> None:
+    with Engine(checkpoint, device="cpu", kv_block_size=16, num_kv_blocks=256) as engine:
+        assert engine.max_model_len == DEFAULT_MAX_MODEL_LEN == 4096
+    # A sliding window shorter than the default: the default fits the window (an explicit
+    # max_model_len beyond it is refused, test_families_parity).
+    mistral = make_checkpoint("tiny", architecture="MistralForCausalLM", sliding_window=64)
+    with Engine(mistral, device="cpu", kv_block_size=16) as engine:
+        assert engine.max_model_len == 64
+
+
+def test_the_tokenizer_from_another_directory_or_none(
+    make_checkpoint: Callable[..., Path], checkpoint: Path, tmp_path: Path
+) -> None:
+    with_tokenizer = make_checkpoint("tiny", with_tokenizer=True)
+    with Engine(checkpoint, tokenizer=with_tokenizer, **OPTIONS) as engine:
+        assert engine.tokenizer is not None
+        (output,) = engine.generate("Hello", SamplingParams(max_tokens=3), use_tqdm=False)
+        assert output.prompt_token_ids == engine.tokenizer.encode("Hello")
+    with Engine(with_tokenizer, skip_tokenizer_init=True, **OPTIONS) as engine:
+        assert engine.tokenizer is None
+        (output,) = engine.generate([[1, 2]], SamplingParams(max_tokens=3), use_tqdm=False)
+        assert output.outputs[0].text == "" and len(output.outputs[0].token_ids) == 3
+    with pytest.raises(FileNotFoundError, match="is not a directory"):
+        Engine(checkpoint, tokenizer=tmp_path / "missing", **OPTIONS)
+    with pytest.raises(UnsupportedModelError, match="holds no tokenizer files"):
+        Engine(checkpoint, tokenizer=tmp_path, **OPTIONS)
+    with pytest.raises(ConfigurationError, match="contradict"):
+        Engine(checkpoint, tokenizer=with_tokenizer, skip_tokenizer_init=True, **OPTIONS)

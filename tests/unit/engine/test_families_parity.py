@@ -136,7 +136,7 @@ def test_dynamic_rope_generates_past_the_trained_context(
     # Shorter than 63 tokens: transformers only resets its grown frequencies for prompts
     # shorter than the trained context.
     prompts = [[rng.randrange(VOCAB) for _ in range(rng.randint(5, 62))] for _ in range(4)]
-    with Engine(checkpoint, device="cpu", kv_block_size=16, max_model_len=1024) as engine:
+    with Engine(checkpoint, device="cpu", kv_block_size=16) as engine:  # the model's limit
         assert engine.max_model_len == 128
         check(engine, checkpoint, prompts, 50)
 
