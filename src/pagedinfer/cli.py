@@ -27,6 +27,13 @@ EXIT_INTERRUPTED = 130
 EXIT_ENGINE_DEAD = 3
 """``serve``: the engine failed while serving and the server shut down; restart it."""
 
+_DESCRIPTION = (
+    "Command line of pagedinfer: generate, demo, bench and serve (also python -m pagedinfer). "
+    "A user error (a path that is no checkpoint, a value out of range, a malformed option) "
+    "prints one line on stderr and exits with status 2, without a traceback; --help on every "
+    "command shows each option's default."
+)
+
 DEMO_PROMPTS = (
     "Explain how paged attention works.",
     "Write a short poem about the sea.",
@@ -144,10 +151,16 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="token budget of one step",
     )
     group.add_argument(
-        "--kv-block-size", type=int, metavar="N", default=256, help="tokens per KV-cache block"
+        "--kv-block-size",
+        "--block-size",
+        type=int,
+        metavar="N",
+        default=256,
+        help="tokens per KV-cache block",
     )
     group.add_argument(
         "--num-kv-blocks",
+        "--num-gpu-blocks-override",
         type=int,
         metavar="N",
         default=None,
@@ -162,6 +175,7 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--tensor-parallel-size",
+        "-tp",
         type=int,
         metavar="N",
         default=1,
@@ -204,7 +218,18 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="how long a stalled tensor-parallel worker may hold up a step",
     )
     group.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
-    group.add_argument("--no-prefix-caching", action="store_true", help="no prefix caching")
+    group.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="share the KV blocks of common prompt prefixes between requests (on by default)",
+    )
+    group.add_argument(
+        "--no-prefix-caching",
+        dest="enable_prefix_caching",
+        action="store_false",
+        help=argparse.SUPPRESS,  # the old spelling of --no-enable-prefix-caching
+    )
     group.add_argument(
         "--scheduling-policy",
         default="mixed",
@@ -278,7 +303,7 @@ def _sampling_arguments(parser: argparse.ArgumentParser, *, temperature: float) 
 def _build_parser() -> argparse.ArgumentParser:
     from pagedinfer import __version__
 
-    parser = _Parser(prog="pagedinfer", description=__doc__, formatter_class=_HelpFormatter)
+    parser = _Parser(prog="pagedinfer", description=_DESCRIPTION, formatter_class=_HelpFormatter)
     parser.add_argument("--version", action="version", version=f"pagedinfer {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -289,9 +314,7 @@ def _build_parser() -> argparse.ArgumentParser:
         return sub
 
     generate = command("generate", "generate for one or more prompts")
-    generate.add_argument(
-        "--model", required=True, metavar="DIR", help="local Hugging Face checkpoint directory"
-    )
+    _model_arguments(generate)
     generate.add_argument(
         "--prompt", action="append", default=[], metavar="TEXT", help="text prompt (repeatable)"
     )
@@ -352,12 +375,45 @@ def _build_parser() -> argparse.ArgumentParser:
     serve = command(
         "serve",
         "OpenAI-compatible HTTP server (needs pip install 'pagedinfer[serve]'): "
-        "/v1/completions, /v1/chat/completions, /v1/models, /health and /metrics "
-        "(see docs/serving.md)",
+        "/v1/completions, /v1/chat/completions, /v1/models, /tokenize, /detokenize, /health, "
+        "/version and /metrics (see docs/serving.md)",
     )
     _serve_arguments(serve)
     _engine_arguments(serve)
     return parser
+
+
+def _model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model of ``generate`` and ``serve``: ``MODEL_DIR`` or ``--model DIR`` (vLLM takes
+    both forms); :func:`_resolve_model` leaves the one given in ``args.model``."""
+    parser.add_argument(
+        "model_dir",
+        nargs="?",
+        default=None,
+        metavar="MODEL_DIR",
+        help="local Hugging Face checkpoint directory (or --model DIR)",
+    )
+    parser.add_argument(
+        "--model", default=None, metavar="DIR", help="the checkpoint directory, as a flag"
+    )
+
+
+def _resolve_model(args: argparse.Namespace) -> None:
+    """``args.model`` is the checkpoint given as ``MODEL_DIR`` or ``--model`` (not both)."""
+    from pagedinfer.errors import ConfigurationError
+
+    if "model_dir" not in args:
+        return
+    positional, flag = args.model_dir, args.model
+    if positional is not None and flag is not None and positional != flag:
+        raise ConfigurationError(
+            f"two models given, MODEL_DIR {positional!r} and --model {flag!r}: give one."
+        )
+    args.model = positional if positional is not None else flag
+    if args.model is None:
+        raise ConfigurationError(
+            f"the model is missing: pagedinfer {args.command} MODEL_DIR (or --model MODEL_DIR)."
+        )
 
 
 def _serve_arguments(serve: argparse.ArgumentParser) -> None:
@@ -368,7 +424,7 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
         DEFAULT_MAX_REQUEST_BYTES,
     )
 
-    serve.add_argument("model_dir", metavar="MODEL_DIR", help="local Hugging Face checkpoint")
+    _model_arguments(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind")
     serve.add_argument(
         "--port", type=_port, default=8000, metavar="N", help="port (0: any free port)"
@@ -381,9 +437,35 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     )
     serve.add_argument(
         "--log-level",
+        "--uvicorn-log-level",
         default="info",
         choices=("critical", "error", "warning", "info", "debug", "trace"),
         help="log level (uvicorn's and pagedinfer's)",
+    )
+    requests = serve.add_argument_group("requests (docs/serving.md, Parameters)")
+    requests.add_argument(
+        "--chat-template",
+        default=None,
+        metavar="TEMPLATE",
+        help="Jinja chat template for every chat: a file, or the template itself (default: "
+        "the tokenizer's)",
+    )
+    requests.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="accept a chat_template sent in a request (a template is code the server runs)",
+    )
+    requests.add_argument(
+        "--ignore-unknown-fields",
+        action="store_true",
+        help="log and ignore request fields the server does not know (default: answer 400, "
+        "as OpenAI does)",
+    )
+    requests.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="accepted for vLLM's command lines: usage.prompt_tokens_details (cached tokens) "
+        "is always sent",
     )
     group = serve.add_argument_group("security and limits (docs/serving.md, Deploying)")
     group.add_argument(
@@ -441,7 +523,7 @@ def _engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
         "tensor_parallel_size": args.tensor_parallel_size,
         "attention_backend": args.attention_backend,
         "enforce_eager": args.enforce_eager,
-        "enable_prefix_caching": not args.no_prefix_caching,
+        "enable_prefix_caching": args.enable_prefix_caching,
         "seed": args.seed,
         "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
         "num_threads": args.num_threads,
@@ -488,6 +570,7 @@ def _run_generate(args: argparse.Namespace) -> int:
         raise InvalidRequestError("give at least one --prompt TEXT or --token-ids IDS")
     params = _sampling_params(args)  # checked before the model loads
     with Engine(args.model, **_engine_kwargs(args)) as engine:  # type: ignore[arg-type]
+        print(f"pagedinfer generate: {engine.describe()}", file=sys.stderr)
         outputs = engine.generate(prompts, params)  # type: ignore[arg-type]
     for output in outputs:
         for completion in output.outputs:
@@ -585,7 +668,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         )
         return EXIT_USER_ERROR
     from pagedinfer.errors import ConfigurationError, EngineDeadError
-    from pagedinfer.serving.options import API_KEY_ENV, ServingOptions
+    from pagedinfer.serving.options import API_KEY_ENV, ServingOptions, load_chat_template
 
     api_key = args.api_key
     if api_key is None and API_KEY_ENV in os.environ:
@@ -601,10 +684,15 @@ def _run_serve(args: argparse.Namespace) -> int:
         max_request_bytes=int(args.max_request_bytes),
         header_timeout_s=args.header_timeout_s,
         body_timeout_s=args.body_timeout_s,
+        chat_template=None
+        if args.chat_template is None
+        else load_chat_template(args.chat_template),
+        trust_request_chat_template=args.trust_request_chat_template,
+        ignore_unknown_fields=args.ignore_unknown_fields,
     )
     try:
         run_server(
-            args.model_dir,
+            args.model,
             host=args.host,
             port=args.port,
             served_model_name=args.served_model_name,
@@ -634,6 +722,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     prog = f"{parser.prog} {args.command}"
     try:
+        _resolve_model(args)
         return _COMMANDS[args.command](args)
     except PagedInferError as error:
         # Ours, raised on purpose, with a message that says what to change: no traceback.

@@ -37,9 +37,17 @@ def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str,
     return status, captured.out, captured.err
 
 
+STARTUP_LINE = "pagedinfer generate: model "
+
+
+def _after_startup(err: str) -> str:
+    """stderr without generate's start-up line (printed once the model has loaded)."""
+    return "".join(line for line in err.splitlines(True) if not line.startswith(STARTUP_LINE))
+
+
 def _assert_one_line_error(status: int, err: str, *needles: str) -> None:
     assert status == EXIT_USER_ERROR
-    lines = err.strip().splitlines()
+    lines = _after_startup(err).strip().splitlines()
     assert len(lines) == 1, err
     assert "error:" in lines[0] and "Traceback" not in err
     for needle in needles:
@@ -148,4 +156,65 @@ def test_ctrl_c_exits_130_without_a_traceback(
     monkeypatch.setattr(Engine, "generate", interrupted)
     argv = ["generate", "--model", checkpoint, "--device", "cpu", "--kv-block-size", "16"]
     status, _, err = _run([*argv, "--max-model-len", "64", "--token-ids", "1,2"], capsys)
-    assert status == 130 and err.strip() == "pagedinfer generate: interrupted"
+    assert status == 130 and _after_startup(err).strip() == "pagedinfer generate: interrupted"
+
+
+# ----------------------------------------------------- vLLM's spellings (issue 22 item 11)
+def test_generate_takes_the_model_as_serve_does(
+    checkpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """MODEL_DIR or --model DIR, for generate as for serve; the start-up line on stderr."""
+    common = ["--device", "cpu", "--kv-block-size", "16", "--max-model-len", "64"]
+    common += ["--token-ids", "1,2,3", "--max-tokens", "2", "--ignore-eos"]
+    outs = []
+    for model in ([checkpoint], ["--model", checkpoint], [checkpoint, "--model", checkpoint]):
+        status, out, err = _run(["generate", *model, *common], capsys)
+        assert status == 0, err
+        outs.append(out)
+        (line,) = [line for line in err.splitlines() if line.startswith(STARTUP_LINE)]
+        for needle in ("device cpu", "dtype float32", "KV blocks of 16 tokens", "max_model_len 64"):
+            assert needle in line, line
+    assert outs[0] == outs[1] == outs[2]
+    status, _, err = _run(["generate", checkpoint, "--model", "/other", *common], capsys)
+    _assert_one_line_error(status, err, "two models given")
+    status, _, err = _run(["generate", *common], capsys)
+    _assert_one_line_error(status, err, "MODEL_DIR", "--model")
+
+
+@pytest.mark.parametrize("command", ["generate", "serve"])
+def test_help_has_vllms_flag_names_and_no_markup(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, _ = _run([command, "--help"], capsys)
+    assert status == 0
+    for flag in (
+        "--max-model-len",
+        "--gpu-memory-utilization",
+        "--tensor-parallel-size",
+        "--max-num-seqs",
+        "--dtype",
+        "--enable-prefix-caching, --no-enable-prefix-caching",
+        "--block-size",
+        "MODEL_DIR",
+        "--model DIR",
+    ):
+        assert flag in out, flag
+    if command == "serve":
+        assert "--served-model-name" in out and "--chat-template" in out
+    _, top, _ = _run(["--help"], capsys)
+    assert "``" not in out and "``" not in top
+
+
+def test_prefix_caching_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pagedinfer import cli
+
+    seen: list[object] = []
+    monkeypatch.setitem(cli._COMMANDS, "generate", lambda args: seen.append(args) or 0)
+    for flags, enabled in (
+        ([], True),
+        (["--no-enable-prefix-caching"], False),
+        (["--no-prefix-caching"], False),  # the old spelling
+        (["--no-prefix-caching", "--enable-prefix-caching"], True),
+    ):
+        assert main(["generate", "m", "--prompt", "x", *flags]) == 0
+        assert cli._engine_kwargs(seen[-1])["enable_prefix_caching"] is enabled, flags

@@ -103,7 +103,8 @@ def test_every_route_but_health_needs_the_key(secured: ServerProcess) -> None:
         return httpx.get(secured.base_url + path, headers=headers, timeout=30)
 
     assert get("/health").status_code == 200
-    for path in ("/v1/models", "/metrics", "/v1/unknown", "/"):
+    assert get("/version").status_code == 200  # open, as in vLLM: no more than the version
+    for path in ("/v1/models", "/v1/models/some-model", "/metrics", "/v1/unknown", "/"):
         for headers in (
             None,
             {"Authorization": "Bearer wrong"},
@@ -121,8 +122,15 @@ def test_every_route_but_health_needs_the_key(secured: ServerProcess) -> None:
     assert get("/v1/models", {"Authorization": f"bearer  {API_KEY}"}).status_code == 200
     assert get("/metrics", AUTH).status_code == 200
     assert get("/v1/unknown", AUTH).status_code == 404
-    posted = httpx.post(secured.base_url + "/v1/completions", json={"prompt": "x"}, timeout=30)
-    assert posted.status_code == 401
+    for path, body in (
+        ("/v1/completions", {"prompt": "x"}),
+        ("/tokenize", {"prompt": "x"}),
+        ("/detokenize", {"tokens": [1]}),
+    ):
+        posted = httpx.post(secured.base_url + path, json=body, timeout=30)
+        assert posted.status_code == 401, path
+        posted = httpx.post(secured.base_url + path, json=body, headers=AUTH, timeout=30)
+        assert posted.status_code == 200, path
 
 
 def test_the_openai_client_needs_the_key(secured: ServerProcess, chat_checkpoint: Path) -> None:

@@ -124,12 +124,20 @@ def test_the_process_exits_when_the_engine_dies(chat_checkpoint: Path, tmp_path:
 
 
 # --------------------------------------------------------------- options -> ServingOptions
-def captured_options(monkeypatch: pytest.MonkeyPatch, *args: str) -> dict[str, Any]:
+def captured_options(
+    monkeypatch: pytest.MonkeyPatch, *args: str, model: tuple[str, ...] = ("model-dir",)
+) -> dict[str, Any]:
+    """What ``pagedinfer serve MODEL ARGS`` hands to ``run_server`` (its keyword arguments,
+    and the model as ``"model"``)."""
     import pagedinfer.serving.server as server
 
     seen: dict[str, Any] = {}
-    monkeypatch.setattr(server, "run_server", lambda *a, **kw: seen.update(kw))
-    assert main(["serve", "model-dir", *args]) == 0
+
+    def run(model_path: str, **kwargs: Any) -> None:
+        seen.update(kwargs, model=model_path)
+
+    monkeypatch.setattr(server, "run_server", run)
+    assert main(["serve", *model, *args]) == 0
     return seen
 
 
@@ -167,9 +175,57 @@ def test_serve_options_reach_the_server(monkeypatch: pytest.MonkeyPatch) -> None
     assert captured_options(monkeypatch, "--api-key", "flag")["options"].api_key == "flag"
 
 
+def test_vllm_serve_spellings_reach_the_server(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("PAGEDINFER_API_KEY", raising=False)
+    template = tmp_path / "template.jinja"
+    template.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}\n")
+    seen = captured_options(
+        monkeypatch,
+        "--chat-template",
+        str(template),
+        "--trust-request-chat-template",
+        "--ignore-unknown-fields",
+        "--enable-prompt-tokens-details",  # vLLM's; the details are always sent
+        "--uvicorn-log-level",
+        "debug",
+        "--no-enable-prefix-caching",
+        "--block-size",
+        "16",
+        "-tp",
+        "2",
+        "--num-gpu-blocks-override",
+        "64",
+        model=("--model", "dir-by-flag"),
+    )
+    assert seen["model"] == "dir-by-flag"
+    assert seen["options"] == ServingOptions(
+        chat_template=template.read_text(),
+        trust_request_chat_template=True,
+        ignore_unknown_fields=True,
+    )
+    assert seen["log_level"] == "debug"
+    engine = seen["engine_kwargs"]
+    assert engine["enable_prefix_caching"] is False
+    assert (engine["kv_block_size"], engine["tensor_parallel_size"]) == (16, 2)
+    assert engine["num_kv_blocks"] == 64
+    # The template itself, with vLLM's escapes; the old spelling of the prefix-cache flag.
+    inline = captured_options(
+        monkeypatch, "--chat-template", "{{ messages[0]['content'] }}\\n", "--no-prefix-caching"
+    )
+    assert inline["options"].chat_template == "{{ messages[0]['content'] }}\n"
+    assert inline["engine_kwargs"]["enable_prefix_caching"] is False
+    assert captured_options(monkeypatch)["engine_kwargs"]["enable_prefix_caching"] is True
+    same = captured_options(monkeypatch, model=("dir", "--model", "dir"))
+    assert same["model"] == "dir"
+
+
 @pytest.mark.parametrize(
     ("args", "env", "message"),
     [
+        (("--model", "other"), {}, "two models given"),
+        (("--chat-template", "/no/such/template"), {}, "looks like a file path"),
         ((), {"PAGEDINFER_API_KEY": ""}, "PAGEDINFER_API_KEY is set but empty"),
         (("--api-key", ""), {}, "api_key must be a non-empty string"),
         (("--max-request-bytes", "0"), {}, "--max-request-bytes"),
