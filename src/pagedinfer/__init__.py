@@ -1,8 +1,10 @@
 """pagedinfer: fast offline LLM inference on a paged KV cache.
 
-``from pagedinfer import Engine, SamplingParams``. Importing the package does not import
-torch: ``Engine`` (and everything else that needs torch) is loaded on first access, so the
-pure-Python :mod:`pagedinfer.domain` works where torch is not installed.
+``from pagedinfer import Engine, SamplingParams``, or vLLM's entry point:
+``from pagedinfer import LLM, SamplingParams``. Importing the package does not import torch:
+``Engine``, ``LLM`` (and everything else that needs torch) are loaded on first access, so the
+pure-Python :mod:`pagedinfer.domain` works where torch is not installed. ``dir(pagedinfer)``
+lists the public names (``__all__``) and ``__version__``.
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from pagedinfer.domain.sequence import FinishReason
 if TYPE_CHECKING:
     from pagedinfer.engine.async_engine import AsyncEngine
     from pagedinfer.engine.engine import Engine
+    from pagedinfer.engine.llm import LLM
     from pagedinfer.engine.outputs import CompletionOutput, Logprob, RequestOutput
     from pagedinfer.engine.prompts import TokenizedPrompt
     from pagedinfer.engine.streams import RequestStream
 
 __all__ = [
+    "LLM",
     "AsyncEngine",
     "CompletionOutput",
     "Engine",
@@ -35,6 +39,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "AsyncEngine": "pagedinfer.engine.async_engine",
     "Engine": "pagedinfer.engine.engine",
+    "LLM": "pagedinfer.engine.llm",
     "CompletionOutput": "pagedinfer.engine.outputs",
     "Logprob": "pagedinfer.engine.outputs",
     "RequestOutput": "pagedinfer.engine.outputs",
@@ -52,3 +57,7 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(module_name), name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*__all__, "__version__"])

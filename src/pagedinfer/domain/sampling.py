@@ -103,10 +103,10 @@ class SamplingParams:
     completion, ``presence_penalty`` / ``frequency_penalty`` (0: off) to completion tokens.
     Greedy rows see all of these except temperature and the filters.
 
-    Stopping: ``max_tokens`` generated tokens (``None``: until ``max_model_len``), EOS unless
-    ``ignore_eos``, a sampled ``stop_token_ids`` entry (kept in ``token_ids``) or a ``stop``
-    string matched on the detokenized completion (cut from ``text`` unless
-    ``include_stop_str_in_output``).
+    Stopping: ``max_tokens`` generated tokens (16 by default, as in vLLM; ``None``: until
+    ``max_model_len``), EOS unless ``ignore_eos``, a sampled ``stop_token_ids`` entry (kept in
+    ``token_ids``) or a ``stop`` string matched on the detokenized completion (cut from
+    ``text`` unless ``include_stop_str_in_output``).
 
     Outputs: ``n`` completions per prompt; ``logprobs`` / ``prompt_logprobs`` ask for that
     many top log-probabilities per generated / prompt token (plus the chosen token's), of the
@@ -118,9 +118,10 @@ class SamplingParams:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
-    max_tokens: int | None = 64
+    max_tokens: int | None = 16  # vLLM's (and OpenAI's completions) default
     ignore_eos: bool = False
     # Typed as the inputs they accept; stored as tuples (and logit_bias as a LogitBias).
+    # None, vLLM's default for both, is accepted too and stored as ().
     stop_token_ids: Sequence[int] = ()
     stop: Sequence[str] = ()
     seed: int | None = None
@@ -140,8 +141,14 @@ class SamplingParams:
     def __post_init__(self) -> None:
         # Lists and dicts are the natural thing to pass; store immutable forms so the value
         # stays hashable.
-        object.__setattr__(self, "stop_token_ids", _as_tuple(self.stop_token_ids, "stop_token_ids"))
-        stop = (self.stop,) if isinstance(self.stop, str) else _as_tuple(self.stop, "stop")
+        stop_token_ids: object = self.stop_token_ids
+        if stop_token_ids is None:  # vLLM's default
+            stop_token_ids = ()
+        object.__setattr__(self, "stop_token_ids", _as_tuple(stop_token_ids, "stop_token_ids"))
+        stop: object = self.stop
+        if stop is None:  # vLLM's default
+            stop = ()
+        stop = (stop,) if isinstance(stop, str) else _as_tuple(stop, "stop")
         object.__setattr__(self, "stop", stop)
         if self.allowed_token_ids is not None:
             allowed = _as_tuple(self.allowed_token_ids, "allowed_token_ids")

@@ -23,7 +23,7 @@ def test_defaults_match_the_spec() -> None:
     assert params.temperature == 1.0
     assert params.top_k == 0
     assert params.top_p == 1.0
-    assert params.max_tokens == 64
+    assert params.max_tokens == 16  # vLLM's default (SPEC said 64 before issue 22)
     assert params.ignore_eos is False
     assert params.stop_token_ids == ()
     assert params.stop == ()
@@ -153,7 +153,7 @@ def test_max_token_id_covers_every_field_that_names_tokens() -> None:
         ("min_p", math.nan),
         ("min_p", None),
         ("min_tokens", -1),
-        ("min_tokens", 65),  # above the default max_tokens=64
+        ("min_tokens", 17),  # above the default max_tokens=16
         ("min_tokens", 1.0),
         ("min_tokens", None),
         ("logprobs", -1),
@@ -230,7 +230,7 @@ def test_validation_error_is_a_value_error_and_a_pagedinfer_error() -> None:
         {"repetition_penalty": 5},
         {"min_p": 0},
         {"min_p": 1},
-        {"min_tokens": 64},
+        {"min_tokens": 16},
         {"max_tokens": 5, "min_tokens": 5},
         {"logprobs": 0},
         {"logprobs": 20},

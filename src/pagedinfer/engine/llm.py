@@ -1,0 +1,390 @@
+"""``LLM``: vLLM's offline entry point (``vllm.LLM``) on pagedinfer's :class:`Engine`.
+
+A vLLM script runs with ``from pagedinfer import LLM, SamplingParams`` in place of
+``from vllm import ...``, and a local checkpoint directory as ``model``. ``LLM`` is an
+:class:`Engine` (every Engine method works) whose constructor takes vLLM's arguments:
+
+* those that map onto the Engine are passed on (``dtype``, ``max_model_len``,
+  ``tensor_parallel_size``, ``block_size`` as ``kv_block_size``, ...), and so are the Engine's
+  own (``num_threads``, ``attention_backend``, ...);
+* those that select something pagedinfer does not have (quantization, LoRA, multimodal
+  inputs, pipeline parallelism, downloads, ...) are accepted at the value that means "off"
+  and raise :class:`~pagedinfer.errors.ConfigurationError` naming the argument and why
+  otherwise;
+* those that only tune machinery pagedinfer does not have (``swap_space``,
+  ``disable_log_stats``, ``trust_remote_code``, ...) are accepted and change nothing; each is
+  listed with the reason in docs/api.md.
+
+A keyword vLLM does not know either raises ``TypeError``, as for any Python function.
+``generate`` and ``chat`` take vLLM's positional order; without ``sampling_params`` they use
+the model's ``generation_config.json`` defaults as vLLM does (``generation_config="auto"``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pagedinfer.domain.sampling import SamplingParams
+from pagedinfer.engine.engine import Engine, Prompt
+from pagedinfer.engine.outputs import RequestOutput
+from pagedinfer.errors import (
+    ConfigurationError,
+    InvalidRequestError,
+    InvalidSamplingParamsError,
+    UnsupportedModelError,
+)
+
+__all__ = ["LLM", "VLLM_ARGUMENTS"]
+
+
+def _is(*values: object) -> Callable[[Any], bool]:
+    return lambda value: any(value is v or (value == v and type(value) is type(v)) for v in values)
+
+
+def _empty(value: Any) -> bool:
+    return value is None or (isinstance(value, (Mapping, Sequence)) and not value)
+
+
+def _anything(value: Any) -> bool:
+    return True
+
+
+def _flag(value: Any) -> bool:
+    return value is None or isinstance(value, bool)
+
+
+def _non_negative(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+
+
+@dataclass(frozen=True, slots=True)
+class _VllmArgument:
+    """A vLLM argument the Engine has no equivalent for: the values accepted (changing
+    nothing) and, for other values, why pagedinfer cannot honour them."""
+
+    accepts: Callable[[Any], bool]
+    why: str
+
+
+_TEXT_ONLY = "pagedinfer generates text from text or token ids: no multimodal inputs"
+_POOLING = "pagedinfer runs generative models only: no pooling, embedding or scoring"
+_LOCAL = (
+    "pagedinfer loads a local directory and never downloads; fetch it with "
+    "`hf download REPO --revision REV --local-dir DIR` and pass model=DIR"
+)
+
+VLLM_ARGUMENTS: dict[str, _VllmArgument] = {
+    # Accepted whatever their value: they tune machinery pagedinfer does not have.
+    "trust_remote_code": _VllmArgument(
+        _flag, "pagedinfer never runs code from a checkpoint: its architectures are built in"
+    ),
+    "swap_space": _VllmArgument(
+        _non_negative, "preempted sequences are recomputed, not swapped to CPU memory"
+    ),
+    "hf_token": _VllmArgument(_anything, "pagedinfer never downloads, so it needs no token"),
+    "max_seq_len_to_capture": _VllmArgument(
+        _anything, "CUDA graphs serve every length up to max_model_len"
+    ),
+    "disable_custom_all_reduce": _VllmArgument(
+        _flag, "tensor-parallel ranks all-reduce with torch.distributed"
+    ),
+    "disable_async_output_proc": _VllmArgument(_flag, "outputs are processed in the step"),
+    "disable_log_stats": _VllmArgument(_flag, "the engine logs no stats; stats() returns them"),
+    "served_model_name": _VllmArgument(_anything, "only a server names its model"),
+    "disable_sliding_window": _VllmArgument(
+        _flag, "sliding windows are not implemented: max_model_len stays within the window"
+    ),
+    "async_scheduling": _VllmArgument(_flag, "steps are scheduled one after the other"),
+    "max_lora_rank": _VllmArgument(_anything, "LoRA is not supported (enable_lora)"),
+    "max_loras": _VllmArgument(_anything, "LoRA is not supported (enable_lora)"),
+    # Accepted only at the value that means "off".
+    "task": _VllmArgument(_is("auto", "generate"), _POOLING),
+    "runner": _VllmArgument(_is("auto", "generate"), _POOLING),
+    "convert": _VllmArgument(_is("auto", "none"), _POOLING),
+    "pooler_config": _VllmArgument(_empty, _POOLING),
+    "override_pooler_config": _VllmArgument(_empty, _POOLING),
+    "allowed_local_media_path": _VllmArgument(_is(""), _TEXT_ONLY),
+    "allowed_media_domains": _VllmArgument(_empty, _TEXT_ONLY),
+    "mm_processor_kwargs": _VllmArgument(_empty, _TEXT_ONLY),
+    "limit_mm_per_prompt": _VllmArgument(_empty, _TEXT_ONLY),
+    "revision": _VllmArgument(_is(None), _LOCAL),
+    "tokenizer_revision": _VllmArgument(_is(None), _LOCAL),
+    "code_revision": _VllmArgument(_is(None), _LOCAL),
+    "download_dir": _VllmArgument(_is(None), _LOCAL),
+    "tokenizer_mode": _VllmArgument(
+        _is("auto", "hf"), "tokenizers are loaded with transformers' AutoTokenizer ('auto')"
+    ),
+    "quantization": _VllmArgument(
+        _is(None),
+        "pagedinfer loads unquantized weights (float32, float16, bfloat16): use an "
+        "unquantized checkpoint",
+    ),
+    "kv_cache_dtype": _VllmArgument(_is("auto"), "the KV cache has the model's dtype"),
+    "calculate_kv_scales": _VllmArgument(_is(False), "the KV cache has the model's dtype"),
+    "load_format": _VllmArgument(
+        _is("auto", "safetensors"), "pagedinfer reads *.safetensors weights only"
+    ),
+    "cpu_offload_gb": _VllmArgument(
+        _is(0, 0.0), "weights are not offloaded: the model must fit on the device"
+    ),
+    "hf_overrides": _VllmArgument(
+        _empty, "config.json is used as it is: edit a copy of the checkpoint instead"
+    ),
+    "compilation_config": _VllmArgument(
+        _empty, "the model is not torch.compile'd (CUDA graphs: see enforce_eager)"
+    ),
+    "logits_processors": _VllmArgument(_empty, "custom logits processors are not supported"),
+    "structured_outputs_config": _VllmArgument(_empty, "structured outputs are not implemented"),
+    "guided_decoding_backend": _VllmArgument(_empty, "structured outputs are not implemented"),
+    "speculative_config": _VllmArgument(_empty, "speculative decoding is not implemented"),
+    "enable_lora": _VllmArgument(_is(False), "LoRA adapters are not supported"),
+    "enable_sleep_mode": _VllmArgument(_is(False), "there is no sleep mode"),
+    "enable_chunked_prefill": _VllmArgument(
+        _is(None, True),
+        "prompts longer than max_num_batched_tokens are always prefilled in chunks; set "
+        "max_num_batched_tokens >= max_model_len and none is",
+    ),
+    "pipeline_parallel_size": _VllmArgument(
+        _is(1), "there is no pipeline parallelism: use tensor_parallel_size"
+    ),
+    "data_parallel_size": _VllmArgument(
+        _is(1), "one LLM is one engine: for data parallelism use pagedinfer.ray"
+    ),
+    "enable_expert_parallel": _VllmArgument(_is(False), "experts are split by tensor parallelism"),
+    "distributed_executor_backend": _VllmArgument(
+        _is(None, "mp"),
+        "tensor-parallel ranks are processes pagedinfer starts itself ('mp'); for Ray use "
+        "pagedinfer.ray",
+    ),
+}
+"""vLLM arguments without an Engine equivalent, and what ``LLM`` does with each."""
+
+# vLLM names of Engine arguments.
+_RENAMED = {"block_size": "kv_block_size", "num_gpu_blocks_override": "num_kv_blocks"}
+# vLLM's scheduling policies: first come, first served is what pagedinfer's "mixed" does.
+_SCHEDULING_POLICIES = {"fcfs": "mixed", "mixed": "mixed", "prefill_first": "prefill_first"}
+# Fields of generation_config.json that become default sampling parameters (vLLM's list).
+_GENERATION_FIELDS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p")
+_ENGINE_ARGUMENTS = frozenset(inspect.signature(Engine.__init__).parameters) - {"self", "model"}
+
+
+class LLM(Engine):
+    """vLLM's ``LLM``: ``LLM(model=DIR, ...)``, then ``generate``, ``chat``,
+    ``get_tokenizer``. See the module docstring and docs/api.md for how each vLLM argument
+    is treated; the Engine's own arguments are accepted too.
+
+    ``seed=None`` is the engine seed 0 (vLLM's default). ``max_model_len=None`` is 4096, or
+    the model's limit if lower (vLLM: the model's whole context; a CPU KV cache that long
+    takes gigabytes), never silently below what was asked. ``generation_config="auto"``
+    takes the default sampling parameters of ``generate`` and ``chat`` (when none are
+    passed) from the model's ``generation_config.json``; ``"vllm"`` uses
+    ``SamplingParams()``; a directory reads that directory's file.
+    ``override_generation_config`` (a dict) is applied over them.
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str],
+        *,
+        tokenizer: str | os.PathLike[str] | None = None,
+        skip_tokenizer_init: bool = False,
+        tensor_parallel_size: int = 1,
+        dtype: str = "auto",
+        seed: int | None = None,
+        gpu_memory_utilization: float = 0.9,
+        enforce_eager: bool = False,
+        max_model_len: int | None = None,
+        generation_config: str = "auto",
+        override_generation_config: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        engine_kwargs = _engine_kwargs(kwargs)
+        model_path = os.fspath(model)
+        # Before the model loads: a bad generation_config fails at once.
+        defaults = _generation_defaults(model_path, generation_config, override_generation_config)
+        super().__init__(
+            model_path,
+            tokenizer=tokenizer,
+            skip_tokenizer_init=skip_tokenizer_init,
+            tensor_parallel_size=tensor_parallel_size,
+            dtype=dtype,
+            seed=0 if seed is None else seed,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enforce_eager=enforce_eager,
+            max_model_len=max_model_len,
+            **engine_kwargs,
+        )
+        self._default_sampling_params = defaults
+
+    def get_tokenizer(self) -> Any:
+        """The transformers tokenizer the engine uses (vLLM's ``get_tokenizer``)."""
+        if self.tokenizer is None:
+            raise InvalidRequestError(
+                "this LLM has no tokenizer (skip_tokenizer_init=True, or the checkpoint has "
+                "no tokenizer files): pass tokenizer=DIR to load one."
+            )
+        return self.tokenizer
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What ``generate`` and ``chat`` use without ``sampling_params``: the model's
+        ``generation_config.json`` over ``SamplingParams()`` (``generation_config="auto"``)."""
+        return self._default_sampling_params
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        lora_request: object = None,
+        priority: Sequence[int] | None = None,
+    ) -> list[RequestOutput]:
+        """vLLM's ``LLM.generate``: outputs in input order. ``lora_request`` must be None;
+        ``priority`` None or all 0 (requests are served first come, first served)."""
+        _check_request_options(lora_request=lora_request, priority=priority)
+        if sampling_params is None:
+            sampling_params = self._default_sampling_params
+        return super().generate(prompts, sampling_params, use_tqdm)
+
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]] | Sequence[Sequence[Mapping[str, Any]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        lora_request: object = None,
+        chat_template: str | None = None,
+        chat_template_content_format: str = "auto",
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        mm_processor_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[RequestOutput]:
+        """vLLM's ``LLM.chat`` (its positional order): one conversation or a list of them,
+        rendered by the chat template. ``lora_request``, ``tools`` and
+        ``mm_processor_kwargs`` must be None, ``continue_final_message`` False and
+        ``chat_template_content_format`` ``"auto"`` or ``"string"``: anything else raises
+        ``InvalidRequestError`` naming the argument."""
+        _check_request_options(lora_request=lora_request)
+        refused = {
+            "continue_final_message": (
+                continue_final_message is not False,
+                "a conversation is rendered with add_generation_prompt only",
+            ),
+            "tools": (not _empty(tools), "tool calling is not implemented"),
+            "mm_processor_kwargs": (not _empty(mm_processor_kwargs), _TEXT_ONLY),
+            "chat_template_content_format": (
+                chat_template_content_format not in ("auto", "string"),
+                "message contents reach the template as they are ('auto' or 'string')",
+            ),
+        }
+        for name, (bad, why) in refused.items():
+            if bad:
+                raise InvalidRequestError(f"LLM.chat({name}=...) is not supported: {why}.")
+        if sampling_params is None:
+            sampling_params = self._default_sampling_params
+        return super().chat(
+            messages,
+            sampling_params,
+            chat_template=chat_template,
+            chat_template_kwargs=chat_template_kwargs,
+            add_generation_prompt=add_generation_prompt,
+            use_tqdm=use_tqdm,
+        )
+
+
+def _engine_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """vLLM keyword arguments as the Engine's: renamed, checked, or refused."""
+    engine: dict[str, Any] = {}
+    for name, value in kwargs.items():
+        target = _RENAMED.get(name, name)
+        if target in _ENGINE_ARGUMENTS:
+            if target in engine:
+                raise ConfigurationError(
+                    f"LLM({name}=...) and LLM({target}=...) set the same thing: pass one."
+                )
+            engine[target] = value
+            continue
+        argument = VLLM_ARGUMENTS.get(name)
+        if argument is None:
+            raise TypeError(f"LLM() got an unexpected keyword argument {name!r}")
+        if not argument.accepts(value):
+            raise ConfigurationError(f"LLM({name}={value!r}) is not supported: {argument.why}.")
+    if "enable_prefix_caching" in engine and engine["enable_prefix_caching"] is None:
+        engine["enable_prefix_caching"] = True  # vLLM's None: the default
+    policy = engine.get("scheduling_policy")
+    if policy is not None:
+        if policy not in _SCHEDULING_POLICIES:
+            raise ConfigurationError(
+                f"LLM(scheduling_policy={policy!r}) is not supported: requests are served "
+                "first come, first served ('fcfs'; pagedinfer's 'mixed' or 'prefill_first')."
+            )
+        engine["scheduling_policy"] = _SCHEDULING_POLICIES[policy]
+    return engine
+
+
+def _check_request_options(*, lora_request: object = None, priority: object = None) -> None:
+    if lora_request is not None:
+        raise InvalidRequestError("lora_request is not supported: LoRA adapters are not.")
+    if priority is not None and (
+        not isinstance(priority, Sequence) or any(p != 0 for p in priority)
+    ):
+        raise InvalidRequestError(
+            f"priority={priority!r} is not supported: requests are served first come, first "
+            "served (pass None or all 0)."
+        )
+
+
+def _generation_defaults(
+    model_path: str, source: str, overrides: Mapping[str, Any] | None
+) -> SamplingParams:
+    """The default sampling parameters (vLLM's ``get_default_sampling_params``)."""
+    if source == "vllm":
+        config: dict[str, Any] = {}
+        where = "override_generation_config"
+    elif source == "auto" or os.path.isdir(source):
+        directory = Path(model_path if source == "auto" else source)
+        config = _read_generation_config(directory / "generation_config.json")
+        where = str(directory / "generation_config.json")
+    else:
+        raise ConfigurationError(
+            f"LLM(generation_config={source!r}) is invalid: expected 'auto' (the model's "
+            "generation_config.json), 'vllm' (SamplingParams' defaults) or a directory that "
+            "holds a generation_config.json."
+        )
+    if overrides is not None:
+        if not isinstance(overrides, Mapping):
+            raise ConfigurationError(
+                f"LLM(override_generation_config={overrides!r}) is invalid: expected a dict."
+            )
+        config.update(overrides)
+    fields = {name: config[name] for name in _GENERATION_FIELDS if config.get(name) is not None}
+    if config.get("max_new_tokens") is not None:
+        fields["max_tokens"] = config["max_new_tokens"]
+    try:
+        return SamplingParams(**fields)
+    except InvalidSamplingParamsError as error:
+        raise ConfigurationError(f"{where} gives an invalid default: {error}") from error
+
+
+def _read_generation_config(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise UnsupportedModelError(
+            f"{str(path)!r} cannot be read as JSON ({error}): copy it again from the original "
+            "checkpoint, or pass generation_config='vllm' to ignore it."
+        ) from error
+    if not isinstance(config, dict):
+        raise UnsupportedModelError(
+            f"{str(path)!r} holds {type(config).__name__}, not a JSON object: copy it again "
+            "from the original checkpoint, or pass generation_config='vllm' to ignore it."
+        )
+    return config
