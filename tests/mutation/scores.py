@@ -3,8 +3,9 @@
 Prints a Markdown table (the one docs/testing.md keeps): per mutated file, how many mutants
 were killed (a test failed, or it timed out), survived (every test that runs the mutated
 function passed), or had no test that runs the function at all; the score is
-killed / (killed + survived + no tests). ``--survivors`` lists the surviving mutants by name
-(``mutmut show NAME`` prints one's diff).
+killed / (killed + survived + no tests). Mutants of the integrity checks that only tests call
+(``TEST_SUPPORT``) are counted apart, in the last column, and not in the score.
+``--survivors`` lists the surviving mutants by name (``mutmut show NAME`` prints one's diff).
 
 Run from the repository root after ``mutmut run``: ``python tests/mutation/scores.py``.
 """
@@ -23,6 +24,19 @@ KILLED = {1, 3, 36, 24, -24, 152, 255}
 SURVIVED = {0}
 NO_TESTS = {5, 33}
 NOT_RUN = {None, 34}
+# Functions that exist for the tests (consistency checks they call between steps), not
+# behaviour: their mutants are reported apart.
+TEST_SUPPORT = (
+    "ǁBlockPoolǁcheck_integrity__",
+    "ǁSchedulerǁcheck_integrity__",
+    "ǁSchedulerǁ_check_slots__",
+    "ǁSchedulerǁ_check_forks_state__",
+    "ǁDecodeBatchǁcheck__",
+)
+
+
+def is_test_support(name: str) -> bool:
+    return any(marker in name for marker in TEST_SUPPORT)
 
 
 def collect(root: Path) -> dict[str, dict[str, int | None]]:
@@ -38,10 +52,12 @@ def collect(root: Path) -> dict[str, dict[str, int | None]]:
 
 def table(results: dict[str, dict[str, int | None]]) -> list[str]:
     lines = [
-        "| module | mutants | killed | survived | no tests | not run | score |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| module | mutants | killed | survived | no tests | not run | score | test support |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for module, codes in results.items():
+    for module, all_codes in results.items():
+        codes = {k: v for k, v in all_codes.items() if not is_test_support(k)}
+        support = len(all_codes) - len(codes)
         count = Counter(
             "killed"
             if code in KILLED
@@ -58,7 +74,7 @@ def table(results: dict[str, dict[str, int | None]]) -> list[str]:
         score = f"{100 * count['killed'] / tested:.1f} %" if tested else "-"
         lines.append(
             f"| {module} | {len(codes)} | {count['killed']} | {count['survived']} | "
-            f"{count['no tests']} | {count['not run']} | {score} |"
+            f"{count['no tests']} | {count['not run']} | {score} | {support} |"
         )
     return lines
 
@@ -77,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         print()
         for codes in results.values():
             for name, code in codes.items():
-                if code in SURVIVED or code in NO_TESTS:
+                if (code in SURVIVED or code in NO_TESTS) and not is_test_support(name):
                     print(name)
     return 0
 
