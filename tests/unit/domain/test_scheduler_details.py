@@ -150,3 +150,37 @@ def test_preemptions_are_counted_per_request() -> None:
     counts = [seq.num_preemptions for seq in seqs]
     assert sum(counts) == scheduler.stats().num_preemptions
     assert counts == [0, 1, 2, 2]  # the newest requests twice each
+
+
+@pytest.mark.parametrize(
+    ("prompt_len", "num_blocks"),
+    [
+        (10, 5),  # 3 prompt blocks + a copy of the partial last block for each of 2 forks
+        (12, 4),  # the prompt fills its blocks: the forks copy nothing, 3 blocks + 1 spare
+    ],
+)
+def test_a_chunked_prompt_forks_at_its_last_chunk_when_the_blocks_just_fit(
+    prompt_len: int, num_blocks: int
+) -> None:
+    scheduler = Scheduler(
+        SchedulerConfig(
+            num_blocks=num_blocks, block_size=4, max_model_len=16, max_num_batched_tokens=4
+        )
+    )
+    params = SamplingParams(max_tokens=2, ignore_eos=True)
+    seqs = [Sequence(i, list(range(prompt_len)), params) for i in range(3)]
+    scheduler.add(seqs[0], forks=seqs[1:])
+    plans = []
+    while scheduler.has_unfinished():
+        result = step(scheduler, constant_sampler(7))
+        assert result is not None
+        scheduler.check_integrity()
+        plans.append(result.plan)
+    # Chunks of 4 tokens; the last one computes the rest of the prompt and forks at once.
+    last = (prompt_len - 1) // 4
+    assert [plan.query_lens.tolist() for plan in plans[: last + 1]] == [[4]] * last + [
+        [prompt_len - 4 * last]
+    ]
+    assert [plan.forks for plan in plans[: last + 1]] == [()] * last + [((1, 1), (2, 2))]
+    assert all(s.completion_token_ids == [7, 7] for s in seqs)
+    assert scheduler.pool.num_free_blocks == num_blocks
