@@ -184,3 +184,43 @@ def test_a_chunked_prompt_forks_at_its_last_chunk_when_the_blocks_just_fit(
     assert [plan.forks for plan in plans[: last + 1]] == [()] * last + [((1, 1), (2, 2))]
     assert all(s.completion_token_ids == [7, 7] for s in seqs)
     assert scheduler.pool.num_free_blocks == num_blocks
+
+
+@pytest.mark.parametrize(
+    ("policy", "counts"),
+    [
+        # Two prompts at once, a third joining after two steps; max_tokens=4.
+        ("mixed", (1, 4, 1)),
+        ("prefill_first", (2, 4, 0)),
+    ],
+)
+def test_steps_are_counted_by_what_they_hold(policy: str, counts: tuple[int, int, int]) -> None:
+    scheduler = Scheduler(
+        SchedulerConfig(num_blocks=32, block_size=4, max_model_len=32, scheduling_policy=policy)
+    )
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    for i in range(2):
+        scheduler.add(Sequence(i, [i + 1] * 5, params))
+    for _ in range(2):
+        assert step(scheduler, constant_sampler(3)) is not None
+    scheduler.add(Sequence(2, [9] * 5, params))
+    run_checked(scheduler, constant_sampler(3))
+    stats = scheduler.stats()
+    assert (stats.num_prefill_steps, stats.num_decode_steps, stats.num_mixed_steps) == counts
+
+
+def test_unstarted_forks_are_listed_until_their_forking_step_is_recorded() -> None:
+    scheduler = make()
+    params = SamplingParams(max_tokens=2, ignore_eos=True)
+    seqs = [Sequence(i, [1, 2, 3, 4, 5], params) for i in range(3)]
+    other = Sequence(5, [6, 7], params)
+    scheduler.add(seqs[0], forks=seqs[1:])
+    scheduler.add(other)
+    assert scheduler.unstarted_forks(0) == seqs[1:]
+    assert scheduler.unstarted_forks() == seqs[1:]
+    assert scheduler.unstarted_forks(5) == [] and scheduler.unstarted_forks(99) == []
+    plan = scheduler.schedule()  # forks them: in flight, not running on their own yet
+    assert plan is not None and plan.forks == ((1, 1), (2, 2))
+    assert scheduler.unstarted_forks(0) == seqs[1:]
+    scheduler.postprocess(plan, [8] * plan.num_samples)
+    assert scheduler.unstarted_forks(0) == [] and scheduler.unstarted_forks() == []
