@@ -224,3 +224,68 @@ def test_unstarted_forks_are_listed_until_their_forking_step_is_recorded() -> No
     assert scheduler.unstarted_forks(0) == seqs[1:]
     scheduler.postprocess(plan, [8] * plan.num_samples)
     assert scheduler.unstarted_forks(0) == [] and scheduler.unstarted_forks() == []
+
+
+def test_a_parent_waiting_to_fork_decodes_on_its_own_once_its_forks_are_aborted() -> None:
+    # B holds a block, so A's last prompt token cannot fork (it needs a block to grow and a
+    # copy of its partial last block per fork): A stops one token short and waits. Aborting
+    # its forks lets it compute that token as a plain request.
+    scheduler = Scheduler(
+        SchedulerConfig(num_blocks=5, block_size=4, max_model_len=16, max_num_batched_tokens=4)
+    )
+    b = Sequence(9, [1, 2, 3], SamplingParams(max_tokens=12, ignore_eos=True))
+    scheduler.add(b)
+    assert step(scheduler, constant_sampler(4)) is not None
+    params = SamplingParams(max_tokens=2, ignore_eos=True)
+    seqs = [Sequence(i, list(range(10)), params) for i in range(3)]
+    scheduler.add(seqs[0], forks=seqs[1:])
+    for _ in range(4):
+        result = step(scheduler, constant_sampler(4))
+        assert result is not None and result.plan.forks == ()
+        scheduler.check_integrity()
+    assert seqs[0].num_uncomputed_tokens == 1 and not seqs[0].decoding
+    for child in seqs[1:]:
+        assert scheduler.abort(child.seq_id)
+    scheduler.check_integrity()
+    assert seqs[0].decoding  # no fork left to wait for
+    run_checked(scheduler, constant_sampler(4))
+    assert seqs[0].completion_token_ids == [4, 4]
+    assert [s.finish_reason for s in seqs] == [
+        FinishReason.LENGTH,
+        FinishReason.ABORT,
+        FinishReason.ABORT,
+    ]
+
+
+def test_aborting_a_parent_before_it_forks_ends_its_completions_too() -> None:
+    scheduler = make()
+    params = SamplingParams(max_tokens=2, ignore_eos=True)
+    seqs = [Sequence(i, [1, 2, 3, 4, 5], params) for i in range(3)]
+    scheduler.add(seqs[0], forks=seqs[1:])
+    assert scheduler.abort(0)
+    scheduler.check_integrity()
+    assert [s.finish_reason for s in seqs] == [FinishReason.ABORT] * 3
+    assert not scheduler.has_unfinished() and scheduler.unstarted_forks() == []
+    assert scheduler.schedule() is None
+
+
+def test_aborting_the_forks_of_a_parent_early_in_its_prompt_keeps_it_prefilling() -> None:
+    scheduler = Scheduler(
+        SchedulerConfig(num_blocks=16, block_size=4, max_model_len=16, max_num_batched_tokens=4)
+    )
+    params = SamplingParams(max_tokens=2, ignore_eos=True)
+    seqs = [Sequence(i, list(range(10)), params) for i in range(3)]
+    scheduler.add(seqs[0], forks=seqs[1:])
+    assert step(scheduler, constant_sampler(4)) is not None  # the first chunk: 4 tokens
+    for child in seqs[1:]:
+        assert scheduler.abort(child.seq_id)
+    scheduler.check_integrity()
+    assert not seqs[0].decoding  # 6 prompt tokens left: still a prefill
+    plans = []
+    while scheduler.has_unfinished():
+        result = step(scheduler, constant_sampler(4))
+        assert result is not None
+        scheduler.check_integrity()
+        plans.append(result.plan)
+    assert [plan.query_lens.tolist() for plan in plans] == [[4], [2], [1]]
+    assert seqs[0].completion_token_ids == [4, 4]
