@@ -289,3 +289,22 @@ def test_aborting_the_forks_of_a_parent_early_in_its_prompt_keeps_it_prefilling(
         plans.append(result.plan)
     assert [plan.query_lens.tolist() for plan in plans] == [[4], [2], [1]]
     assert seqs[0].completion_token_ids == [4, 4]
+
+
+def test_a_request_finishing_while_a_forks_block_copy_is_pending() -> None:
+    # A's forks copy A's partial last block; the copy stays pending until a later plan
+    # carries it. B finishes in the forking step itself, while the copy is pending.
+    scheduler = make()
+    params = SamplingParams(max_tokens=3, ignore_eos=True)
+    a = [Sequence(i, [1, 2, 3, 4, 5, 6], params) for i in range(2)]
+    b = Sequence(7, [8, 9, 10], SamplingParams(max_tokens=1))
+    scheduler.add(a[0], forks=a[1:])
+    scheduler.add(b)
+    result = step(scheduler, constant_sampler(5))
+    assert result is not None and result.plan.forks == ((1, 1),)
+    assert b.finish_reason is FinishReason.LENGTH
+    scheduler.check_integrity()
+    copies = scheduler.pending_block_copies
+    assert len(copies) == 1 and copies[0][1] == a[1].block_table[-1]
+    run_checked(scheduler, constant_sampler(5))
+    assert [s.completion_token_ids for s in a] == [[5, 5, 5]] * 2
