@@ -2,31 +2,37 @@
 
 Random interleavings of ``add_request``, ``step``, streams (opened, advanced a few deltas,
 closed early, aborted inside their own loop), ``abort`` of any id in any state (queued,
-running, finished, unknown), small ``generate`` batches and ``reset_prefix_cache``. The pool
-is small (preemption), the token budget too (chunked prefill), and prompts share prefixes
-(prefix-cache hits). Invariants:
+running, finished, unknown), small ``generate`` batches and ``reset_prefix_cache``. Requests
+mix every ``SamplingParams`` field (``mixed.py``): greedy, seeded and unseeded sampling, EOS
+allowed or ignored, stop strings and stop ids, ``n > 1``, logprobs, penalties, biases and
+allowed ids. The pool is small (preemption), the token budget too (chunked prefill), and
+prompts share prefixes (prefix-cache hits). Invariants:
 
 * every request ends exactly once, with one final output, delivered to its consumer;
-* greedy tokens equal those of a fresh engine that ran the prompt alone (aborted requests:
-  a prefix of them);
-* ``abort`` returns True exactly when the request's final output then says ``"abort"``;
+* a greedy or seeded completion equals the same request run alone on a reference engine
+  nothing else uses (aborted ones: a prefix of it); every completion keeps its constraints
+  (allowed ids, stops, ``min_tokens``, ``max_tokens``, finish and stop reasons, logprobs equal
+  to the model's own), whatever ran beside it;
+* outputs only grow: each cumulative ``step()`` output and each stream's deltas so far are a
+  prefix (tokens and text) of the final output; a stream's deltas add up to exactly what
+  ``generate`` would return (its final output is checked rebuilt from them);
+* ``abort`` returns True exactly when the request's final output then has an aborted
+  completion;
 * the pool is intact after every rule and all free when the engine is idle;
 * steps are bounded: the executor refuses to run more steps than the work in flight needs.
 
-Size: ``PAGEDINFER_PROPERTY_PROFILE`` (``ci`` by default, see conftest.py) picks the number
-of examples; the engine is built once and reused, and each example starts from an idle one.
+Size: ``PAGEDINFER_PROPERTY_PROFILE`` (``ci`` by default, see profiles.py) picks the number
+of examples; the engines are built once and reused, and each example starts from an idle one.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
@@ -39,45 +45,55 @@ from hypothesis.stateful import (
 )
 
 from pagedinfer import Engine, RequestOutput, RequestStream, SamplingParams
+from pagedinfer.engine.outputs import CompletionOutput, Logprob
 
-_SIZES = {
-    "ci": {"max_examples": 200, "stateful_step_count": 30},
-    "quick": {"max_examples": 10, "stateful_step_count": 15},
-    "thorough": {"max_examples": 1000, "stateful_step_count": 60},
-}
-_SETTINGS = settings(
-    deadline=None,
-    print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    **_SIZES[os.environ.get("PAGEDINFER_PROPERTY_PROFILE", "ci")],  # type: ignore[arg-type]
+from .mixed import MAX_TOKENS, Checker, Reference, Vocab, describe_vocab, prompts, sampling_params
+from .profiles import sized
+
+SETTINGS = sized(
+    {
+        "ci": {"max_examples": 100, "stateful_step_count": 30},
+        "quick": {"max_examples": 10, "stateful_step_count": 15},
+        "thorough": {"max_examples": 1000, "stateful_step_count": 60},
+    }
 )
-
-MAX_TOKENS = 8
-PREFIX = list(range(1, 37))  # shared by many prompts: full blocks of 4 get cached
 ENGINE_OPTIONS: dict[str, Any] = {
     "device": "cpu",
     "kv_block_size": 4,
     "max_model_len": 48,
     "num_kv_blocks": 14,  # 56 token slots: two long requests already preempt each other
-    "max_num_batched_tokens": 16,  # prompts up to 39 tokens: chunked prefill
+    "max_num_batched_tokens": 16,  # prompts up to 24 tokens: chunked prefill
     "max_num_seqs": 4,
 }
-PROMPT = st.builds(
-    lambda cut, tail: PREFIX[:cut] + tail,
-    st.sampled_from([0, 5, 12, 20, 36]),
-    st.lists(st.integers(40, 60), min_size=1, max_size=3),
-)
-PARAMS = st.tuples(st.integers(1, MAX_TOKENS), st.none() | st.integers(0, MAX_TOKENS - 1))
+
+
+@dataclass
+class Setup:
+    engine: Engine
+    checker: Checker
+    vocab: Vocab
 
 
 @pytest.fixture(scope="module")
-def machine_engine(make_checkpoint: Callable[..., Path]) -> Iterator[tuple[Engine, Engine]]:
+def machine_setup(make_checkpoint: Callable[..., Path]) -> Iterator[Setup]:
     checkpoint = make_checkpoint("tiny", with_tokenizer=True)
     with (
         Engine(checkpoint, **ENGINE_OPTIONS) as engine,
-        Engine(checkpoint, device="cpu", kv_block_size=16, max_model_len=48) as fresh,
+        Engine(checkpoint, device="cpu", kv_block_size=16, max_model_len=64) as fresh,
     ):
-        yield engine, fresh
+        yield Setup(engine, Checker(engine, Reference(fresh)), describe_vocab(fresh))
+
+
+@dataclass
+class Streamed:
+    """One completion as a stream's deltas built it up."""
+
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    logprobs: list[dict[int, Logprob]] | None = None
+    cumulative_logprob: float | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
 
 
 @dataclass
@@ -86,24 +102,27 @@ class Tracked:
 
     prompt: list[int]
     params: SamplingParams
-    expected: list[int]  # greedy tokens, cut at the stop token if any
-    reason: str  # the finish reason unless aborted
     consumer: str  # "step", "stream" or "generate"
     finals: list[RequestOutput] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)  # streamed so far
+    seen: list[RequestOutput] = field(default_factory=list)  # cumulative step() outputs
+    streamed: dict[int, Streamed] = field(default_factory=dict)  # by completion index
+    prompt_logprobs: Any = None  # from the stream's first delta
+    num_cached_tokens: int = 0
     aborted: bool = False  # abort() returned True for it
     abandoned: bool = False  # its stream was closed before the final delta
 
 
 class EngineMachine(RuleBasedStateMachine):
-    engine: Engine
-    fresh: Engine
-    references: dict[tuple[int, ...], list[int]]
+    """The rules that need no strategy of the checkpoint's vocabulary; :func:`machine_for`
+    adds the ones that queue requests."""
 
+    setup: Setup
     requests = Bundle("requests")
 
     @initialize()
     def start(self) -> None:
+        self.engine = self.setup.engine
+        self.checker = self.setup.checker
         assert not self.engine.has_unfinished_requests(), "the previous example left work"
         assert self.engine.step() == []
         self.tracked: dict[int, Tracked] = {}
@@ -122,75 +141,85 @@ class EngineMachine(RuleBasedStateMachine):
         def counted(plan: Any) -> list[int]:
             machine.steps += 1
             budget = 2 * sum(
-                len(t.prompt) + t.params.max_tokens + 2 for t in machine.tracked.values()
+                (len(t.prompt) + (t.params.max_tokens or 0) + 2) * t.params.n
+                for t in machine.tracked.values()
             )
             assert machine.steps <= budget + 20, "the engine stepped far more than needed"
             return real(plan)  # type: ignore[no-any-return]
 
         executor.execute = counted  # type: ignore[method-assign]
 
-    def expected_tokens(self, prompt: list[int], params: SamplingParams) -> list[int]:
-        key = tuple(prompt)
-        if key not in self.references:
-            greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-            (output,) = self.fresh.generate([prompt], greedy, use_tqdm=False)
-            self.references[key] = output.outputs[0].token_ids
-        tokens = self.references[key][: params.max_tokens]
-        for index, token in enumerate(tokens):
-            if token in params.stop_token_ids:
-                return tokens[: index + 1]
-        return tokens
-
-    def make_params(self, prompt: list[int], choice: tuple[int, int | None]) -> SamplingParams:
-        max_tokens, stop_at = choice
-        stops: tuple[int, ...] = ()
-        if stop_at is not None:
-            greedy = self.expected_tokens(prompt, SamplingParams(max_tokens=MAX_TOKENS))
-            stops = (greedy[stop_at],)
-        return SamplingParams(
-            temperature=0.0, max_tokens=max_tokens, ignore_eos=True, stop_token_ids=stops
-        )
-
     def track(self, request_id: int, prompt: list[int], params: SamplingParams, kind: str) -> None:
         assert request_id not in self.tracked
-        expected = self.expected_tokens(prompt, params)
-        stopped = expected[-1] in params.stop_token_ids  # checked before the length rule
-        reason = "stop" if stopped else "length"
-        self.tracked[request_id] = Tracked(prompt, params, expected, reason, kind)
+        self.tracked[request_id] = Tracked(prompt, params, kind)
 
     def record_final(self, request_id: int, final: RequestOutput) -> None:
         tracked = self.tracked[request_id]
         assert not tracked.finals, f"request {request_id} got a second final output"
+        assert final.finished and final.request_id == request_id
         tracked.finals.append(final)
-
-    def check_tokens(self, tracked: Tracked, tokens: list[int], reason: str | None) -> None:
-        if reason == "abort":
+        aborted = any(c.finish_reason == "abort" for c in final.outputs)
+        if aborted:
             assert tracked.aborted, "an abort nobody asked for"
-            assert tokens == tracked.expected[: len(tokens)]
         else:
-            assert not tracked.aborted, "abort() said True but the request did not abort"
-            assert (tokens, reason) == (tracked.expected, tracked.reason)
+            assert not tracked.aborted, "abort() said True but no completion was aborted"
+        self.checker.check_final(final, tracked.prompt, tracked.params)
+        for earlier in tracked.seen:  # cumulative outputs only grow
+            for before, after in zip(earlier.outputs, final.outputs, strict=True):
+                assert after.token_ids[: len(before.token_ids)] == before.token_ids
+                assert after.text.startswith(before.text), (before.text, after.text)
 
     def take_stream_delta(self, request_id: int) -> RequestOutput:
         delta = next(self.streams[request_id])
         tracked = self.tracked[request_id]
         assert delta.request_id == request_id
-        tracked.tokens.extend(delta.outputs[0].token_ids)
-        assert tracked.tokens == tracked.expected[: len(tracked.tokens)] or tracked.aborted
+        if delta.prompt_logprobs is not None:
+            assert tracked.prompt_logprobs is None, "prompt logprobs in a second delta"
+            tracked.prompt_logprobs = delta.prompt_logprobs
+        tracked.num_cached_tokens = delta.num_cached_tokens
+        for piece in delta.outputs:
+            whole = tracked.streamed.setdefault(piece.index, Streamed())
+            assert whole.finish_reason is None, "a delta after the completion finished"
+            whole.tokens.extend(piece.token_ids)
+            whole.text += piece.text
+            if piece.logprobs is not None:
+                whole.logprobs = [*(whole.logprobs or []), *piece.logprobs]
+            whole.cumulative_logprob = piece.cumulative_logprob
+            whole.finish_reason = piece.finish_reason
+            whole.stop_reason = piece.stop_reason
         if delta.finished:
-            self.record_final(request_id, delta)
-            self.check_tokens(tracked, tracked.tokens, delta.outputs[0].finish_reason)
             del self.streams[request_id]
+            self.record_final(request_id, self.rebuilt(request_id, delta))
         return delta
 
-    # -------------------------------------------------------------------- rules
-    @rule(target=requests, prompt=PROMPT, choice=PARAMS)
-    def add_request(self, prompt: list[int], choice: tuple[int, int | None]) -> int:
-        params = self.make_params(prompt, choice)
-        request_id = self.engine.add_request(prompt, params)
-        self.track(request_id, prompt, params, "step")
-        return request_id
+    def rebuilt(self, request_id: int, last: RequestOutput) -> RequestOutput:
+        """The cumulative output a stream's deltas add up to."""
+        tracked = self.tracked[request_id]
+        completions = []
+        for index in range(tracked.params.n):
+            whole = tracked.streamed.get(index, Streamed())  # each shows up when it finishes
+            completions.append(
+                CompletionOutput(
+                    index=index,
+                    text=whole.text,
+                    token_ids=whole.tokens,
+                    cumulative_logprob=whole.cumulative_logprob,
+                    logprobs=whole.logprobs,
+                    finish_reason=whole.finish_reason,
+                    stop_reason=whole.stop_reason,
+                )
+            )
+        return RequestOutput(
+            request_id=request_id,
+            prompt=None,
+            prompt_token_ids=last.prompt_token_ids,
+            prompt_logprobs=tracked.prompt_logprobs,
+            outputs=completions,
+            finished=True,
+            num_cached_tokens=tracked.num_cached_tokens,
+        )
 
+    # -------------------------------------------------------------------- rules
     @rule()
     def step(self) -> None:
         for output in self.engine.step():
@@ -199,22 +228,8 @@ class EngineMachine(RuleBasedStateMachine):
             assert not tracked.finals, "an output after the final one"
             if output.finished:
                 self.record_final(output.request_id, output)
-                self.check_tokens(
-                    tracked, output.outputs[0].token_ids, output.outputs[0].finish_reason
-                )
             else:
-                assert (
-                    output.outputs[0].token_ids
-                    == tracked.expected[: len(output.outputs[0].token_ids)]
-                )
-
-    @rule(target=requests, prompt=PROMPT, choice=PARAMS)
-    def open_stream(self, prompt: list[int], choice: tuple[int, int | None]) -> int:
-        params = self.make_params(prompt, choice)
-        stream = self.engine.stream(prompt, params)
-        self.track(stream.request_id, prompt, params, "stream")
-        self.streams[stream.request_id] = stream
-        return stream.request_id
+                tracked.seen.append(output)
 
     @precondition(lambda self: self.streams)
     @rule(
@@ -236,7 +251,7 @@ class EngineMachine(RuleBasedStateMachine):
         self.streams.pop(request_id).close()
         self.tracked[request_id].abandoned = True  # its consumer left: no final expected
 
-    @rule(request_id=st.one_of(requests, st.integers(10**6, 10**6 + 3)))
+    @rule(request_id=st.one_of(requests, st.integers(10**6, 10**6 + 3).map(str)))
     def abort(self, request_id: int) -> None:
         tracked = self.tracked.get(request_id)
         found = self.engine.abort(request_id)
@@ -244,22 +259,6 @@ class EngineMachine(RuleBasedStateMachine):
             assert not found, "abort() of an unknown or finished request said True"
         elif found:
             tracked.aborted = True
-
-    @rule(batch=st.lists(st.tuples(PROMPT, PARAMS), min_size=1, max_size=3))
-    def generate(self, batch: list[tuple[list[int], tuple[int, int | None]]]) -> None:
-        prompts = [prompt for prompt, _ in batch]
-        params = [self.make_params(prompt, choice) for prompt, choice in batch]
-        outputs = self.engine.generate(prompts, params, use_tqdm=False)
-        assert len(outputs) == len(batch)
-        for prompt, request_params, output in zip(prompts, params, outputs, strict=True):
-            self.track(output.request_id, prompt, request_params, "generate")
-            assert output.finished and output.prompt_token_ids == prompt
-            self.record_final(output.request_id, output)
-            self.check_tokens(
-                self.tracked[output.request_id],
-                output.outputs[0].token_ids,
-                output.outputs[0].finish_reason,
-            )
 
     @rule()
     def reset_prefix_cache(self) -> None:
@@ -301,19 +300,44 @@ class EngineMachine(RuleBasedStateMachine):
             vars(executor).pop("execute", None)  # the real method again
             # Whatever failed above, leave the shared engine idle for the next example.
             for request_id in list(self.engine._requests):
-                self.engine.abort(request_id)
+                self.engine.abort(str(request_id))
             self.engine.step()
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-def test_engine_state_machine(machine_engine: tuple[Engine, Engine]) -> None:
-    engine, fresh = machine_engine
-    references: dict[tuple[int, ...], list[int]] = {}
+def machine_for(setup: Setup) -> type[EngineMachine]:
+    """The machine with the rules that queue requests drawn from ``setup.vocab``."""
+    prompt = prompts(setup.vocab)
+    params = sampling_params(setup.vocab)
 
     class Machine(EngineMachine):
-        pass
+        requests = EngineMachine.requests
 
-    Machine.engine = engine
-    Machine.fresh = fresh
-    Machine.references = references
-    run_state_machine_as_test(Machine, settings=_SETTINGS)
+        @rule(target=requests, prompt=prompt, params=params)
+        def add_request(self, prompt: list[int], params: SamplingParams) -> int:
+            request_id = self.engine.add_request(prompt, params)
+            self.track(request_id, prompt, params, "step")
+            return request_id
+
+        @rule(target=requests, prompt=prompt, params=params)
+        def open_stream(self, prompt: list[int], params: SamplingParams) -> int:
+            stream = self.engine.stream(prompt, params)
+            self.track(stream.request_id, prompt, params, "stream")
+            self.streams[stream.request_id] = stream
+            return stream.request_id
+
+        @rule(batch=st.lists(st.tuples(prompt, params), min_size=1, max_size=3))
+        def generate(self, batch: list[tuple[list[int], SamplingParams]]) -> None:
+            prompt_list = [p for p, _ in batch]
+            outputs = self.engine.generate(prompt_list, [p for _, p in batch], use_tqdm=False)
+            assert len(outputs) == len(batch)
+            for (request_prompt, request_params), output in zip(batch, outputs, strict=True):
+                self.track(output.request_id, request_prompt, request_params, "generate")
+                self.record_final(output.request_id, output)
+
+    Machine.setup = setup
+    return Machine
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_engine_state_machine(machine_setup: Setup) -> None:
+    run_state_machine_as_test(machine_for(machine_setup), settings=SETTINGS)
