@@ -1,33 +1,53 @@
 # pagedinfer — one entry point for every job.
-#   make demo      generate with a small local Qwen3 checkpoint (built with random weights unless MODEL=DIR)
-#   make test      fresh virtual environment, lint, typecheck, layering check, all CPU tests
+#   make demo      generate with a small local Qwen3 checkpoint (built with random weights unless MODEL=DIR);
+#                  installs only what inference needs (CPU torch and the package) into .venv
+#   make test      virtual environment with [dev], lint, typecheck, layering check, all CPU tests
 #   make test-gpu  GPU tests with the Python already on a CUDA machine (no install step)
 #   make bench     CPU-scale throughput benchmark and block-pool benchmark
 #   make bench-gpu one markdown report on a CUDA machine (GPU_REPORT=FILE): GPU tests, throughput
 #                  vs transformers, copy bandwidth and the HBM bound, a decode/prefill profile
 #   make mutation  mutation testing (mutmut) of domain/, the sampler and the stop rules; not part
 #                  of make test (tens of minutes on 2 cores); see docs/testing.md
+#   make test-deps before a release: the library's CPU tests against the newest torch/triton/
+#                  transformers and against pyproject.toml's lower bounds, each in a new venv under
+#                  .deps/ (about 15 minutes on 2 cores); not part of make test; see docs/testing.md
 
 PYTHON ?= python3
 VENV ?= .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+CORE_STAMP := $(VENV)/.installed-core
 PYTEST_ARGS ?=
 MODEL ?=
 GPU_REPORT ?= gpu-report.md
 GPU_REPORT_ARGS ?=
 MUTANTS ?=
 MUTATION_JOBS ?= 2
+# make test-deps: where its venvs go, the torch of its newest run (here the newest CPU build; a
+# bare `torch` is the newest CUDA build, several GB), extra pip arguments (e.g. an index URL)
+# and the tests it runs (docs/testing.md says why these).
+DEPS_DIR ?= .deps
+DEPS_NEWEST_TORCH ?= torch==2.13.0
+DEPS_PIP_ARGS ?=
+DEPS_TESTS ?= tests/unit/domain tests/unit/adapters tests/unit/kernels tests/unit/engine \
+	tests/unit/distributed tests/unit/test_cli.py
+DEPS_SHOW := '^(torch|triton|transformers|tokenizers|huggingface.hub|safetensors|xxhash|tqdm|numpy)=='
 
 .PHONY: install lint typecheck layers test test-unit test-gpu demo bench bench-pool bench-gpu clean
-.PHONY: mutation
+.PHONY: mutation test-deps test-deps-newest test-deps-lowest
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml constraints-cpu.txt
+# What inference needs: the CPU torch and the package (no triton: CPU inference compiles no
+# kernel). make demo stops here; make install / make test add [dev] to the same venv.
+$(CORE_STAMP): pyproject.toml constraints-cpu.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install --quiet --upgrade pip
 	$(VPY) -m pip install --quiet -c constraints-cpu.txt torch==2.13.0
+	$(VPY) -m pip install --quiet -c constraints-cpu.txt -e .
+	touch $(CORE_STAMP)
+
+$(STAMP): $(CORE_STAMP)
 	$(VPY) -m pip install --quiet -c constraints-cpu.txt -e '.[dev]'
 	touch $(STAMP)
 
@@ -51,7 +71,7 @@ test-unit: $(STAMP)
 test-gpu:
 	PYTHONPATH=src $(PYTHON) -m pytest -m gpu tests/gpu -p no:cacheprovider $(PYTEST_ARGS)
 
-demo: $(STAMP)
+demo: $(CORE_STAMP)
 	$(VPY) -m pagedinfer demo $(if $(MODEL),--model $(MODEL),) $(if $(NUM_THREADS),--num-threads $(NUM_THREADS),)
 
 bench: bench-pool $(STAMP)
@@ -72,5 +92,29 @@ mutation: $(STAMP)
 	nice -n 10 $(VENV)/bin/mutmut run --max-children $(MUTATION_JOBS) $(MUTANTS)
 	$(VPY) tests/mutation/scores.py
 
+# The library's CPU tests (DEPS_TESTS) in two new venvs: (a) the newest torch (DEPS_NEWEST_TORCH),
+# triton and transformers pip finds, (b) every requirement of the package and its [test] extra
+# pinned at its lower bound in pyproject.toml. Each prints the versions it ran with.
+test-deps: test-deps-newest test-deps-lowest
+
+test-deps-newest:
+	rm -rf $(DEPS_DIR)/newest
+	$(PYTHON) -m venv $(DEPS_DIR)/newest
+	$(DEPS_DIR)/newest/bin/python -m pip install --quiet --upgrade pip
+	$(DEPS_DIR)/newest/bin/python -m pip install --quiet $(DEPS_PIP_ARGS) '$(DEPS_NEWEST_TORCH)' -e '.[test]'
+	$(DEPS_DIR)/newest/bin/python -m pip list --format=freeze > $(DEPS_DIR)/newest.txt
+	@echo "test-deps-newest runs with:" && grep -iE $(DEPS_SHOW) $(DEPS_DIR)/newest.txt
+	$(DEPS_DIR)/newest/bin/python -m pytest -m "not gpu" -p no:cacheprovider -q $(DEPS_TESTS) $(PYTEST_ARGS)
+
+test-deps-lowest:
+	rm -rf $(DEPS_DIR)/lowest
+	$(PYTHON) -m venv $(DEPS_DIR)/lowest
+	$(DEPS_DIR)/lowest/bin/python -m pip install --quiet --upgrade pip
+	$(DEPS_DIR)/lowest/bin/python tests/deps/lowest_constraints.py test > $(DEPS_DIR)/lowest-constraints.txt
+	$(DEPS_DIR)/lowest/bin/python -m pip install --quiet $(DEPS_PIP_ARGS) -c $(DEPS_DIR)/lowest-constraints.txt -e '.[test]'
+	$(DEPS_DIR)/lowest/bin/python -m pip list --format=freeze > $(DEPS_DIR)/lowest.txt
+	@echo "test-deps-lowest runs with:" && grep -iE $(DEPS_SHOW) $(DEPS_DIR)/lowest.txt
+	$(DEPS_DIR)/lowest/bin/python -m pytest -m "not gpu" -p no:cacheprovider -q $(DEPS_TESTS) $(PYTEST_ARGS)
+
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis mutants
+	rm -rf $(VENV) $(DEPS_DIR) .mypy_cache .ruff_cache .pytest_cache .hypothesis mutants
