@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+import transformers
 from transformers import LlamaConfig, Qwen3Config
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from transformers.models.qwen3.modeling_qwen3 import (
@@ -21,6 +22,19 @@ from pagedinfer.adapters.layers.rotary import RotaryEmbedding, apply_rotary
 from pagedinfer.adapters.models.config import ModelConfig
 
 CPU = torch.device("cpu")
+TRANSFORMERS_5 = int(transformers.__version__.split(".")[0]) >= 5
+
+
+def _hf_rope_kwargs(rope_parameters: dict[str, Any]) -> dict[str, Any]:
+    """transformers >= 5 reads ``rope_parameters``; 4.x (the lower bound, 4.56) reads
+    ``rope_theta`` and ``rope_scaling`` and ignores the new key (make test-deps runs both)."""
+    if TRANSFORMERS_5:
+        return {"rope_parameters": dict(rope_parameters)}
+    scaling = {k: v for k, v in rope_parameters.items() if k != "rope_theta"}
+    legacy: dict[str, Any] = {"rope_theta": rope_parameters["rope_theta"]}
+    if scaling.get("rope_type", "default") != "default":
+        legacy["rope_scaling"] = scaling
+    return legacy
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -47,7 +61,7 @@ def test_rope_matches_transformers(head_dim: int, theta: float) -> None:
         num_key_value_heads=2,
         head_dim=head_dim,
         max_position_embeddings=4096,
-        rope_parameters={"rope_type": "default", "rope_theta": theta},
+        **_hf_rope_kwargs({"rope_type": "default", "rope_theta": theta}),
     )
     generator = torch.Generator().manual_seed(1)
     positions = torch.tensor([0, 1, 2, 17, 511, 4000, 3])
@@ -125,7 +139,7 @@ def _hf_rotary(head_dim: int, rope_parameters: dict[str, Any]) -> LlamaRotaryEmb
         num_attention_heads=4,
         head_dim=head_dim,
         max_position_embeddings=2048,
-        rope_parameters=dict(rope_parameters),
+        **_hf_rope_kwargs(rope_parameters),
     )
     return LlamaRotaryEmbedding(config)
 

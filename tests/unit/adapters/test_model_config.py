@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+import transformers
 
 from pagedinfer.adapters.layers.rotary import RopeScaling
 from pagedinfer.adapters.models.config import ModelConfig
@@ -62,6 +63,11 @@ def legacy(*, drop: tuple[str, ...] = (), **changes: Any) -> dict[str, Any]:
     return config
 
 
+@pytest.mark.skipif(
+    int(transformers.__version__.split(".")[0]) < 5,
+    reason="random checkpoints take the installed transformers' layout; 4.x writes the legacy "
+    "one (test_legacy_layout)",
+)
 def test_transformers5_layout(make_checkpoint: Callable[..., Path]) -> None:
     path = make_checkpoint("tiny", rope_theta=123456.0)
     raw = json.loads((path / "config.json").read_text())
