@@ -213,6 +213,12 @@ CASES: list[tuple[str, Callable[[], object], type[Exception], str]] = [
         InvalidRequestError,
         "request id 0 is used twice.",
     ),
+    (
+        "add: two completions with one id",
+        lambda: add_with_forks(3, [1, 2, 3], child_id=2),
+        InvalidRequestError,
+        "request id 2 is used twice.",
+    ),
     *[
         (
             f"add: completion not fresh ({how})",

@@ -306,5 +306,12 @@ def test_a_request_finishing_while_a_forks_block_copy_is_pending() -> None:
     scheduler.check_integrity()
     copies = scheduler.pending_block_copies
     assert len(copies) == 1 and copies[0][1] == a[1].block_table[-1]
+    # The next step is mixed (a new prompt beside the decode rows): it carries the copy.
+    c = Sequence(8, [11, 12], SamplingParams(max_tokens=1))
+    scheduler.add(c)
+    result = step(scheduler, constant_sampler(5))
+    assert result is not None and result.plan.is_mixed
+    assert result.plan.block_copies == tuple(copies)
+    assert scheduler.pending_block_copies == []  # recorded: the copy has run
     run_checked(scheduler, constant_sampler(5))
     assert [s.completion_token_ids for s in a] == [[5, 5, 5]] * 2
