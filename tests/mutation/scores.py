@@ -1,9 +1,9 @@
 """Mutation scores per module from mutmut's results in ``mutants/`` (``make mutation``).
 
 Prints a Markdown table (the one docs/testing.md keeps): per mutated file, how many mutants
-were killed (a test failed, or it timed out), survived (every test that runs the mutated
-function passed), or had no test that runs the function at all; the score is
-killed / (killed + survived + no tests). Mutants of the integrity checks that only tests call
+were killed (a test failed), survived (every test that runs the mutated function passed),
+timed out, or had no test that runs the function at all; the score is killed / (killed +
+survived + timeouts + no tests). Mutants of the integrity checks that only tests call
 (``TEST_SUPPORT``) are counted apart, in the last column, and not in the score.
 ``--survivors`` lists the surviving mutants by name (``mutmut show NAME`` prints one's diff).
 
@@ -19,8 +19,11 @@ from collections import Counter
 from pathlib import Path
 
 # mutmut's exit codes (mutmut/stats.py): 1 and 3 a test failed, 0 every test passed, 5 and 33
-# no test ran the function, 34 skipped, None not run yet; the timeout codes count as killed.
-KILLED = {1, 3, 36, 24, -24, 152, 255}
+# no test ran the function, 34 skipped, None not run yet, the others a timeout. mutmut counts
+# timeouts as killed; here they are shown apart and not counted as killed (a mutant that loops
+# forever is killed, but one whose tests were only slow on a busy machine is not).
+KILLED = {1, 3}
+TIMEOUT = {36, 24, -24, 152, 255}
 SURVIVED = {0}
 NO_TESTS = {5, 33}
 NOT_RUN = {None, 34}
@@ -52,8 +55,9 @@ def collect(root: Path) -> dict[str, dict[str, int | None]]:
 
 def table(results: dict[str, dict[str, int | None]]) -> list[str]:
     lines = [
-        "| module | mutants | killed | survived | no tests | not run | score | test support |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| module | mutants | killed | survived | timeout | no tests | not run | score | "
+        "test support |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for module, all_codes in results.items():
         codes = {k: v for k, v in all_codes.items() if not is_test_support(k)}
@@ -61,6 +65,8 @@ def table(results: dict[str, dict[str, int | None]]) -> list[str]:
         count = Counter(
             "killed"
             if code in KILLED
+            else "timeout"
+            if code in TIMEOUT
             else "survived"
             if code in SURVIVED
             else "no tests"
@@ -70,11 +76,18 @@ def table(results: dict[str, dict[str, int | None]]) -> list[str]:
             else "other"
             for code in codes.values()
         )
-        tested = count["killed"] + count["survived"] + count["no tests"] + count["other"]
+        tested = (
+            count["killed"]
+            + count["survived"]
+            + count["timeout"]
+            + count["no tests"]
+            + count["other"]
+        )
         score = f"{100 * count['killed'] / tested:.1f} %" if tested else "-"
         lines.append(
             f"| {module} | {len(codes)} | {count['killed']} | {count['survived']} | "
-            f"{count['no tests']} | {count['not run']} | {score} | {support} |"
+            f"{count['timeout']} | {count['no tests']} | {count['not run']} | {score} | "
+            f"{support} |"
         )
     return lines
 
