@@ -374,6 +374,7 @@ class Checker:
             assert full.startswith(text if params.include_stop_str_in_output else text + stop)
             earlier = [m for m in matches if m[0] + len(m[2]) <= before_last]
             assert not earlier, f"stop string {earlier[0][2]!r} should have ended it earlier"
+            assert matches, f"stop string {stop!r} matched where none may (within min_tokens)"
             assert (cut, order[stop], stop) == matches[0], "not the first stop string"
             return
         # No stop string matched: none occurs (after min_tokens) and the text is all of it.
