@@ -3,6 +3,8 @@
 #                  installs only what inference needs (CPU torch and the package) into .venv
 #   make test      virtual environment with [dev], lint, typecheck, layering check, all CPU tests
 #   make test-gpu  GPU tests with the Python already on a CUDA machine (no install step)
+#   make fuzz      the Hypothesis suites of tests/property at their long profile (thorough):
+#                  engine state machine, mixed batches, domain machines; about an hour on 2 cores
 #   make bench     CPU-scale throughput benchmark and block-pool benchmark
 #   make bench-gpu one markdown report on a CUDA machine (GPU_REPORT=FILE): GPU tests, throughput
 #                  vs transformers, copy bandwidth and the HBM bound, a decode/prefill profile
@@ -66,6 +68,10 @@ test: lint typecheck layers
 
 test-unit: $(STAMP)
 	$(VPY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+.PHONY: fuzz
+fuzz: $(STAMP)
+	PAGEDINFER_PROPERTY_PROFILE=thorough $(VPY) -m pytest -q tests/property $(PYTEST_ARGS)
 
 # Runs on a CUDA machine with the interpreter that already has torch (no network needed).
 test-gpu:

@@ -21,8 +21,9 @@ Shared by ``test_mixed_batches.py`` (batches run together through ``generate``) 
   most ``max_tokens``, the finish reason and stop reason the last token implies (``stop``
   beats ``length`` on the last allowed token), the text equals the tokens' decoding cut at the
   first stop string that ends after ``min_tokens`` (and only there), logprobs with the chosen
-  token and the top ``k`` equal to the model's own (log-softmax of a forward pass over the
-  prompt and the completion), ``n`` completions, prompt logprobs likewise.
+  token and the top ``k`` equal to the model's own log-softmax over the prompt and the
+  completion (the reference's prompt logprobs: one prefill, not the decode path that made
+  them), ``n`` completions, prompt logprobs likewise.
 
 Prompts use only tokens that decode alone to printable ASCII, so a completion's text is the
 decoding of its tokens on their own (no character spans the prompt and the completion).
