@@ -1,9 +1,15 @@
-"""Packaging metadata a fresh build accepts (issue 11.11): one version, a license file."""
+"""Packaging: metadata a fresh build accepts (issue 11.11: one version, a license file), what a
+CPU install needs and the bounds make test-deps tries (issue 22.13, 22.14, 22.16)."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,3 +36,77 @@ def test_the_license_field_matches_the_build_backend() -> None:
     assert int(minimum.split(">=")[1].split(".")[0]) >= 77
     assert project["project"]["license-files"] == ["LICENSE"]
     assert "MIT License" in (ROOT / "LICENSE").read_text()
+
+
+def _project() -> dict[str, Any]:
+    project: dict[str, Any] = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return project
+
+
+def test_triton_is_a_test_dependency_not_a_runtime_one() -> None:
+    """A CPU install never compiles a kernel (issue 22.13): triton (about 1 GB) comes with
+    torch's CUDA wheels, and [test] installs it for the interpreter tests."""
+    project = _project()
+    assert not [r for r in project["dependencies"] if r.startswith("triton")]
+    extras = project["optional-dependencies"]
+    assert [r for r in extras["test"] if r.startswith("triton")] == [
+        "triton>=3.6; sys_platform == 'linux'"
+    ]
+    assert "pagedinfer[test]" in extras["dev"]
+
+
+def test_every_requirement_names_the_lower_bound_make_test_deps_installs() -> None:
+    """make test-deps-lowest pins each requirement of the package and of [test] at its '>='
+    bound; one without a bound could not be tried."""
+    sys.path.insert(0, str(ROOT / "tests" / "deps"))
+    try:
+        from lowest_constraints import lower_bound_constraints
+    finally:
+        sys.path.remove(str(ROOT / "tests" / "deps"))
+    project = _project()
+    pins = lower_bound_constraints(project, ["test"])
+    assert "torch==2.13" in pins and "transformers==4.56" in pins
+    assert "triton==3.6; sys_platform == 'linux'" in pins
+    assert len(pins) == len(project["dependencies"]) + len(project["optional-dependencies"]["test"])
+    with pytest.raises(SystemExit, match="no single '>=' lower bound"):
+        lower_bound_constraints({**project, "dependencies": ["torch"]}, [])
+    # Extras that name others are followed (dev -> test, ray, serve).
+    assert "ray==2.44" in lower_bound_constraints(project, ["dev"])
+
+
+def test_the_metadata_names_license_classifiers_and_keywords() -> None:
+    project = _project()
+    assert project["authors"] == [{"name": "the pagedinfer contributors"}]
+    assert "the pagedinfer contributors" in (ROOT / "LICENSE").read_text()
+    assert "Programming Language :: Python :: 3.11" in project["classifiers"]
+    assert "Typing :: Typed" in project["classifiers"]
+    # An SPDX license string forbids license classifiers (setuptools >= 77 refuses both).
+    assert not [c for c in project["classifiers"] if c.startswith("License ::")]
+    assert {"llm", "inference", "paged-attention"} <= set(project["keywords"])
+
+
+_CPU_ENGINE_WITHOUT_TRITON = """
+import sys
+sys.modules["triton"] = None  # `import triton` raises ImportError; find_spec says absent
+from pagedinfer import Engine, SamplingParams
+with Engine(sys.argv[1], device="cpu", max_model_len=64) as engine:
+    output = engine.generate([[1, 2, 3]], SamplingParams(max_tokens=4, temperature=0.0),
+                             use_tqdm=False)[0]
+print(len(output.outputs[0].token_ids))
+"""
+
+
+def test_a_cpu_engine_runs_without_triton(make_checkpoint: Callable[..., Path]) -> None:
+    """CPU inference imports no triton (its kernels load lazily, only for the triton and
+    flash backends and CUDA sampling), so a CPU install without it works (issue 22.13)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    result = subprocess.run(
+        [sys.executable, "-c", _CPU_ENGINE_WITHOUT_TRITON, str(make_checkpoint())],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[0] == "4"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -60,6 +62,16 @@ def test_triton_on_cpu_needs_the_interpreter(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.delenv("TRITON_INTERPRET")
     with pytest.raises(ConfigurationError, match="TRITON_INTERPRET"):
         resolve_backend_name("triton", CPU)
+
+
+def test_triton_needs_triton_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU install has no triton: asking for its backend is a ConfigurationError that says
+    to install it, not a ModuleNotFoundError from inside the engine."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setitem(sys.modules, "triton", None)  # find_spec -> None, import fails
+    with pytest.raises(ConfigurationError, match="needs triton installed"):
+        resolve_backend_name("triton", CPU)
+    assert resolve_backend_name("auto", CPU) == "torch"
 
 
 def test_create_torch_backend() -> None:

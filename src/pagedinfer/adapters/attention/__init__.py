@@ -41,9 +41,10 @@ def flash_attn_available() -> bool:
 
 
 def _triton_usable_on(device: torch.device) -> bool:
-    if device.type == "cuda":
-        return importlib.util.find_spec("triton") is not None
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    # triton is not a dependency of a CPU install (torch's CUDA wheels bring it on Linux).
+    if importlib.util.find_spec("triton") is None:
+        return False
+    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def resolve_backend_name(
@@ -74,8 +75,9 @@ def resolve_backend_name(
         )
     if requested == "triton" and not _triton_usable_on(device):
         raise ConfigurationError(
-            f"attention_backend='triton' needs a CUDA device with triton installed, or "
-            f"TRITON_INTERPRET=1 on CPU (device is {device}). Use attention_backend='auto'."
+            f"attention_backend='triton' needs triton installed (torch's CUDA wheels bring it; "
+            f"`pip install triton` otherwise) and a CUDA device, or TRITON_INTERPRET=1 on CPU "
+            f"(device is {device}). Use attention_backend='auto'."
         )
     return requested
 
