@@ -62,8 +62,20 @@ class BlockPoolError(PagedInferError, RuntimeError):
     """
 
 
-class WorkerDiedError(PagedInferError, RuntimeError):
-    """A tensor-parallel worker process exited; the engine cannot continue."""
+class EngineDeadError(PagedInferError, RuntimeError):
+    """The engine failed in a way it cannot recover from (a tensor-parallel worker died, the
+    device reported an error, or too many steps failed in a row): every waiting request and
+    every later call raises this. The cause is chained (``__cause__``); close the engine and
+    build a new one."""
+
+
+class WorkerDiedError(EngineDeadError):
+    """A tensor-parallel worker process exited; the engine cannot continue.
+
+    An :class:`EngineDeadError`: a dead worker is the engine's death, so ``except
+    EngineDeadError`` catches it too. The engine raises it (a fresh copy, the original
+    chained) from the call that met it and from every later call.
+    """
 
 
 class WorkerTimeoutError(WorkerDiedError):
@@ -77,13 +89,6 @@ class EngineClosedError(PagedInferError, RuntimeError):
 
 class MissingDependencyError(PagedInferError, ImportError):
     """An optional feature needs a package that is not installed; the message names the extra."""
-
-
-class EngineDeadError(PagedInferError, RuntimeError):
-    """The engine failed in a way it cannot recover from (a tensor-parallel worker died, the
-    device reported an error, or too many steps failed in a row): every waiting request and
-    every later call raises this. The cause is chained (``__cause__``); close the engine and
-    build a new one."""
 
 
 class StepFailedError(PagedInferError, RuntimeError):

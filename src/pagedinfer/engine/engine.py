@@ -524,6 +524,13 @@ class Engine:
 
     def _dead_error(self) -> EngineDeadError:
         cause = self._dead
+        if isinstance(cause, EngineDeadError):
+            # A dead worker says so itself (WorkerDiedError is an EngineDeadError): raise a
+            # fresh copy of it, so ``except WorkerTimeoutError`` works and tracebacks do not
+            # pile up on one instance.
+            copy = type(cause)(*cause.args)
+            copy.__cause__ = cause
+            return copy
         failures = self._failures
         why = (
             f"{failures.in_a_row} steps failed in a row"
