@@ -12,7 +12,7 @@
 #                  of make test (tens of minutes on 2 cores); see docs/testing.md
 #   make test-deps before a release: the library's CPU tests against the newest torch/triton/
 #                  transformers and against pyproject.toml's lower bounds, each in a new venv under
-#                  .deps/ (about 15 minutes on 2 cores); not part of make test; see docs/testing.md
+#                  .deps/ (about half an hour on 2 busy cores); not part of make test; docs/testing.md
 
 PYTHON ?= python3
 VENV ?= .venv
