@@ -18,7 +18,7 @@ def test_a_hub_id_says_to_download_it_and_pass_the_directory(model: str) -> None
     assert "Hugging Face Hub id" in message
     assert f"`hf download {model} --local-dir ./{model.split('/')[1]}" in message
     assert "pass that directory" in message
-    assert "huggingface-cli" not in message  # huggingface_hub 1.0 dropped that command
+    assert "huggingface-cli" not in message  # recent huggingface_hub releases do not ship it
 
 
 @pytest.mark.parametrize("relative", ["missing", "./a/b", "a/b/c", "../x"])
