@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -110,3 +111,28 @@ def test_a_cpu_engine_runs_without_triton(make_checkpoint: Callable[..., Path]) 
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split()[0] == "4"
+
+
+def _make_dry_run(target: str, tmp_path: Path) -> list[str]:
+    """The commands ``make TARGET`` would run for a venv that does not exist yet."""
+    result = subprocess.run(
+        ["make", "-n", "-C", str(ROOT), target, f"VENV={tmp_path / 'venv'}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_demo_installs_the_package_alone_and_make_test_everything(tmp_path: Path) -> None:
+    """make demo installs what inference needs, not [dev] (ray, pyarrow, mypy, triton: 2.5 GB
+    instead of 1.2 GB); make test still installs everything from nothing (issue 22.13)."""
+    demo = [line for line in _make_dry_run("demo", tmp_path) if "pip install" in line]
+    assert any(line.endswith("torch==2.13.0") for line in demo)
+    assert any(line.endswith("-e .") for line in demo)
+    assert not [line for line in demo if "[dev]" in line or "[test]" in line]
+    test = _make_dry_run("test", tmp_path)
+    assert any(line.endswith("-e '.[dev]'") for line in test)
+    assert any("pytest" in line for line in test)
