@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from pagedinfer.domain.sampling import SamplingParams
 from pagedinfer.domain.sequence import FinishReason
+from pagedinfer.domain.structured import GuidedDecodingParams, StructuredOutputsParams
 
 if TYPE_CHECKING:
     from pagedinfer.engine.async_engine import AsyncEngine
@@ -28,10 +29,12 @@ __all__ = [
     "CompletionOutput",
     "Engine",
     "FinishReason",
+    "GuidedDecodingParams",
     "Logprob",
     "RequestOutput",
     "RequestStream",
     "SamplingParams",
+    "StructuredOutputsParams",
     "TokenizedPrompt",
 ]
 __version__ = "0.1.0"

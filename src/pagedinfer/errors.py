@@ -17,6 +17,7 @@ __all__ = [
     "EngineDeadError",
     "InvalidRequestError",
     "InvalidSamplingParamsError",
+    "InvalidStructuredOutputError",
     "KVCacheMemoryError",
     "MissingDependencyError",
     "PagedInferError",
@@ -37,6 +38,11 @@ class InvalidSamplingParamsError(PagedInferError, ValueError):
 
 class InvalidRequestError(PagedInferError, ValueError):
     """A request cannot be served: empty prompt, bad token id, too long for ``max_model_len``."""
+
+
+class InvalidStructuredOutputError(InvalidRequestError):
+    """A structured-output constraint (``StructuredOutputsParams``) is malformed, or its JSON
+    schema, regex or grammar does not compile; the message names the problem."""
 
 
 class ConfigurationError(PagedInferError, ValueError):

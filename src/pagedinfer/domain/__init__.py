@@ -19,6 +19,7 @@ from pagedinfer.domain.plan import (
 from pagedinfer.domain.sampling import SamplingParams
 from pagedinfer.domain.scheduler import Scheduler, SchedulerConfig, SchedulerStats
 from pagedinfer.domain.sequence import FinishReason, Sequence, SequenceStatus
+from pagedinfer.domain.structured import StructuredOutputsParams
 
 __all__ = [
     "BLOCK_TABLE_FILLER",
@@ -37,6 +38,7 @@ __all__ = [
     "SchedulerStats",
     "Sequence",
     "SequenceStatus",
+    "StructuredOutputsParams",
     "block_hash",
     "build_batch_plan",
     "cdiv",

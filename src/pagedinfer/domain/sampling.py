@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
+from pagedinfer.domain.structured import StructuredOutputsParams
 from pagedinfer.errors import InvalidSamplingParamsError
 
 __all__ = [
@@ -113,6 +114,16 @@ class SamplingParams:
     model's distribution before any of the processing above; ``skip_special_tokens`` drops
     special tokens from ``text``. ``seed`` (0 ... 2**63-1) makes a request's samples
     reproducible whatever else is in the batch; completion ``i`` of ``n`` uses ``seed + i``.
+
+    Structured outputs: ``structured_outputs`` (a
+    :class:`~pagedinfer.domain.structured.StructuredOutputsParams`) constrains every
+    completion to a JSON schema, regex, choice or grammar: tokens that cannot continue a valid
+    output are masked before anything else, and EOS only where the output is complete, so a
+    completion that ends with ``finish_reason="stop"`` on EOS matches. ``guided_decoding``
+    (vLLM's older name) is accepted and stored as ``structured_outputs``. It cannot be
+    combined with ``ignore_eos``, ``min_tokens`` or ``allowed_token_ids`` (each could leave
+    no token allowed). Logprobs of such a request are of the model's distribution with the
+    grammar's mask applied (vLLM's), before the other processing.
     """
 
     temperature: float = 1.0
@@ -137,8 +148,23 @@ class SamplingParams:
     allowed_token_ids: Sequence[int] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None
+    # vLLM's older name of structured_outputs: moved there (and stored as None).
+    guided_decoding: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
+        if self.guided_decoding is not None:
+            if self.structured_outputs is not None and (
+                self.structured_outputs != self.guided_decoding
+            ):
+                _fail(
+                    "guided_decoding",
+                    self.guided_decoding,
+                    "None when structured_outputs is set (guided_decoding is vLLM's older name "
+                    "of structured_outputs: set only structured_outputs)",
+                )
+            object.__setattr__(self, "structured_outputs", self.guided_decoding)
+            object.__setattr__(self, "guided_decoding", None)
         # Lists and dicts are the natural thing to pass; store immutable forms so the value
         # stays hashable.
         stop_token_ids: object = self.stop_token_ids
@@ -263,6 +289,39 @@ class SamplingParams:
                         f"biases in [-{LOGIT_BIAS_MAX:g}, {LOGIT_BIAS_MAX:g}] (token {token_id} "
                         f"has {bias!r}; larger biases overflow the sampler's float32 logits)",
                     )
+
+        self._validate_structured_outputs()
+
+    def _validate_structured_outputs(self) -> None:
+        constraint = self.structured_outputs
+        if constraint is None:
+            return
+        if not isinstance(constraint, StructuredOutputsParams):
+            _fail(
+                "structured_outputs",
+                constraint,
+                "None or a StructuredOutputsParams(json=..., regex=..., choice=[...], "
+                "grammar=..., json_object=True)",
+            )
+        conflicts = {
+            "ignore_eos": (self.ignore_eos, "the output ends where the grammar ends"),
+            "min_tokens": (
+                self.min_tokens > 0,
+                "EOS held back where the grammar allows only EOS would leave no token",
+            ),
+            "allowed_token_ids": (
+                self.allowed_token_ids is not None,
+                "the grammar decides which tokens are allowed",
+            ),
+        }
+        for name, (conflict, why) in conflicts.items():
+            if conflict:
+                _fail(
+                    name,
+                    getattr(self, name),
+                    f"its default with structured_outputs ({why}): drop {name} or "
+                    "structured_outputs",
+                )
 
     def max_token_id(self) -> int | None:
         """The largest token id any field names (the engine checks it against the vocabulary)."""
