@@ -24,8 +24,8 @@ sys.path.insert(0, str(REPO / "src"))
 
 import torch
 
-from pagedinfer.adapters.sampler import Sampler
-from pagedinfer.adapters.sampling_batch import NO_SEED, SamplingBatch
+from pagedinfer.adapters.sampling.batch import NO_SEED, SamplingBatch
+from pagedinfer.adapters.sampling.sampler import Sampler
 
 VOCAB = 151936
 

@@ -1,7 +1,7 @@
 """The torch twin of the fused race sampler (:mod:`pagedinfer.adapters.kernels.race_sample`).
 
 A test oracle, not a code path: ``argmax_v (logits_v / T - log(-log U_v))`` with ``U`` from
-:func:`~pagedinfer.adapters.sampling_noise.seeded_uniform_torch`, seeded rows keyed by
+:func:`~pagedinfer.adapters.sampling.noise.seeded_uniform_torch`, seeded rows keyed by
 ``(seed, step)`` and unseeded rows by ``(step_key, row index)``; greedy rows take the argmax of
 the logits. Returns the keys too, so that tests can tell a real disagreement from a float
 near-tie.
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from pagedinfer.adapters.sampling_batch import NO_SEED
-from pagedinfer.adapters.sampling_noise import seeded_uniform_torch
+from pagedinfer.adapters.sampling.batch import NO_SEED
+from pagedinfer.adapters.sampling.noise import seeded_uniform_torch
 from pagedinfer.domain.sampling import GREEDY_TEMPERATURE_EPSILON
 
 

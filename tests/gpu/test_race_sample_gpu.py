@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from pagedinfer.adapters.sampler import Sampler
-from pagedinfer.adapters.sampling_batch import NO_SEED, SamplingBatch
+from pagedinfer.adapters.sampling.batch import NO_SEED, SamplingBatch
+from pagedinfer.adapters.sampling.sampler import Sampler
 from pagedinfer.domain.sampling import GREEDY_TEMPERATURE_EPSILON
 from race_twin import race_keys_torch
 

@@ -8,8 +8,9 @@ attention layer. :meth:`ModelRunner.execute` then turns each plan into tensors i
 the model (or replays a captured CUDA graph), computes logits only for the sampled rows and
 samples on rank 0, with the parameters of the persistent per-slot sampling table. Rank 0 also
 keeps the per-request logits processing state (penalties' token counts, bias and masks:
-``logits_processors.py``) and knows which requests asked for logprobs (``logprobs.py``); both
-follow the table's install / release deltas. A step returns a :class:`StepOutput`.
+``sampling/logits_processors.py``) and knows which requests asked for logprobs
+(``sampling/logprobs.py``); both follow the table's install / release deltas. A step returns a
+:class:`StepOutput`.
 """
 
 from __future__ import annotations
@@ -32,18 +33,18 @@ from pagedinfer.adapters.kv_cache import (
     max_useful_blocks,
 )
 from pagedinfer.adapters.layers.linear import divide
-from pagedinfer.adapters.logits_processors import LogitsProcessors
-from pagedinfer.adapters.logprobs import (
+from pagedinfer.adapters.models.loader import load_weights
+from pagedinfer.adapters.models.registry import build_model, read_model_config
+from pagedinfer.adapters.runner_config import RunnerConfig
+from pagedinfer.adapters.sampling.logits_processors import LogitsProcessors
+from pagedinfer.adapters.sampling.logprobs import (
     LogprobsRequests,
     compute_logprobs,
     gather_logprobs,
     prompt_logprobs,
 )
-from pagedinfer.adapters.models.loader import load_weights
-from pagedinfer.adapters.models.registry import build_model, read_model_config
-from pagedinfer.adapters.runner_config import RunnerConfig
-from pagedinfer.adapters.sampler import Sampler
-from pagedinfer.adapters.sampling_table import SamplingTable
+from pagedinfer.adapters.sampling.sampler import Sampler
+from pagedinfer.adapters.sampling.table import SamplingTable
 from pagedinfer.adapters.step_inputs import StepInputs, StepPacker
 from pagedinfer.domain.plan import PADDING_SLOT, BatchPlan, NewRequest
 from pagedinfer.domain.sampling import SamplingParams

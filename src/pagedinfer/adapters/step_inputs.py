@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedinfer.adapters.attention.base import AttentionMetadata
-from pagedinfer.adapters.sampling_table import FLOAT_COLUMNS, INT_COLUMNS, TableDelta
+from pagedinfer.adapters.sampling.table import FLOAT_COLUMNS, INT_COLUMNS, TableDelta
 from pagedinfer.domain.plan import PADDING_SLOT, BatchPlan
 
 __all__ = ["GraphInputs", "StepInputs", "StepPacker", "pack_layout"]
@@ -46,7 +46,7 @@ class StepInputs:
     """A plan as device tensors: everything the model and the sampler read in one step.
 
     ``table_rows`` are the sampling-table rows this step installs (slots, floats, ints), on the
-    device, for :meth:`~pagedinfer.adapters.sampling_table.SamplingTable.write_rows`.
+    device, for :meth:`~pagedinfer.adapters.sampling.table.SamplingTable.write_rows`.
     ``graph_batch`` is the bucket whose static inputs hold this step (a graph replays it).
     """
 

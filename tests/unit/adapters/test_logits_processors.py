@@ -10,9 +10,9 @@ import pytest
 import torch
 from transformers import MinPLogitsWarper
 
-from pagedinfer.adapters.logits_processors import LogitsProcessors, ProcessingStep
-from pagedinfer.adapters.sampler import Sampler
-from pagedinfer.adapters.sampling_batch import SamplingBatch
+from pagedinfer.adapters.sampling.batch import SamplingBatch
+from pagedinfer.adapters.sampling.logits_processors import LogitsProcessors, ProcessingStep
+from pagedinfer.adapters.sampling.sampler import Sampler
 from pagedinfer.domain import SamplingParams
 
 CPU = torch.device("cpu")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pagedinfer.adapters.logprobs import compute_logprobs, gather_logprobs, prompt_logprobs
+from pagedinfer.adapters.sampling.logprobs import compute_logprobs, gather_logprobs, prompt_logprobs
 
 
 @pytest.mark.parametrize(("rows", "vocab", "k"), [(1, 8, 0), (4, 100, 3), (9, 1000, 20)])

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import RepetitionPenaltyLogitsProcessor
 
-from pagedinfer.adapters.logits_processors import LogitsProcessors
+from pagedinfer.adapters.sampling.logits_processors import LogitsProcessors
 from pagedinfer.domain import SamplingParams
 
 CPU = torch.device("cpu")

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from pagedinfer.adapters.logits_processors import ProcessingStep
-from pagedinfer.adapters.sampler import Sampler, uses_fused_race
-from pagedinfer.adapters.sampling_batch import NO_SEED, SamplingBatch
+from pagedinfer.adapters.sampling.batch import NO_SEED, SamplingBatch
+from pagedinfer.adapters.sampling.logits_processors import ProcessingStep
+from pagedinfer.adapters.sampling.sampler import Sampler, uses_fused_race
 
 CPU = torch.device("cpu")
 

@@ -11,7 +11,7 @@ the top-k threshold are tested separately), and no ``min_p`` or ``top_p`` bounda
 ``MARGIN`` of a token's probability or a prefix's mass. The probability vectors are shuffled
 (never sorted), so a filter that confuses a permutation with its inverse fails.
 
-Two checks per drawn batch: the ``-inf`` mask of :func:`~pagedinfer.adapters.sampler.
+Two checks per drawn batch: the ``-inf`` mask of :func:`~pagedinfer.adapters.sampling.sampler.
 filtered_logits` is exactly the complement of the reference's kept set (and the kept logits
 are the tempered ones), and sampling each row many times draws only kept tokens and every
 kept token of probability at least 0.1.
@@ -27,10 +27,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from pagedinfer.adapters.logits_processors import LogitsProcessors, ProcessingStep
-from pagedinfer.adapters.sampler import Sampler, filtered_logits
-from pagedinfer.adapters.sampling_batch import SamplingBatch
-from pagedinfer.adapters.sampling_table import SamplingTable
+from pagedinfer.adapters.sampling.batch import SamplingBatch
+from pagedinfer.adapters.sampling.logits_processors import LogitsProcessors, ProcessingStep
+from pagedinfer.adapters.sampling.sampler import Sampler, filtered_logits
+from pagedinfer.adapters.sampling.table import SamplingTable
 from pagedinfer.domain.sampling import SamplingParams
 
 from .sampling_reference import kept_tokens, near_a_boundary

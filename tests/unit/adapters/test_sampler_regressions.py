@@ -20,9 +20,9 @@ import torch
 
 from hf_reference import hf_model
 from pagedinfer import Engine, SamplingParams
-from pagedinfer.adapters.sampler import Sampler
-from pagedinfer.adapters.sampling_batch import SamplingBatch
-from pagedinfer.adapters.sampling_table import SamplingTable
+from pagedinfer.adapters.sampling.batch import SamplingBatch
+from pagedinfer.adapters.sampling.sampler import Sampler
+from pagedinfer.adapters.sampling.table import SamplingTable
 
 CPU = torch.device("cpu")
 VOCAB = 16

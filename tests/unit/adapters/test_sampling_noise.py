@@ -1,6 +1,6 @@
 """The seeded noise rule: pinned bits, the torch twin, the Triton kernel, and its statistics.
 
-The rule (``adapters/sampling_noise.py``) is part of the public contract: a seeded request's
+The rule (``adapters/sampling/noise.py``) is part of the public contract: a seeded request's
 output depends on it. A pure-Python transcription here pins it, so that neither a refactoring
 nor a platform where int32 tensor arithmetic does not wrap can change it unnoticed.
 """
@@ -15,8 +15,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from pagedinfer.adapters.sampler import Sampler
-from pagedinfer.adapters.sampling_noise import exponential_noise, row_keys, seeded_uniform_torch
+from pagedinfer.adapters.sampling.noise import exponential_noise, row_keys, seeded_uniform_torch
+from pagedinfer.adapters.sampling.sampler import Sampler
 from pagedinfer.domain.sampling import MAX_SEED
 
 M32 = 0xFFFFFFFF

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pagedinfer.adapters.sampler import Sampler
-from pagedinfer.adapters.sampling_batch import SamplingBatch
+from pagedinfer.adapters.sampling.batch import SamplingBatch
+from pagedinfer.adapters.sampling.sampler import Sampler
 from pagedinfer.domain import SamplingParams
 from pagedinfer.domain.sampling import GREEDY_TEMPERATURE_EPSILON
 
@@ -95,8 +95,8 @@ def test_masks_bias_and_penalties_at_their_bounds_stay_finite_in_a_mixed_batch()
     """Greedy and sampled rows together, each with ``-inf`` masks (allowed ids, min_p,
     top-k / top-p), biases of +-100, penalties at their bounds and temperatures from the
     epsilon to 100: no NaN reaches the race, and every row keeps its constraints."""
-    from pagedinfer.adapters.logits_processors import LogitsProcessors
-    from pagedinfer.adapters.sampler import filtered_logits
+    from pagedinfer.adapters.sampling.logits_processors import LogitsProcessors
+    from pagedinfer.adapters.sampling.sampler import filtered_logits
 
     vocab = 50
     params = [

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from pagedinfer.adapters.sampling_table import NO_SEED, SamplingTable
+from pagedinfer.adapters.sampling.table import NO_SEED, SamplingTable
 from pagedinfer.domain.sampling import SamplingParams
 
 CPU = torch.device("cpu")

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from pagedinfer.adapters import step_inputs
-from pagedinfer.adapters.sampling_table import SamplingTable
+from pagedinfer.adapters.sampling.table import SamplingTable
 from pagedinfer.adapters.step_inputs import StepPacker
 from pagedinfer.domain import BatchPlan, SamplingParams, Scheduler, SchedulerConfig, Sequence
 

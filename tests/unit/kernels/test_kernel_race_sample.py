@@ -2,8 +2,8 @@
 
 Under the interpreter on CPU (compiled on CUDA when there is one). Oracles: exact ``argmax``
 for greedy rows; ``tests/race_twin.py`` (the log form with the seed rule's uniforms) for every
-row; today's :class:`~pagedinfer.adapters.sampler.Sampler` (the ratio form) for seeded rows,
-wherever the race's best key is not a float near-tie; a chi-square bound on many unseeded
+row; today's :class:`~pagedinfer.adapters.sampling.sampler.Sampler` (the ratio form) for seeded
+rows, wherever the race's best key is not a float near-tie; a chi-square bound on many unseeded
 draws of a known distribution.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pagedinfer.adapters.sampler import Sampler
-from pagedinfer.adapters.sampling_batch import NO_SEED, SamplingBatch
+from pagedinfer.adapters.sampling.batch import NO_SEED, SamplingBatch
+from pagedinfer.adapters.sampling.sampler import Sampler
 from pagedinfer.domain.sampling import GREEDY_TEMPERATURE_EPSILON
 from race_twin import race_keys_torch, race_sample_torch
 

@@ -1,5 +1,5 @@
 """The sampler's ``Exp(1)`` noise for a whole batch in one launch (see
-:mod:`pagedinfer.adapters.sampling_noise` for the seed rule and its torch twin).
+:mod:`pagedinfer.adapters.sampling.noise` for the seed rule and its torch twin).
 
 In place on ``noise [n, vocab]`` float32 that holds the engine generator's uniforms: rows with
 ``seeded[r]`` are overwritten with the counter-based hash of ``(seeds[r], steps[r], v)``, and
@@ -49,7 +49,7 @@ def seed_rule_row_keys(seed_lo, seed_hi, step32):  # type: ignore[no-untyped-def
 @triton.jit
 def seed_rule_uniform(offs, k0, k1):  # type: ignore[no-untyped-def]
     """The rule's uniforms in (0, 1) (float32) of token indices ``offs`` of a row keyed
-    ``(k0, k1)``: bit for bit :func:`~pagedinfer.adapters.sampling_noise.seeded_uniform_torch`."""
+    ``(k0, k1)``: bit for bit :func:`~pagedinfer.adapters.sampling.noise.seeded_uniform_torch`."""
     x = offs.to(tl.int32) * -1640531527  # 0x9E3779B9
     x = _mix(_mix(x ^ k0) + k1)
     return (((x >> 9) & 0x7FFFFF).to(tl.float32) + 0.5) * (1.0 / 8388608.0)

@@ -13,7 +13,7 @@ stores greedy rows as 0.0) take ``argmax_v logits_v``. Ties go to the lowest tok
 ``torch.argmax``'s do; a NaN key never wins (``torch.argmax`` would return a NaN's index).
 
 Noise: every row's ``U`` comes from the seed rule of
-:mod:`pagedinfer.adapters.sampling_noise` (the same ``triton.jit`` halves as
+:mod:`pagedinfer.adapters.sampling.noise` (the same ``triton.jit`` halves as
 :mod:`~pagedinfer.adapters.kernels.exponential_noise`):
 
 * a **seeded** row (``seeds[r] != NO_SEED``) is keyed by ``(seeds[r], steps[r])`` as always,
@@ -48,7 +48,7 @@ import triton
 import triton.language as tl
 
 from pagedinfer.adapters.kernels.exponential_noise import seed_rule_row_keys, seed_rule_uniform
-from pagedinfer.adapters.sampling_batch import NO_SEED
+from pagedinfer.adapters.sampling.batch import NO_SEED
 
 __all__ = ["race_sample"]
 

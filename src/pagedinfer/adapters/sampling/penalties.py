@@ -9,8 +9,8 @@ vLLM's (and OpenAI's) rules, one elementwise pass per rule over ``[rows, vocab]`
 - ``presence_penalty``: subtracted once if the token occurs in the completion at all.
 
 The token history enters as a prompt mask and per-token completion counts (``[rows, vocab]``),
-which :class:`~pagedinfer.adapters.logits_processors.LogitsProcessors` keeps on the device and
-updates incrementally after every sample, so no step rebuilds them from token lists.
+which :class:`~pagedinfer.adapters.sampling.logits_processors.LogitsProcessors` keeps on the
+device and updates incrementally after every sample, so no step rebuilds them from token lists.
 """
 
 from __future__ import annotations

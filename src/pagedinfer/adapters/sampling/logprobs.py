@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pagedinfer.adapters.sampling_table import InstalledRequest
+from pagedinfer.adapters.sampling.table import InstalledRequest
 from pagedinfer.domain.step_output import PromptLogprobsChunk, TokenLogprobs
 
 __all__ = [

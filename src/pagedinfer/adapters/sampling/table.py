@@ -32,7 +32,7 @@ from typing import Protocol
 
 import torch
 
-from pagedinfer.adapters.sampling_batch import NO_SEED, SamplingBatch
+from pagedinfer.adapters.sampling.batch import NO_SEED, SamplingBatch
 from pagedinfer.domain.sampling import SamplingParams
 
 __all__ = [

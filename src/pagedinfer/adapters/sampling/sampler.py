@@ -3,17 +3,17 @@
 Sampling uses the "exponential race" form of the Gumbel-max trick: with independent
 ``E_i ~ Exp(1)``, ``argmax_i p_i / E_i`` is distributed as ``Categorical(p)``. It needs no
 cumulative sum or search, so a whole batch samples in a few vectorised passes. The only
-randomness is the noise tensor (:mod:`pagedinfer.adapters.sampling_noise`): unseeded rows take
+randomness is the noise tensor (:mod:`pagedinfer.adapters.sampling.noise`): unseeded rows take
 it from the engine's generator, seeded rows from a counter-based hash of ``(seed, sample step,
 token)``, so a seeded request gets the same tokens whatever else is in the batch and however
 often it was preempted and recomputed, with no generator object per row.
 
 A step's parameters arrive as a
-:class:`~pagedinfer.adapters.sampling_batch.SamplingBatch`, gathered from the persistent
-per-slot table (:mod:`pagedinfer.adapters.sampling_table`) together with host-side flags
+:class:`~pagedinfer.adapters.sampling.batch.SamplingBatch`, gathered from the persistent
+per-slot table (:mod:`pagedinfer.adapters.sampling.table`) together with host-side flags
 saying which passes any row needs; nothing here reads a device value on the host. Per-request logits
 processing (allowed ids, logit bias, ``min_tokens``, penalties, ``min_p``:
-:mod:`pagedinfer.adapters.logits_processors`) arrives as a ``ProcessingStep`` for the rows
+:mod:`pagedinfer.adapters.sampling.logits_processors`) arrives as a ``ProcessingStep`` for the rows
 that use it, or ``None``: then none of it runs.
 
 Order (vLLM v1's): masks, bias and penalties on the raw logits; greedy rows take the argmax of
@@ -34,9 +34,9 @@ import random
 
 import torch
 
-from pagedinfer.adapters.logits_processors import LogitsProcessors, ProcessingStep
-from pagedinfer.adapters.sampling_batch import NO_SEED, SamplingBatch
-from pagedinfer.adapters.sampling_noise import exponential_noise
+from pagedinfer.adapters.sampling.batch import NO_SEED, SamplingBatch
+from pagedinfer.adapters.sampling.logits_processors import LogitsProcessors, ProcessingStep
+from pagedinfer.adapters.sampling.noise import exponential_noise
 from pagedinfer.domain.sampling import GREEDY_TEMPERATURE_EPSILON
 
 __all__ = ["Sampler", "filtered_logits", "uses_fused_race"]

@@ -1,9 +1,10 @@
 """One step's sampling parameters for the sampled rows: :class:`SamplingBatch`.
 
 The executor gathers it from the persistent per-slot table
-(:mod:`pagedinfer.adapters.sampling_table`); the :class:`~pagedinfer.adapters.sampler.Sampler`
-reads it. It lives in a module of its own so that the table, the logits processors and the
-sampler can all import it without importing one another in a circle.
+(:mod:`pagedinfer.adapters.sampling.table`); the
+:class:`~pagedinfer.adapters.sampling.sampler.Sampler` reads it. It lives in a module of its
+own so that the table, the logits processors and the sampler can all import it without
+importing one another in a circle.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class SamplingBatch:
         vocab_size: int = 1 << 31,
     ) -> SamplingBatch:
         """A batch with one row per ``params`` entry (tests and one-off steps; the engine's
-        steps gather their rows from the :class:`~pagedinfer.adapters.sampling_table.
+        steps gather their rows from the :class:`~pagedinfer.adapters.sampling.table.
         SamplingTable`). ``sample_steps`` key the seeded rows' noise (default 0)."""
         sampled = [p for p in params if not p.is_greedy]
         if not sampled:

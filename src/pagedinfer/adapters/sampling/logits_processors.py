@@ -26,8 +26,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from pagedinfer.adapters.penalties import apply_penalties
-from pagedinfer.adapters.sampling_table import InstalledRequest
+from pagedinfer.adapters.sampling.penalties import apply_penalties
+from pagedinfer.adapters.sampling.table import InstalledRequest
 from pagedinfer.domain.sampling import SamplingParams
 
 __all__ = ["LogitsProcessors", "ProcessingStep"]
