@@ -1,7 +1,11 @@
 """The executor seen by the engine: something that runs a ``BatchPlan`` and samples.
 
-``ModelRunner`` is the single-process executor; with ``tensor_parallel_size > 1`` the
-tensor-parallel executor drives rank 0 in this process and mirrors every call to workers.
+The contract (what ``execute`` receives, returns and may raise, how a failed step is
+recovered, when a plan counts as recorded) is :mod:`pagedinfer.domain.executor`'s, written
+for executors without torch too. :class:`ModelExecutor` adds what the engine needs from its
+own: the KV cache's size and ``close()``. ``ModelRunner`` is the single-process executor; with
+``tensor_parallel_size > 1`` the tensor-parallel executor drives rank 0 in this process and
+mirrors every call to workers.
 """
 
 from __future__ import annotations
@@ -9,26 +13,22 @@ from __future__ import annotations
 from typing import Protocol
 
 from pagedinfer.adapters.runner_config import RunnerConfig
-from pagedinfer.domain.plan import BatchPlan
-from pagedinfer.domain.step_output import StepOutput
+from pagedinfer.domain.executor import Executor
 
-__all__ = ["Executor", "create_executor"]
+__all__ = ["Executor", "ModelExecutor", "create_executor"]
 
 
-class Executor(Protocol):
+class ModelExecutor(Executor, Protocol):
+    """An :class:`~pagedinfer.domain.executor.Executor` that owns a model and its KV cache."""
+
     num_kv_blocks: int
-
-    def execute(self, plan: BatchPlan) -> StepOutput:
-        """Run one step; return a token per sampled row (``plan.sample_indices``), and the
-        logprobs the plan's requests asked for."""
-        ...
 
     def close(self) -> None:
         """Release devices, processes and memory. Safe to call twice."""
         ...
 
 
-def create_executor(config: RunnerConfig) -> Executor:
+def create_executor(config: RunnerConfig) -> ModelExecutor:
     if config.tensor_parallel_size == 1:
         from pagedinfer.adapters.model_runner import ModelRunner
 

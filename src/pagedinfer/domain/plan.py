@@ -9,8 +9,10 @@ The plan contract
 -----------------
 Every per-row or per-token field is an ``array.array`` of machine integers (typecode ``"q"``:
 int64, ``"i"``: int32, native byte order), so an executor can view it without a Python-level
-loop (``torch.frombuffer(plan.positions, dtype=torch.int64)``) and pack every field of a step
-into one host buffer for one host-to-device copy. Treat the arrays as read-only: a plan owns
+loop and without a copy (``torch.frombuffer(plan.positions, dtype=torch.int64)``, or with
+NumPy ``np.frombuffer(plan.positions, dtype=plan.positions.typecode)``: NumPy reads the
+typecode as the dtype) and pack every field of a step into one host buffer for one
+host-to-device copy. Treat the arrays as read-only: a plan owns
 them, and nothing in the scheduler touches them after :meth:`Scheduler.schedule` returns.
 
 ``B`` sequences (rows) run ``T`` query tokens; ``S`` of those tokens are sampled.
@@ -67,6 +69,8 @@ stable from the request's first step until it finishes (preemption keeps it); sl
 
 Deltas are repeated in every plan until the scheduler has recorded a plan's results
 (``postprocess``), so a plan that failed to run loses nothing; applying them is idempotent.
+``step_id`` numbers the plans and ``recorded_step_id`` names the latest recorded one, for
+executors whose state follows the sampled tokens (:mod:`pagedinfer.domain.executor`).
 Per step the plan carries only ``sample_slots`` for the sampled rows: the sample's index in
 its request (the counter seeded sampling keys on) is ``positions[sample_indices[j]] + 1 -
 num_prompt_tokens`` of its slot, which the executor derives.
@@ -178,6 +182,10 @@ class BatchPlan:
     num_decode_rows: int = 0  # leading rows that are decode rows; see the module docstring
     prompt_logprob_rows: tuple[tuple[int, int, int], ...] = ()
     prompt_logprob_targets: array[int] = field(default_factory=lambda: array("q"))
+    # Set by Scheduler.schedule(): this plan's number (1, 2, ...) and that of the latest plan
+    # recorded before it was made (0: none); see pagedinfer.domain.executor.
+    step_id: int = 0
+    recorded_step_id: int = 0
 
     def __post_init__(self) -> None:
         if not self.is_prefill:  # a decode step: every row is a decode row
@@ -208,7 +216,9 @@ class BatchPlan:
 
     @property
     def sampled_seq_ids(self) -> list[int]:
-        """The sequence id of each sample (derived; for inspection, not the hot path)."""
+        """The sequence id of each sample, forks included: ``sampled_token_ids[j]`` of the
+        step's output belongs to sequence ``sampled_seq_ids[j]``. Derived on each call (a
+        binary search per prefill sample), so call it once per step."""
         num_decode = self.num_decode_rows  # decode rows are sampled in row order
         rows = [
             bisect_right(self.cu_seqlens_q, index) - 1 for index in self.sample_indices[num_decode:]

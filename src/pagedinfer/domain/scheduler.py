@@ -45,9 +45,16 @@ from collections import deque
 from collections.abc import Iterable
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from pagedinfer.domain.block_pool import BlockPool, cdiv
 from pagedinfer.domain.decode_batch import DecodeBatch
+from pagedinfer.domain.events import (
+    PrefixCacheHit,
+    SchedulerEvent,
+    SequenceFinished,
+    SequencePreempted,
+)
 from pagedinfer.domain.hashing import extend_chain
 from pagedinfer.domain.plan import (
     BatchPlan,
@@ -60,11 +67,18 @@ from pagedinfer.domain.plan import (
 from pagedinfer.domain.sequence import FinishReason, Sequence, SequenceStatus
 from pagedinfer.errors import ConfigurationError, InvalidRequestError
 
-__all__ = ["SCHEDULING_POLICIES", "Scheduler", "SchedulerConfig", "SchedulerStats"]
+__all__ = [
+    "SCHEDULING_POLICIES",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerStats",
+    "SchedulingPolicy",
+]
 
 # "mixed": decode rows and prefill chunks share each step's budget (decode first);
 # "prefill_first": prefill steps before decode steps (a decode waits for every prefill).
-SCHEDULING_POLICIES = ("mixed", "prefill_first")
+SchedulingPolicy = Literal["mixed", "prefill_first"]
+SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = get_args(SchedulingPolicy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +90,7 @@ class SchedulerConfig:
     max_model_len: int = 4096
     enable_prefix_caching: bool = True
     eos_token_ids: frozenset[int] = field(default_factory=frozenset)
-    scheduling_policy: str = "mixed"  # one of SCHEDULING_POLICIES
+    scheduling_policy: SchedulingPolicy = "mixed"
 
     def __post_init__(self) -> None:
         if self.scheduling_policy not in SCHEDULING_POLICIES:
@@ -128,10 +142,34 @@ class Scheduler:
     Call :meth:`schedule` for a plan, run it, then hand the sampled token ids (one per
     sampled row, in ``plan.sample_indices`` order) to :meth:`postprocess`. A plan that is
     never postprocessed (its step failed) is simply planned again by the next
-    :meth:`schedule`.
+    :meth:`schedule`; the same plan may also be run again and then postprocessed. The
+    executor's side of this contract, the two ways to recover from a failed step and when a
+    plan counts as recorded: :mod:`pagedinfer.domain.executor`.
+
+    **Threads.** A scheduler is not thread-safe: call its methods from one thread at a time
+    (the engine holds a lock around every call). Only the executor's work on a plan may
+    overlap with other calls (``abort`` included; a plan is never modified after
+    :meth:`schedule` returns it).
+
+    **What is read-only.** ``running`` and ``waiting`` are copies (changing them changes
+    nothing). A queued :class:`Sequence` belongs to the scheduler until it finishes: read
+    its fields, never assign them (``status``, ``block_table``, ``slot``,
+    ``num_computed_tokens``, ``token_ids``...). ``config`` and ``pool`` are shared, not copied:
+    use ``pool`` for its statistics and ``reset_prefix_cache()`` only.
+
+    **Events.** With ``record_events=True`` the scheduler records preemptions, prefix-cache
+    hits and every finish (aborts and completions cancelled with their request included) as
+    :mod:`~pagedinfer.domain.events`, which :meth:`drain_events` hands over; the caller must
+    drain them (they are kept until then). Without it nothing is recorded.
     """
 
-    def __init__(self, config: SchedulerConfig, pool: BlockPool | None = None) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        pool: BlockPool | None = None,
+        *,
+        record_events: bool = False,
+    ) -> None:
         self.config = config
         self.block_size = config.block_size
         self.pool = pool or BlockPool(
@@ -141,8 +179,8 @@ class Scheduler:
         )
         if self.pool.block_size != config.block_size or self.pool.num_blocks != config.num_blocks:
             raise ConfigurationError("the block pool does not match the scheduler config")
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []  # in admission order: preemption takes the newest
+        self._waiting: deque[Sequence] = deque()
+        self._running: list[Sequence] = []  # in admission order: preemption takes the newest
         self._seqs: dict[int, Sequence] = {}
         # Running sequences split by phase: prefilling (in running order) or decoding (rows).
         self._prefilling: list[Sequence] = []
@@ -178,6 +216,34 @@ class Scheduler:
         self._num_decode_steps = 0
         self._num_mixed_steps = 0
         self._mixed = config.scheduling_policy == "mixed"
+        # Plans issued, and the number of the latest plan recorded (BatchPlan.step_id).
+        self._step_id = 0
+        self._recorded_step_id = 0
+        self._events: list[SchedulerEvent] | None = [] if record_events else None
+
+    @property
+    def running(self) -> list[Sequence]:
+        """The running sequences in admission order (preemption takes the newest): a copy."""
+        return list(self._running)
+
+    @property
+    def waiting(self) -> list[Sequence]:
+        """The queued sequences in the order they will be admitted: a copy."""
+        return list(self._waiting)
+
+    def drain_events(self) -> list[SchedulerEvent]:
+        """The events recorded since the last call, oldest first (then forgotten).
+
+        Raises :class:`ConfigurationError` if the scheduler records none.
+        """
+        events = self._events
+        if events is None:
+            raise ConfigurationError(
+                "this scheduler records no events: create it with "
+                "Scheduler(config, record_events=True) to drain them."
+            )
+        self._events = []
+        return events
 
     # ------------------------------------------------------------------ queue
     def add(self, seq: Sequence, forks: SequenceABC[Sequence] = ()) -> None:
@@ -203,7 +269,7 @@ class Scheduler:
         if forks:
             self._check_forks(seq, forks)
         self._seqs[seq.seq_id] = seq
-        self.waiting.append(seq)
+        self._waiting.append(seq)
         if forks:
             self._pending_forks[seq.seq_id] = list(forks)
             for child in forks:
@@ -237,6 +303,11 @@ class Scheduler:
                 raise InvalidRequestError("the completions of a request must share its prompt.")
 
     def get(self, seq_id: int) -> Sequence | None:
+        """The unfinished sequence ``seq_id`` (waiting, running, or a completion that has not
+        started yet), or ``None``: unknown, or finished. The scheduler forgets a sequence when
+        it finishes (memory stays bounded by what is unfinished); keep your own reference
+        (the object passed to :meth:`add`), or read it from its
+        :class:`~pagedinfer.domain.events.SequenceFinished` event."""
         return self._seqs.get(seq_id)
 
     def unstarted_forks(self, seq_id: int | None = None) -> list[Sequence]:
@@ -273,14 +344,14 @@ class Scheduler:
             self._undo_forks()  # the step that forked them never ran (or was not recorded)
         self._in_flight = None
         # Each pass either returns a plan or preempts one running sequence, so this ends.
-        for _ in range(len(self.running) + 2):
+        for _ in range(len(self._running) + 2):
             plan = self._plan_mixed() if self._mixed else self._plan_prefill_first()
             if plan is not None:
                 return self._issue(plan)
-            if self.running:
+            if self._running:
                 # Only stuck partial prefills are left: free the newest so the others move.
-                self._preempt(self.running[-1])
-            elif not self.waiting:
+                self._preempt(self._running[-1])
+            elif not self._waiting:
                 break
         return None
 
@@ -340,6 +411,9 @@ class Scheduler:
         )
 
     def _issue(self, plan: BatchPlan) -> BatchPlan:
+        self._step_id += 1
+        object.__setattr__(plan, "step_id", self._step_id)
+        object.__setattr__(plan, "recorded_step_id", self._recorded_step_id)
         self._in_flight = plan
         self._in_flight_version = self._batch.version
         return plan
@@ -362,13 +436,13 @@ class Scheduler:
                 chunks.append(ScheduledChunk(seq, num_tokens, forks))
                 budget -= num_tokens
         # Then admit waiting requests in arrival order, stopping at the first that does not fit.
-        while admit and self.waiting and budget > 0 and self._has_room_for(self.waiting[0]):
-            seq = self.waiting[0]
+        while admit and self._waiting and budget > 0 and self._has_room_for(self._waiting[0]):
+            seq = self._waiting[0]
             num_tokens = self._admit(seq, budget)
             if num_tokens == 0:
                 break
-            self.waiting.popleft()
-            self.running.append(seq)
+            self._waiting.popleft()
+            self._running.append(seq)
             self._prefilling.append(seq)
             forking = seq.seq_id in self._pending_forks and seq.num_uncomputed_tokens == num_tokens
             forks = self._fork(seq) if forking else ()
@@ -378,7 +452,7 @@ class Scheduler:
 
     def _has_room_for(self, seq: Sequence) -> bool:
         """Whether admitting ``seq`` (and its forks) keeps ``max_running`` sequences at most."""
-        running = len(self.running)
+        running = len(self._running)
         if self._pending_forks or self._forking:
             # Forks of admitted requests will run: they count from admission on.
             seqs = self._seqs
@@ -428,6 +502,10 @@ class Scheduler:
             self._assign_slot(seq)
         if use_cache:
             pool.record_prefix_lookup(seq.num_tokens, num_cached)
+            if num_cached and self._events is not None:
+                self._events.append(
+                    PrefixCacheHit(seq.seq_id, num_cached, readmitted=seq.num_preemptions > 0)
+                )
         return num_tokens
 
     def _schedule_decode(self) -> bool:
@@ -435,7 +513,7 @@ class Scheduler:
         if none are free) and bring the rows up to date. False when there are no rows."""
         upcoming = self._decode_steps_done + 1
         if self._batch_stale:
-            needs = [seq for seq in self.running if seq.decoding and self._opens_block(seq)]
+            needs = [seq for seq in self._running if seq.decoding and self._opens_block(seq)]
         else:
             needs = self._needs_block
             needs.extend(seq for seq in self._joining if self._opens_block(seq))
@@ -466,7 +544,7 @@ class Scheduler:
     def _decode_victim(self, seq: Sequence) -> Sequence | None:
         """The newest running sequence a pass over the rows in running order has not served
         yet when it reaches ``seq``: anything after ``seq``, else the newest prefill."""
-        newest = self.running[-1]
+        newest = self._running[-1]
         if newest is not seq:
             return newest
         return self._prefilling[-1] if self._prefilling else None
@@ -477,7 +555,7 @@ class Scheduler:
         joining = self._joining
         self._sort_in_running_order(joining)
         rows = self._batch.seqs
-        if rows and self.running.index(rows[-1]) > self.running.index(joining[0]):
+        if rows and self._running.index(rows[-1]) > self._running.index(joining[0]):
             self._batch_stale = True  # an older chunked prefill finished after newer ones
             return
         self._batch.extend(joining)
@@ -486,7 +564,7 @@ class Scheduler:
 
     def _rebuild_batch(self, upcoming: int) -> None:
         """Rows for every decoding sequence, and their calendar entries from now on."""
-        rows = [seq for seq in self.running if seq.decoding]
+        rows = [seq for seq in self._running if seq.decoding]
         self._batch.rebuild(rows)
         self._batch_stale = False
         self._joining = []
@@ -512,9 +590,9 @@ class Scheduler:
     def _sort_in_running_order(self, seqs: list[Sequence]) -> None:
         if len(seqs) <= 8:
             if len(seqs) > 1:
-                seqs.sort(key=self.running.index)
+                seqs.sort(key=self._running.index)
             return
-        order = {id(seq): index for index, seq in enumerate(self.running)}
+        order = {id(seq): index for index, seq in enumerate(self._running)}
         seqs.sort(key=lambda seq: order[id(seq)])
 
     def _file(self, seq: Sequence, step: int) -> None:
@@ -591,7 +669,7 @@ class Scheduler:
         if copy is not None:
             self._block_copies[child.seq_id] = copy
         child.token_ids.append(token)
-        self.running.append(child)
+        self._running.append(child)
         child.decoding = True  # its prompt is computed: one token per step from now on
         self._joining.append(child)
         self._register_full_blocks(child)
@@ -640,7 +718,10 @@ class Scheduler:
         ``plan`` is the plan the latest :meth:`schedule` returned; ``sampled_token_ids``
         holds one token per sampled row. Returns the sequences that received a token,
         finished ones included (``status`` says which), in row order. Sequences aborted
-        since the plan was made are skipped.
+        since the plan was made are skipped (finishes without a token, aborts and cancelled
+        completions, are reported only as events). Raises ``ValueError``, recording nothing,
+        for another plan than the latest or a wrong number of tokens; once it returns, the
+        plan is recorded (the next plan's ``recorded_step_id`` is its ``step_id``).
         """
         if plan is not self._in_flight:
             raise ValueError(
@@ -655,6 +736,7 @@ class Scheduler:
                 "rows: pass exactly one token id per sampled row."
             )
         self._in_flight = None
+        self._recorded_step_id = plan.step_id
         self._confirm_deltas(plan)
         num_rows = plan.num_decode_rows
         if num_rows == 0:
@@ -813,15 +895,17 @@ class Scheduler:
                         del forks[parent_id]
                         self._no_more_forks(parent_id)
         elif seq.status is SequenceStatus.RUNNING:
-            self.running.remove(seq)
+            self._running.remove(seq)
             self._stop_running(seq)
         elif seq.status is SequenceStatus.WAITING:
-            self.waiting.remove(seq)
+            self._waiting.remove(seq)
         self._release_blocks(seq)
         self._release_slot(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         del self._seqs[seq.seq_id]
+        if self._events is not None:
+            self._events.append(SequenceFinished(seq, reason))
         # Completions that were to fork from it end with it (it ended before its prompt was
         # computed: an abort).
         orphans = [*self._pending_forks.pop(seq.seq_id, ()), *self._forking.pop(seq.seq_id, ())]
@@ -830,14 +914,16 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         """Recompute later: release the blocks and go back to the front of the queue."""
-        self.running.remove(seq)
+        self._running.remove(seq)
         self._stop_running(seq)
         self._release_blocks(seq)
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         seq.status = SequenceStatus.WAITING
-        self.waiting.appendleft(seq)
+        self._waiting.appendleft(seq)
         self._num_preemptions += 1
+        if self._events is not None:
+            self._events.append(SequencePreempted(seq.seq_id, seq.num_tokens))
 
     def _stop_running(self, seq: Sequence) -> None:
         """Take a sequence that leaves ``running`` out of its phase's bookkeeping."""
@@ -887,8 +973,8 @@ class Scheduler:
     # ------------------------------------------------------------------ stats
     def stats(self) -> SchedulerStats:
         return SchedulerStats(
-            num_waiting=len(self.waiting),
-            num_running=len(self.running),
+            num_waiting=len(self._waiting),
+            num_running=len(self._running),
             num_preemptions=self._num_preemptions,
             num_prefill_steps=self._num_prefill_steps,
             num_decode_steps=self._num_decode_steps,
@@ -899,7 +985,7 @@ class Scheduler:
         """Raise ``AssertionError`` if the incremental bookkeeping disagrees with a
         recomputation from the sequences: phases, decode rows, calendar, slots. O(state);
         for tests, between steps."""
-        running = self.running
+        running = self._running
         if self._prefilling != [seq for seq in running if not seq.decoding]:
             raise AssertionError("the prefilling list is not the running non-decoders")
         for seq in running:
@@ -912,7 +998,7 @@ class Scheduler:
                 and seq.seq_id not in self._pending_forks  # its last prompt token forks
             ):
                 raise AssertionError(f"{seq!r} should be decoding")
-        for seq in self.waiting:
+        for seq in self._waiting:
             if seq.decoding:
                 raise AssertionError(f"waiting {seq!r} is marked decoding")
         self._check_slots()
@@ -968,13 +1054,13 @@ class Scheduler:
 
     def _check_slots(self) -> None:
         forking = [child for children in self._forking.values() for child in children]
-        holders = [seq for seq in [*self.running, *self.waiting, *forking] if seq.slot >= 0]
+        holders = [seq for seq in [*self._running, *self._waiting, *forking] if seq.slot >= 0]
         slots = [seq.slot for seq in holders]
         if len(set(slots)) != len(slots):
             raise AssertionError(f"two requests share a sampling slot: {slots}")
-        if any(seq.slot < 0 for seq in self.running):
+        if any(seq.slot < 0 for seq in self._running):
             raise AssertionError("a running request has no sampling slot")
-        if any(seq.slot >= 0 and seq.num_preemptions == 0 for seq in self.waiting):
+        if any(seq.slot >= 0 and seq.num_preemptions == 0 for seq in self._waiting):
             raise AssertionError("a request that never ran holds a sampling slot")
         if sorted(slots + self._free_slots) != list(range(self._num_slots)):
             raise AssertionError(f"slots {slots} + free {self._free_slots} != 0..{self._num_slots}")

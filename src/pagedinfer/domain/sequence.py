@@ -43,6 +43,12 @@ class Sequence:
     instead of being counted every step. Assigning ``num_computed_tokens`` stores an explicit
     count and ends that mode. ``slot`` is the request's row in the executor's sampling table
     (see :mod:`pagedinfer.domain.plan`), ``-1`` while it has none.
+
+    From :meth:`Scheduler.add` until it finishes, a sequence belongs to the scheduler: read
+    any field, assign none (``status``, ``finish_reason``, ``token_ids``, ``block_table``,
+    ``slot``, the counts); use :meth:`Scheduler.finish` / :meth:`Scheduler.abort` to end it.
+    Building one by hand (tests, :func:`~pagedinfer.domain.plan.build_batch_plan`) may set
+    them.
     """
 
     __slots__ = (

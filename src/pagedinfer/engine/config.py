@@ -15,7 +15,7 @@ from pagedinfer.domain.limits import (
     DEFAULT_MAX_STOP_STR_LEN,
     RequestLimits,
 )
-from pagedinfer.domain.scheduler import SCHEDULING_POLICIES
+from pagedinfer.domain.scheduler import SCHEDULING_POLICIES, SchedulingPolicy
 from pagedinfer.errors import ConfigurationError
 
 __all__ = [
@@ -71,7 +71,7 @@ class EngineConfig:
     kv_cache_memory_bytes: int | None = None
     num_threads: int | str | None = None  # None: torch's own; "auto": default_num_threads()
     worker_timeout_s: float = 120.0
-    scheduling_policy: str = "mixed"
+    scheduling_policy: SchedulingPolicy = "mixed"
     max_n: int = DEFAULT_MAX_N
     max_logprobs: int = DEFAULT_MAX_LOGPROBS
     max_stop: int = DEFAULT_MAX_STOP

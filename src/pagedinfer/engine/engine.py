@@ -35,12 +35,13 @@ from typing import Any, NoReturn
 import torch
 
 from pagedinfer.adapters.attention import resolve_backend_name
-from pagedinfer.adapters.executor import Executor, create_executor
+from pagedinfer.adapters.executor import ModelExecutor, create_executor
 from pagedinfer.adapters.models.registry import read_model_config
 from pagedinfer.adapters.runner_config import RunnerConfig
+from pagedinfer.domain.forks import completion_seed, make_forks
 from pagedinfer.domain.plan import BatchPlan
-from pagedinfer.domain.sampling import MAX_SEED, SamplingParams
-from pagedinfer.domain.scheduler import Scheduler, SchedulerConfig
+from pagedinfer.domain.sampling import SamplingParams
+from pagedinfer.domain.scheduler import Scheduler, SchedulerConfig, SchedulingPolicy
 from pagedinfer.domain.sequence import FinishReason, SequenceStatus
 from pagedinfer.domain.sequence import Sequence as DomainSequence
 from pagedinfer.domain.step_output import StepOutput
@@ -99,12 +100,6 @@ class EngineStats:
     num_preemptions: int
 
 
-def completion_seed(seed: int | None, index: int) -> int | None:
-    """The seed of completion ``index`` of a request seeded ``seed`` (``n > 1``): ``seed +
-    index``, wrapping within ``0 ... MAX_SEED`` (vLLM's rule)."""
-    return None if seed is None else (seed + index) & MAX_SEED
-
-
 class Engine:
     """Offline LLM inference on a paged KV cache.
 
@@ -155,7 +150,7 @@ class Engine:
         kv_cache_memory_bytes: int | None = None,
         num_threads: int | str | None = None,
         worker_timeout_s: float = 120.0,
-        scheduling_policy: str = "mixed",
+        scheduling_policy: SchedulingPolicy = "mixed",
         max_n: int = 128,
         max_logprobs: int = 20,
         max_stop: int = 64,
@@ -164,7 +159,7 @@ class Engine:
         tokenizer: str | os.PathLike[str] | None = None,
         skip_tokenizer_init: bool = False,
     ) -> None:
-        self._executor: Executor | None = None
+        self._executor: ModelExecutor | None = None
         self._closed = True  # until construction succeeds
         self._lock = threading.Lock()
         # Notified when a step ends, a request is finalized outside a step, or the engine closes.
@@ -959,11 +954,7 @@ class Engine:
         # One sequence per completion; the first shares the request's id and prefills the
         # prompt, the others fork from it (completion i is seeded completion_seed(seed, i)).
         seqs = [DomainSequence(request_id, token_ids, params)]
-        for index in range(1, params.n):
-            child = params
-            if params.seed is not None:
-                child = dataclasses.replace(params, seed=completion_seed(params.seed, index))
-            seqs.append(DomainSequence(request_id + index, token_ids, child))
+        seqs += make_forks(seqs[0])
         self.scheduler.add(seqs[0], forks=seqs[1:])  # validates; raises before anything is kept
         self._next_request_id += params.n
         request = RequestState(

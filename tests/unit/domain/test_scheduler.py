@@ -723,7 +723,7 @@ def plan_fields(plan: BatchPlan) -> dict[str, object]:
     return {
         field.name: getattr(plan, field.name)
         for field in dataclasses.fields(plan)
-        if field.name not in ("released_slots", "new_requests")
+        if field.name not in ("released_slots", "new_requests", "step_id", "recorded_step_id")
     }
 
 
