@@ -423,6 +423,7 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
         DEFAULT_HEADER_TIMEOUT_S,
         DEFAULT_MAX_REQUEST_BYTES,
     )
+    from pagedinfer.serving.tools.formats import TOOL_CALL_PARSERS
 
     _model_arguments(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind")
@@ -460,6 +461,21 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
         action="store_true",
         help="log and ignore request fields the server does not know (default: answer 400, "
         "as OpenAI does)",
+    )
+    requests.add_argument(
+        "--tool-call-parser",
+        default=None,
+        choices=sorted(TOOL_CALL_PARSERS),
+        metavar="NAME",
+        help="how tool calls are read from answers with tool_choice 'auto': the model "
+        f"family's format ({', '.join(sorted(TOOL_CALL_PARSERS))}; docs/serving.md, Tool "
+        "calling)",
+    )
+    requests.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="serve tool_choice 'auto' (the default of a request with tools); needs "
+        "--tool-call-parser",
     )
     requests.add_argument(
         "--enable-prompt-tokens-details",
@@ -689,6 +705,8 @@ def _run_serve(args: argparse.Namespace) -> int:
         else load_chat_template(args.chat_template),
         trust_request_chat_template=args.trust_request_chat_template,
         ignore_unknown_fields=args.ignore_unknown_fields,
+        tool_call_parser=args.tool_call_parser,
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
     )
     try:
         run_server(

@@ -35,6 +35,7 @@ from pagedinfer.domain.sampling import SamplingParams
 from pagedinfer.engine.async_engine import AsyncEngine, AsyncRequestStream
 from pagedinfer.engine.outputs import RequestOutput
 from pagedinfer.engine.prompts import TokenizedPrompt
+from pagedinfer.errors import InvalidStructuredOutputError
 from pagedinfer.serving.errors import (
     ENGINE_DEAD_MESSAGE,
     SHUTTING_DOWN_MESSAGE,
@@ -44,7 +45,7 @@ from pagedinfer.serving.errors import (
     install_error_handlers,
     log_unexpected,
 )
-from pagedinfer.serving.fields import FieldPolicy
+from pagedinfer.serving.fields import FieldPolicy, RequestFieldError
 from pagedinfer.serving.guard import RequestGuard
 from pagedinfer.serving.metrics import CONTENT_TYPE, RequestTimer, ServerMetrics
 from pagedinfer.serving.options import ServingOptions
@@ -88,6 +89,8 @@ from pagedinfer.serving.responses import (
     sse,
     usage_chunk,
 )
+from pagedinfer.serving.structured import StructuredRequest, structured_request
+from pagedinfer.serving.tools import plan_tools
 
 __all__ = ["build_app"]
 
@@ -147,6 +150,29 @@ def build_app(
 
     token_text = _token_text(engine)
     decode = _decode(engine)
+    end_texts = _eos_texts(engine)
+
+    async def checked(
+        params: SamplingParams, structured: StructuredRequest | None
+    ) -> SamplingParams:
+        """``params`` if the engine can serve them; a constraint is compiled (and its errors
+        found) in a worker thread, off the event loop."""
+        if structured is None:
+            return engine.check_sampling_params(params)
+        try:
+            return await asyncio.to_thread(engine.check_sampling_params, params)
+        except InvalidStructuredOutputError as error:
+            raise structured.error(error) from None
+
+    def submit(
+        prompt: TokenizedPrompt, params: SamplingParams, structured: StructuredRequest | None
+    ) -> AsyncRequestStream:
+        try:
+            return engine.generate(prompt, params)
+        except InvalidStructuredOutputError as error:
+            if structured is None:
+                raise
+            raise structured.error(error) from None
 
     def context(
         prefix: str,
@@ -263,7 +289,9 @@ def build_app(
     async def completions(body: CompletionRequest, request: Request) -> Response:
         admit(body)
         check_sizes(body, limits, vocab_size)
-        params = engine.check_sampling_params(completion_sampling_params(body))
+        structured = structured_request(body)
+        params = completion_sampling_params(body, None if structured is None else structured.params)
+        params = await checked(params, structured)
         truncation = Truncation(truncation_limit(body, engine.max_model_len), body.truncation_side)
         prompts = await asyncio.gather(
             *(
@@ -277,7 +305,7 @@ def build_app(
                 for prompt in completion_prompts(body)
             )
         )
-        streams = _submit_all(engine, prompts, params)
+        streams = _submit_all(lambda prompt: submit(prompt, params, structured), prompts)
         ctx = context("cmpl", params, body, echo=body.echo, echo_only=echoes_prompt_only(body))
         timers = [metrics.timer() for _ in streams]
         if body.stream:
@@ -297,12 +325,35 @@ def build_app(
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         admit(body)
         check_sizes(body, limits, vocab_size)
-        params = engine.check_sampling_params(chat_sampling_params(body))
+        tools = plan_tools(
+            body.tools,
+            body.tool_choice,
+            body.parallel_tool_calls,
+            parser=options.tool_call_parser,
+            auto_tool_choice=options.enable_auto_tool_choice,
+            end_texts=end_texts,
+        )
+        structured = structured_request(body)
+        if tools.constraint is not None:
+            if structured is not None:
+                raise RequestFieldError(
+                    structured.field,
+                    f"{structured.field} and tool_choice={body.tool_choice!r} both constrain "
+                    "the answer (the calls are decoded under their functions' schemas): send "
+                    'one of them (tool_choice "auto" or "none" may go with it).',
+                )
+            structured = StructuredRequest(tools.constraint, "tools")
+        params = chat_sampling_params(
+            body,
+            None if structured is None else structured.params,
+            keep_special_tokens=tools.keeps_special_tokens,
+        )
+        params = await checked(params, structured)
         truncation = Truncation(truncation_limit(body, engine.max_model_len), body.truncation_side)
         prompt = await asyncio.to_thread(
             encode_chat, sync_engine, chat_messages(body), rendering(body), truncation
         )
-        stream = engine.generate(prompt, params)
+        stream = submit(prompt, params, structured)
         ctx = context(
             "chatcmpl",
             params,
@@ -310,6 +361,7 @@ def build_app(
             role=response_role(body),
             echo_text=echo_prefix(body),
             prompt_text=bool(body.return_prompt_text),
+            tool_calls=tools.calls,
         )
         timer = metrics.timer()
         if body.stream:
@@ -330,13 +382,13 @@ def _validated(model: type[_M], payload: dict[str, Any]) -> _M:
 
 
 def _submit_all(
-    engine: AsyncEngine, prompts: Sequence[TokenizedPrompt], params: SamplingParams
+    submit: Callable[[TokenizedPrompt], AsyncRequestStream], prompts: Sequence[TokenizedPrompt]
 ) -> list[AsyncRequestStream]:
     """Queue every prompt, or (if one is refused) none: the others are aborted."""
     streams: list[AsyncRequestStream] = []
     try:
         for prompt in prompts:
-            streams.append(engine.generate(prompt, params))
+            streams.append(submit(prompt))
     except BaseException:
         for stream in streams:
             stream.close()
@@ -541,6 +593,16 @@ def _decode(engine: AsyncEngine) -> Any:
         return text
 
     return decode
+
+
+def _eos_texts(engine: AsyncEngine) -> tuple[str, ...]:
+    """The text of each EOS token (an answer decoded with its special tokens ends with one,
+    which a tool-call parser leaves out)."""
+    tokenizer = engine.tokenizer
+    if tokenizer is None:
+        return ()
+    eos_ids = engine.engine.model_config.eos_token_ids
+    return tuple(text for text in (tokenizer.decode([i]) for i in eos_ids) if text)
 
 
 def _token_text(engine: AsyncEngine) -> Any:

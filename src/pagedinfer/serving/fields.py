@@ -4,8 +4,9 @@ No field is dropped silently. Every field of a request body is one of:
 
 * **implemented**: a field of the request models in :mod:`pagedinfer.serving.protocol`;
 * **unsupported** (:data:`UNSUPPORTED`): OpenAI's or vLLM's, with a feature pagedinfer lacks
-  (beam search, structured outputs, tools, ...). A value that asks for nothing (``null``,
-  ``false``, ``[]``, the default) is accepted; anything else is a 400 naming the field;
+  (beam search, watermarking, OpenAI's deprecated ``functions``, ...). A value that asks for
+  nothing (``null``, ``false``, ``[]``, the default) is accepted; anything else is a 400
+  naming the field;
 * **ignored** (:data:`IGNORED`): fields that only describe the request for the caller's own
   bookkeeping (``user``, ``metadata``, ``store``, ...): accepted, without effect, and the
   server logs a warning the first time it sees each (once per field, not per request);
@@ -85,16 +86,8 @@ def _number(expected: float) -> Callable[[Any], bool]:
     return harmless
 
 
-_STRUCTURED = (
-    "structured outputs (guided decoding: JSON schemas, regular expressions, grammars, "
-    "choices) are not supported yet"
-)
-_TOOLS = "pagedinfer does not parse tool calls (tools and function calling are not supported yet)"
+_FUNCTIONS = "OpenAI's deprecated functions API is not served: send tools and tool_choice instead"
 _NO_MULTIMODAL = "pagedinfer serves text-only models"
-
-
-def _text_format(value: Any) -> bool:
-    return value is None or (isinstance(value, dict) and value.get("type") == "text")
 
 
 def _text_modalities(value: Any) -> bool:
@@ -103,15 +96,6 @@ def _text_modalities(value: Any) -> bool:
 
 # Fields of both endpoints (OpenAI's, then vLLM's).
 _COMMON: dict[str, Unsupported] = {
-    "response_format": Unsupported(_text_format, _STRUCTURED + ' ({"type": "text"} is accepted)'),
-    "structured_outputs": Unsupported(_empty, _STRUCTURED),
-    "guided_json": Unsupported(_empty, _STRUCTURED),
-    "guided_regex": Unsupported(_empty, _STRUCTURED),
-    "guided_choice": Unsupported(_empty, _STRUCTURED),
-    "guided_grammar": Unsupported(_empty, _STRUCTURED),
-    "guided_decoding_backend": Unsupported(_empty, _STRUCTURED),
-    "guided_whitespace_pattern": Unsupported(_empty, _STRUCTURED),
-    "structural_tag": Unsupported(_empty, _STRUCTURED),
     "use_beam_search": Unsupported(_is(False), "beam search is not implemented"),
     "length_penalty": Unsupported(_number(1.0), "it applies to beam search, not implemented"),
     "early_stopping": Unsupported(_is(False), "it applies to beam search, not implemented"),
@@ -147,10 +131,10 @@ _COMPLETIONS_ONLY: dict[str, Unsupported] = {
 }
 
 _CHAT_ONLY: dict[str, Unsupported] = {
-    "tools": Unsupported(_empty, _TOOLS),
-    "functions": Unsupported(_empty, _TOOLS),
-    "tool_choice": Unsupported(_is("none", "auto"), _TOOLS + ' ("none" and "auto" are accepted)'),
-    "function_call": Unsupported(_is("none", "auto"), _TOOLS + ' ("none" and "auto" are accepted)'),
+    "functions": Unsupported(_empty, _FUNCTIONS),
+    "function_call": Unsupported(
+        _is("none", "auto"), _FUNCTIONS + ' ("none" and "auto" are accepted)'
+    ),
     "include_reasoning": Unsupported(
         _is(True), "there is no reasoning parser: the reasoning stays in the content"
     ),
@@ -167,7 +151,6 @@ UNSUPPORTED: dict[str, dict[str, Unsupported]] = {
     "chat": {**_COMMON, **_CHAT_ONLY},
     "tokenize_completion": {},
     "tokenize_chat": {
-        "tools": _CHAT_ONLY["tools"],
         "mm_processor_kwargs": _COMMON["mm_processor_kwargs"],
         "media_io_kwargs": _COMMON["media_io_kwargs"],
     },
@@ -198,7 +181,7 @@ IGNORED: dict[str, frozenset[str]] = {
         }
     ),
 }
-IGNORED["chat"] = IGNORED["completions"] | {"parallel_tool_calls"}
+IGNORED["chat"] = IGNORED["completions"]
 IGNORED["tokenize_completion"] = frozenset()
 IGNORED["tokenize_chat"] = frozenset()
 # Inside stream_options.

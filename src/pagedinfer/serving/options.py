@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pagedinfer.errors import ConfigurationError, PagedInferError
+from pagedinfer.serving.tools.formats import TOOL_CALL_PARSERS
 
 __all__ = [
     "API_KEY_ENV",
@@ -71,6 +72,11 @@ class ServingOptions:
     request (a template is code the server runs; off, such a request is a 400).
     ``ignore_unknown_fields``: a request field the server does not know is logged and
     ignored (vLLM's behaviour) instead of answered with a 400 (OpenAI's).
+    ``tool_call_parser``: how tool calls are read from answers with ``tool_choice="auto"``
+    (a name of :data:`~pagedinfer.serving.tools.TOOL_CALL_PARSERS`: ``hermes``,
+    ``llama3_json``, ``llama4_json``, ``mistral``); ``enable_auto_tool_choice`` allows
+    ``tool_choice="auto"`` (the default when a request has tools) and needs the parser, as
+    vLLM's ``--enable-auto-tool-choice`` does.
     """
 
     api_key: str | None = None
@@ -83,8 +89,20 @@ class ServingOptions:
     chat_template: str | None = None
     trust_request_chat_template: bool = False
     ignore_unknown_fields: bool = False
+    tool_call_parser: str | None = None
+    enable_auto_tool_choice: bool = False
 
     def __post_init__(self) -> None:
+        if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ConfigurationError(
+                f"tool_call_parser={self.tool_call_parser!r} is unknown: expected one of "
+                f"{', '.join(sorted(TOOL_CALL_PARSERS))} (--tool-call-parser)."
+            )
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ConfigurationError(
+                "--enable-auto-tool-choice needs --tool-call-parser: name the model family's "
+                f"tool-call format ({', '.join(sorted(TOOL_CALL_PARSERS))})."
+            )
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key):
             raise ConfigurationError(
                 "api_key must be a non-empty string, or None for no key (an empty "

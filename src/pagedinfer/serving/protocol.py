@@ -7,10 +7,13 @@ extensions a vLLM user reaches for (``top_k``, ``min_p``, ``repetition_penalty``
 ``return_tokens_as_token_ids``, ``prompt_logprobs``, ``truncate_prompt_tokens``,
 ``add_special_tokens``, ``request_id``; for chat ``echo``, ``add_generation_prompt``,
 ``continue_final_message``, ``chat_template``, ``chat_template_kwargs``, ``documents``,
-``reasoning_effort``, ``return_prompt_text``). Fields the models do not declare land in
-``model_extra`` and :func:`check_fields` decides about them with the tables of
-:mod:`pagedinfer.serving.fields`: a field is implemented, refused with a 400 that names it,
-ignored with a logged warning (metadata only), or unknown (a 400): none is dropped silently.
+``reasoning_effort``, ``return_prompt_text``). Structured outputs (``response_format``,
+``structured_outputs``, ``guided_*``) are read by :mod:`pagedinfer.serving.structured`, tools
+(``tools``, ``tool_choice``, ``parallel_tool_calls``) by :mod:`pagedinfer.serving.tools`.
+Fields the models do not declare land in ``model_extra`` and :func:`check_fields` decides
+about them with the tables of :mod:`pagedinfer.serving.fields`: a field is implemented,
+refused with a 400 that names it, ignored with a logged warning (metadata only), or unknown
+(a 400): none is dropped silently.
 
 Types are strict (pydantic's strict mode): ``"max_tokens": "10"``, ``"stream": "yes"`` or
 ``"prompt": [true, false]`` are 400s, not coerced; a JSON integer is accepted where a number
@@ -44,6 +47,7 @@ from pydantic_core import PydanticCustomError
 
 from pagedinfer.domain.limits import RequestLimits
 from pagedinfer.domain.sampling import MAX_SEED, SamplingParams
+from pagedinfer.domain.structured import StructuredOutputsParams
 from pagedinfer.errors import InvalidRequestError
 from pagedinfer.serving.fields import (
     CHAT,
@@ -53,6 +57,7 @@ from pagedinfer.serving.fields import (
     FieldPolicy,
     RequestFieldError,
 )
+from pagedinfer.serving.tools.choice import template_messages, template_tools
 
 __all__ = [
     "LOGIT_BIAS_LIMIT",
@@ -187,6 +192,17 @@ class _SamplingFields(_Request):
     truncate_prompt_tokens: Int64 | None = None
     truncation_side: Literal["left", "right"] | None = None
     request_id: Annotated[str, Field(min_length=1, max_length=MAX_REQUEST_ID_LENGTH)] | None = None
+    # Structured outputs (pagedinfer.serving.structured reads them): OpenAI's, vLLM's, and
+    # vLLM's older guided_* spellings.
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None
+    guided_decoding_backend: str | None = None
+    structural_tag: str | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -197,7 +213,11 @@ class _SamplingFields(_Request):
         return self.stream_options is not None and self.stream_options.continuous_usage
 
     def _sampling_params(
-        self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None
+        self,
+        max_tokens: int | None,
+        logprobs: int | None,
+        prompt_logprobs: int | None = None,
+        **overrides: Any,
     ) -> SamplingParams:
         if prompt_logprobs is None:
             prompt_logprobs = self.prompt_logprobs
@@ -232,6 +252,7 @@ class _SamplingFields(_Request):
                 fields[name] = value
         if self.logit_bias:
             fields["logit_bias"] = _logit_bias(self.logit_bias)
+        fields.update(overrides)
         return SamplingParams(**fields)
 
 
@@ -275,6 +296,8 @@ class _ChatTemplateFields(_Request):
     add_special_tokens: bool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # OpenAI's function tools: checked by pagedinfer.serving.tools and given to the template.
+    tools: list[Any] | None = None
 
     @property
     def generation_prompt(self) -> bool:
@@ -296,6 +319,9 @@ class ChatCompletionRequest(_SamplingFields, _ChatTemplateFields):
     documents: list[dict[str, str]] | None = None
     reasoning_effort: ReasoningEffort | None = None
     return_prompt_text: bool | None = None
+    # Tool calling (pagedinfer.serving.tools): "none", "auto", "required" or a named function.
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
     @property
     def output_tokens(self) -> int | None:
@@ -393,17 +419,22 @@ def completion_prompts(request: CompletionRequest) -> list[str | list[int]]:
     return list(prompt)  # type: ignore[arg-type]  # strings or token-id lists, by the model
 
 
-def completion_sampling_params(request: CompletionRequest) -> SamplingParams:
-    """The request's ``SamplingParams``. ``echo`` asks for the prompt's logprobs too when
-    ``logprobs`` is set, and with ``max_tokens=0`` (the prompt alone, as vLLM serves it) one
-    token is generated and dropped."""
+def completion_sampling_params(
+    request: CompletionRequest, structured_outputs: StructuredOutputsParams | None = None
+) -> SamplingParams:
+    """The request's ``SamplingParams`` (``structured_outputs``: the constraint its fields ask
+    for, :mod:`pagedinfer.serving.structured`). ``echo`` asks for the prompt's logprobs too
+    when ``logprobs`` is set, and with ``max_tokens=0`` (the prompt alone, as vLLM serves it)
+    one token is generated and dropped."""
     if request.best_of is not None and request.best_of != request.n:
         raise _bad("best_of", "best_of must equal n (or be left out)")
     logprobs = request.logprobs
     prompt_logprobs = None
     if request.echo and logprobs is not None:
         prompt_logprobs = max(logprobs, request.prompt_logprobs or 0)
-    return request._sampling_params(request.output_tokens, logprobs, prompt_logprobs)
+    return request._sampling_params(
+        request.output_tokens, logprobs, prompt_logprobs, structured_outputs=structured_outputs
+    )
 
 
 def echoes_prompt_only(request: CompletionRequest) -> bool:
@@ -448,17 +479,30 @@ def truncation_limit(
 
 
 # --------------------------------------------------------------------------------- chat
-def chat_sampling_params(request: ChatCompletionRequest) -> SamplingParams:
+def chat_sampling_params(
+    request: ChatCompletionRequest,
+    structured_outputs: StructuredOutputsParams | None = None,
+    *,
+    keep_special_tokens: bool = False,
+) -> SamplingParams:
+    """The request's ``SamplingParams``: ``structured_outputs`` is the constraint its fields
+    or its tools ask for; ``keep_special_tokens`` (a tool-call parser whose markers are
+    special tokens) decodes them unless the request sets ``skip_special_tokens``."""
     top = request.top_logprobs
     if top is not None and top > 0 and not request.logprobs:
         raise _bad("top_logprobs", "top_logprobs needs logprobs=true")
     logprobs = (top or 0) if request.logprobs else None
-    return request._sampling_params(request.output_tokens, logprobs)
+    overrides: dict[str, Any] = {"structured_outputs": structured_outputs}
+    if keep_special_tokens and "skip_special_tokens" not in request.model_fields_set:
+        overrides["skip_special_tokens"] = False
+    return request._sampling_params(request.output_tokens, logprobs, **overrides)
 
 
 def chat_messages(request: _ChatTemplateFields) -> list[dict[str, Any]]:
-    """The conversation as the chat template expects it: text content parts joined; other
-    fields of a message (``tool_calls``, ...) passed on as they are."""
+    """The conversation as the chat template expects it: text content parts joined; the
+    ``arguments`` of an assistant message's ``tool_calls`` parsed from their JSON text (as
+    HF templates take them); other fields of a message (``tool_call_id``, ...) passed on as
+    they are."""
     messages = []
     for message in request.messages:
         content = message.content
@@ -469,14 +513,18 @@ def chat_messages(request: _ChatTemplateFields) -> list[dict[str, Any]]:
         if message.name is not None:
             rendered["name"] = message.name
         messages.append(rendered)
-    return messages
+    return template_messages(messages)
 
 
 def chat_template_kwargs(request: _ChatTemplateFields) -> dict[str, Any] | None:
-    """The template's variables: ``chat_template_kwargs``, then (vLLM's) ``documents``,
-    ``continue_final_message`` and ``reasoning_effort`` (which also turns thinking on or off
-    through ``enable_thinking``, unless ``chat_template_kwargs`` sets it)."""
+    """The template's variables: ``chat_template_kwargs``, then ``tools`` (checked), and
+    (vLLM's) ``documents``, ``continue_final_message`` and ``reasoning_effort`` (which also
+    turns thinking on or off through ``enable_thinking``, unless ``chat_template_kwargs``
+    sets it)."""
     kwargs: dict[str, Any] = dict(request.chat_template_kwargs or {})
+    tools = template_tools(request.tools)
+    if tools is not None:
+        kwargs["tools"] = tools
     if request.continue_final_message:
         kwargs["continue_final_message"] = True
     if isinstance(request, ChatCompletionRequest):

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pagedinfer.engine.outputs import RequestOutput
+from pagedinfer.serving.tools import ToolCalls, ToolCallStream
 
 __all__ = [
     "ChoiceCursor",
@@ -128,6 +129,8 @@ class ResponseContext:
     role: str = "assistant"
     echo_text: str = ""
     prompt_text: bool = False
+    # Chat with tools: how the answer's tool calls are read (None: the answer is text).
+    tool_calls: ToolCalls | None = None
 
 
 class ChoiceCursor:
@@ -137,9 +140,10 @@ class ChoiceCursor:
     stop string is held back until it cannot), so a delta is a plain slice.
     """
 
-    __slots__ = ("chars", "finished", "started", "text_offset", "tokens")
+    __slots__ = ("chars", "finished", "started", "text_offset", "tokens", "tools")
 
     def __init__(self) -> None:
+        self.tools: ToolCallStream | None = None  # a chat choice whose tool calls are read
         self.tokens = 0
         self.chars = 0
         # Where the next token's logprobs entry starts: the lengths of the token strings
@@ -363,11 +367,28 @@ def chat_response(context: ResponseContext, output: RequestOutput) -> dict[str, 
     prompt = prompt_of(output)
     choices = []
     for completion in completions_of(output):
+        finish_reason = completion.finish_reason
+        tools = context.tool_calls
+        if tools is None:
+            message = _message(context, context.echo_text + completion.text)
+        else:
+            extracted = tools.extract(completion.text)
+            message = _message(context, context.echo_text + (extracted.content or "") or None)
+            if extracted.calls:
+                message["tool_calls"] = [
+                    {
+                        "id": tools.format.new_id(),
+                        "type": "function",
+                        "function": {"name": call.name, "arguments": call.arguments},
+                    }
+                    for call in extracted.calls
+                ]
+            finish_reason = tools.finish_reason(finish_reason, bool(extracted.calls))
         choice: dict[str, Any] = {
             "index": completion.index,
-            "message": _message(context, context.echo_text + completion.text),
+            "message": message,
             "logprobs": _chat_logprobs(context, completion, slice(0, len(completion.token_ids))),
-            "finish_reason": completion.finish_reason,
+            "finish_reason": finish_reason,
             "stop_reason": completion.stop_reason,
             "token_ids": list(completion.token_ids) if context.return_token_ids else None,
         }
@@ -389,8 +410,9 @@ def chat_response(context: ResponseContext, output: RequestOutput) -> dict[str, 
     }
 
 
-def _message(context: ResponseContext, content: str) -> dict[str, Any]:
-    """A whole answer: its role and text, and (``null``) the fields the server never fills."""
+def _message(context: ResponseContext, content: str | None) -> dict[str, Any]:
+    """A whole answer: its role and text (``None``: tool calls and no text), and (``null``)
+    the fields the server never fills; ``tool_calls`` is added when the answer has some."""
     return {
         "role": context.role,
         "content": content,
@@ -412,7 +434,21 @@ def chat_chunk(
         return None
     text, tokens = cursor.advance(completion)
     finished = completion.finish_reason is not None
-    if not text and tokens.start == tokens.stop and not finished and cursor.started:
+    finish_reason = completion.finish_reason
+    tool_deltas: list[dict[str, Any]] = []
+    tools = context.tool_calls
+    if tools is not None:
+        if cursor.tools is None:
+            cursor.tools = tools.stream()
+        text, tool_deltas = cursor.tools.advance(completion.text, finished)
+        finish_reason = tools.finish_reason(finish_reason, cursor.tools.called)
+    if (
+        not text
+        and not tool_deltas
+        and tokens.start == tokens.stop
+        and not finished
+        and cursor.started
+    ):
         return None
     first = not cursor.started
     delta: dict[str, Any] = {}
@@ -421,11 +457,13 @@ def chat_chunk(
         text = context.echo_text + text
     if text or first:
         delta["content"] = text
+    if tool_deltas:
+        delta["tool_calls"] = tool_deltas
     choice: dict[str, Any] = {
         "index": completion.index,
         "delta": delta,
         "logprobs": _chat_logprobs(context, completion, tokens),
-        "finish_reason": completion.finish_reason,
+        "finish_reason": finish_reason,
         "stop_reason": completion.stop_reason,
         "token_ids": list(completion.token_ids[tokens]) if context.return_token_ids else None,
     }

@@ -45,15 +45,6 @@ def _check(request: Any, policy: FieldPolicy | None = None, **options: bool) -> 
 # Values that ask for a feature pagedinfer lacks (one per refused field).
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {}}}
 REFUSED: dict[str, Any] = {
-    "response_format": {"type": "json_object"},
-    "structured_outputs": {"json": {"type": "object"}},
-    "guided_json": {"type": "object"},
-    "guided_regex": "a+",
-    "guided_choice": ["a", "b"],
-    "guided_grammar": "root ::= 'a'",
-    "guided_decoding_backend": "xgrammar",
-    "guided_whitespace_pattern": " ",
-    "structural_tag": "{}",
     "use_beam_search": True,
     "length_penalty": 0.5,
     "early_stopping": True,
@@ -73,9 +64,7 @@ REFUSED: dict[str, Any] = {
     "media_io_kwargs": {"image": {}},
     "suffix": "!",
     "prompt_embeds": "AAAA",
-    "tools": [TOOL],
     "functions": [TOOL["function"]],
-    "tool_choice": "required",
     "function_call": {"name": "f"},
     "include_reasoning": False,
     "audio": {"voice": "alloy", "format": "wav"},
@@ -87,14 +76,11 @@ REFUSED: dict[str, Any] = {
 }
 # What clients send when they want none of it: accepted.
 HARMLESS: dict[str, list[Any]] = {
-    "response_format": [None, {"type": "text"}],
     "use_beam_search": [False],
     "length_penalty": [1, 1.0],
     "priority": [0],
     "thinking_token_budget": [-1, None],
     "spaces_between_special_tokens": [True],
-    "tools": [[], None],
-    "tool_choice": ["none", "auto", None],
     "function_call": ["none", "auto"],
     "include_reasoning": [True],
     "modalities": [["text"]],
@@ -118,9 +104,9 @@ def test_unsupported_fields_asking_for_something_are_refused_by_name(
 
 
 def test_refused_fields_reach_the_checks_from_a_parsed_body() -> None:
-    with pytest.raises(RequestFieldError, match="structured outputs") as error:
-        _check(_chat(guided_json={"type": "object"}))
-    assert error.value.param == "guided_json"
+    with pytest.raises(RequestFieldError, match="send tools and tool_choice") as error:
+        _check(_chat(functions=[TOOL["function"]]))
+    assert error.value.param == "functions"
     with pytest.raises(RequestFieldError, match="beam search") as error:
         _check(_completion(use_beam_search=True))
     assert error.value.param == "use_beam_search"
@@ -140,8 +126,7 @@ def test_metadata_fields_are_ignored_with_one_warning_each(
     warned = [record.getMessage() for record in caplog.records]
     assert len(warned) == 2 + 1 and all("ignored" in message for message in warned)
     assert any("'user'" in message for message in warned)
-    assert "parallel_tool_calls" in IGNORED["chat"]
-    _check(_chat(parallel_tool_calls=False), policy)
+    assert "parallel_tool_calls" not in IGNORED["chat"]  # served (tool calling)
 
 
 def test_unknown_fields_are_refused_as_openai_does_or_logged_on_request(
@@ -339,12 +324,17 @@ def test_a_chat_template_in_the_request_needs_the_operators_trust() -> None:
 
 
 def test_other_message_fields_reach_the_template() -> None:
+    """Fields beyond role and content pass through; a tool call's arguments (OpenAI's JSON
+    string) reach the template as an object, as HF templates expect them (vLLM's rule)."""
+    call = {"id": "1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
     messages = [
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "content": "42", "tool_call_id": "1"},
     ]
     request = ChatCompletionRequest.model_validate({"messages": messages})
+    parsed = {**call, "function": {"name": "f", "arguments": {"a": 1}}}
     assert chat_messages(request) == [
-        {"role": "assistant", "content": "", "tool_calls": [{"id": "1"}]},
+        {"role": "assistant", "content": "", "tool_calls": [parsed]},
         {"role": "tool", "content": "42", "tool_call_id": "1"},
     ]
+    assert messages[0]["tool_calls"] == [call]  # the request is not changed

@@ -396,9 +396,7 @@ def test_fields_are_served_refused_or_unknown_never_dropped(client: openai.OpenA
         )
 
     for field, value, message in [
-        ("guided_json", {"type": "object"}, "structured outputs"),
-        ("structured_outputs", {"regex": "a+"}, "structured outputs"),
-        ("response_format", {"type": "json_object"}, "structured outputs"),
+        ("watermarking", True, "watermarking"),
         ("use_beam_search", True, "beam search"),
         ("maxtokens", 3, "Unrecognized request argument supplied: maxtokens"),
     ]:
@@ -406,11 +404,11 @@ def test_fields_are_served_refused_or_unknown_never_dropped(client: openai.OpenA
             create(**{field: value})
         assert error.value.body["param"] == field
     create(user="someone", use_beam_search=False, response_format={"type": "text"})
-    with pytest.raises(openai.BadRequestError, match="tools"):
+    with pytest.raises(openai.BadRequestError, match="send tools and tool_choice"):
         client.chat.completions.create(
             model=MODEL_NAME,
             messages=CHAT,
-            tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
+            functions=[{"name": "f", "parameters": {}}],
         )
 
 
