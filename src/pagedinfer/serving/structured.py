@@ -28,6 +28,7 @@ a 400 naming its field; one that does not compile is found when the request is c
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -51,6 +52,7 @@ GUIDED_FIELDS = {
 }
 _PARAMS = frozenset(item.name for item in fields(StructuredOutputsParams))
 _CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+_NAMED = re.compile(r"StructuredOutputsParams\.(\w+)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,8 +136,10 @@ def structured_request(request: Any) -> StructuredRequest | None:
     try:
         params = StructuredOutputsParams(**values)
     except InvalidStructuredOutputError as error:
-        raise _bad(field, f"{field}: {error}") from None
-    except TypeError as error:  # a value of the wrong type for the dataclass
+        # The message names the StructuredOutputsParams field at fault: name the request's.
+        named = _NAMED.search(str(error))
+        if named is not None and named.group(1) in sources:
+            field = sources[named.group(1)]
         raise _bad(field, f"{field}: {error}") from None
     return StructuredRequest(params, field)
 
