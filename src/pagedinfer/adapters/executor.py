@@ -10,10 +10,13 @@ mirrors every call to workers.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pagedinfer.adapters.runner_config import RunnerConfig
 from pagedinfer.domain.executor import Executor
+
+if TYPE_CHECKING:
+    from pagedinfer.adapters.sampling.grammar import GrammarCompiler
 
 __all__ = ["Executor", "ModelExecutor", "create_executor"]
 
@@ -28,11 +31,14 @@ class ModelExecutor(Executor, Protocol):
         ...
 
 
-def create_executor(config: RunnerConfig) -> ModelExecutor:
+def create_executor(
+    config: RunnerConfig, *, grammars: GrammarCompiler | None = None
+) -> ModelExecutor:
+    """The executor for ``config``; ``grammars`` (structured outputs) goes to the sampling rank."""
     if config.tensor_parallel_size == 1:
         from pagedinfer.adapters.model_runner import ModelRunner
 
-        return ModelRunner(config)
+        return ModelRunner(config, grammars=grammars)
     from pagedinfer.adapters.distributed.executor import TensorParallelExecutor
 
-    return TensorParallelExecutor(config)
+    return TensorParallelExecutor(config, grammars=grammars)

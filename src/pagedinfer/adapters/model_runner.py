@@ -9,7 +9,10 @@ the model (or replays a captured CUDA graph), computes logits only for the sampl
 samples on rank 0, with the parameters of the persistent per-slot sampling table. Rank 0 also
 keeps the per-request logits processing state (penalties' token counts, bias and masks:
 ``sampling/logits_processors.py``) and knows which requests asked for logprobs
-(``sampling/logprobs.py``); both follow the table's install / release deltas. A step returns a
+(``sampling/logprobs.py``); both follow the table's install / release deltas, and so do the
+grammar matchers of structured outputs (``sampling/grammar.py``): their token bitmask is filled
+on the host right after the forward is launched (on CUDA it overlaps the forward; on the CPU the
+forward has already run) and applied to the logits before anything else. A step returns a
 :class:`StepOutput`.
 """
 
@@ -36,6 +39,12 @@ from pagedinfer.adapters.layers.linear import divide
 from pagedinfer.adapters.models.loader import load_weights
 from pagedinfer.adapters.models.registry import build_model, read_model_config
 from pagedinfer.adapters.runner_config import RunnerConfig
+from pagedinfer.adapters.sampling.grammar import (
+    GrammarCompiler,
+    GrammarMatchers,
+    GrammarStep,
+    apply_token_bitmask,
+)
 from pagedinfer.adapters.sampling.logits_processors import LogitsProcessors
 from pagedinfer.adapters.sampling.logprobs import (
     LogprobsRequests,
@@ -82,9 +91,18 @@ class ModelRunner:
     others an empty :class:`StepOutput`.
     """
 
-    def __init__(self, config: RunnerConfig, parallel: ParallelContext = SINGLE_PROCESS) -> None:
+    def __init__(
+        self,
+        config: RunnerConfig,
+        parallel: ParallelContext = SINGLE_PROCESS,
+        *,
+        grammars: GrammarCompiler | None = None,
+    ) -> None:
         assert config.tensor_parallel_size == parallel.world_size, (config, parallel)
         self.config = config
+        # Structured outputs: the engine's compiler (its cache holds the grammars compiled at
+        # submission); only the sampling rank keeps matchers.
+        self.grammars = grammars if parallel.is_driver else None
         self.parallel = parallel
         self.device = config.device
         self.dtype = config.dtype
@@ -116,6 +134,7 @@ class ModelRunner:
         # state of the per-request features (built with the table, following its deltas).
         self.processors: LogitsProcessors | None = None
         self.logprobs_requests: LogprobsRequests | None = None
+        self.grammar_matchers: GrammarMatchers | None = None
         self.sampling_table = self._new_sampling_table()
         # The CPU reads the plan's arrays in place; CUDA packs them into one copy per step.
         self.packer = StepPacker(
@@ -144,6 +163,8 @@ class ModelRunner:
             if plan.block_copies:  # forks' copies of a prompt's last block, before they run
                 self._copy_blocks(plan.block_copies)
             hidden = self._run_model(inputs)
+            # The host's share of structured outputs, while the device runs the forward.
+            grammar = self._grammar_step(plan)
             prompt_chunks = self._prompt_logprobs(plan, hidden) if plan.prompt_logprob_rows else []
             if plan.num_samples == 0:  # only partial prefill chunks this step
                 return StepOutput([], prompt_logprobs=prompt_chunks)
@@ -152,7 +173,14 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden)
             if logits is None or table is None:
                 return EMPTY_STEP_OUTPUT
-            return self._sample(plan, inputs, logits, table, prompt_chunks)
+            return self._sample(plan, inputs, logits, table, prompt_chunks, grammar)
+
+    def _grammar_step(self, plan: BatchPlan) -> GrammarStep | None:
+        """The constrained rows' token bitmask on the device, or None (no such row)."""
+        matchers = self.grammar_matchers
+        if matchers is None or not len(matchers) or plan.num_samples == 0:
+            return None
+        return matchers.fill(plan.sample_slots)
 
     def _sample(
         self,
@@ -161,10 +189,14 @@ class ModelRunner:
         logits: torch.Tensor,
         table: SamplingTable,
         prompt_chunks: list[PromptLogprobsChunk],
+        grammar: GrammarStep | None = None,
     ) -> StepOutput:
         processors, requests = self.processors, self.logprobs_requests
         assert processors is not None and requests is not None
-        # Logprobs are of the model's distribution: taken before any processing.
+        if grammar is not None:  # first: logprobs and every later pass see the mask (vLLM's)
+            apply_token_bitmask(logits, grammar)
+        # Logprobs are of the model's distribution (with the grammar's mask, if any): taken
+        # before any other processing.
         wanted = requests.sample_rows(plan.sample_slots)
         raw = rows = None
         if wanted is not None:
@@ -190,6 +222,9 @@ class ModelRunner:
                 logprobs[row] = entry
         # The step's one device-to-host wait (two with logprobs).
         sampled: list[int] = token_ids.tolist()
+        if grammar is not None:
+            assert self.grammar_matchers is not None
+            self.grammar_matchers.accept(grammar, sampled)
         return StepOutput(sampled, logprobs, prompt_chunks)
 
     def _prompt_logprobs(self, plan: BatchPlan, hidden: torch.Tensor) -> list[PromptLogprobsChunk]:
@@ -253,6 +288,12 @@ class ModelRunner:
         table.on_install += [processors.install, requests.install]
         table.on_release += [processors.remove, requests.release]
         self.processors, self.logprobs_requests = processors, requests
+        self.grammar_matchers = None
+        if self.grammars is not None:
+            matchers = GrammarMatchers(self.grammars, self.device)
+            table.on_install.append(matchers.install)
+            table.on_release.append(matchers.release)
+            self.grammar_matchers = matchers
         return table
 
     def close(self) -> None:

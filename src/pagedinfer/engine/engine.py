@@ -38,6 +38,7 @@ from pagedinfer.adapters.attention import resolve_backend_name
 from pagedinfer.adapters.executor import ModelExecutor, create_executor
 from pagedinfer.adapters.models.registry import read_model_config
 from pagedinfer.adapters.runner_config import RunnerConfig
+from pagedinfer.adapters.sampling.grammar import GrammarCompiler
 from pagedinfer.domain.forks import completion_seed, make_forks
 from pagedinfer.domain.plan import BatchPlan
 from pagedinfer.domain.sampling import SamplingParams
@@ -237,7 +238,12 @@ class Engine:
             max_model_len=self.max_model_len,
             model_path=config.model_path,
         )
-        executor = create_executor(runner_config)
+        # Structured outputs: grammars compile at submission (check_sampling_params) into this
+        # compiler's cache, where the sampling rank finds them.
+        self._grammars = GrammarCompiler(
+            self.tokenizer, vocab_size, self.model_config.eos_token_ids
+        )
+        executor = create_executor(runner_config, grammars=self._grammars)
         try:
             self.scheduler = Scheduler(
                 SchedulerConfig(
@@ -370,6 +376,11 @@ class Engine:
                     "min_tokens holds back: nothing could be generated. Allow other tokens or "
                     "set min_tokens=0."
                 )
+        if params.structured_outputs is not None:
+            # Compiled here, in the caller's thread and before any lock (cached by its key):
+            # a constraint that does not compile is refused now, and a slow one does not
+            # stall the steps.
+            self._grammars.compile(params.structured_outputs)
         return params
 
     def add_request(

@@ -45,6 +45,7 @@ from pagedinfer.adapters.model_runner import ModelRunner
 from pagedinfer.adapters.models.config import ModelConfig
 from pagedinfer.adapters.models.registry import read_model_config
 from pagedinfer.adapters.runner_config import RunnerConfig
+from pagedinfer.adapters.sampling.grammar import GrammarCompiler
 from pagedinfer.domain.plan import BatchPlan
 from pagedinfer.domain.step_output import StepOutput
 from pagedinfer.errors import (
@@ -161,7 +162,9 @@ class TensorParallelExecutor:
         *,
         channel_bytes: int | None = None,
         timeout_s: float | None = None,
+        grammars: GrammarCompiler | None = None,
     ) -> None:
+        self._grammars = grammars  # structured outputs: rank 0 (the sampling rank) only
         world_size = config.tensor_parallel_size
         if world_size < 2:
             raise ConfigurationError(
@@ -318,7 +321,9 @@ class TensorParallelExecutor:
             group.store, rank=0, world_size=world_size, device=devices[0], timeout=timeout
         )
         parallel = ParallelContext(0, world_size, group.group)
-        group.runner = ModelRunner(replace(config, device=devices[0]), parallel)
+        group.runner = ModelRunner(
+            replace(config, device=devices[0]), parallel, grammars=self._grammars
+        )
         for worker in group.workers:
             _, num_blocks = worker.await_status(READY, check=group.check_workers, deadline=deadline)
             assert num_blocks == group.runner.num_kv_blocks, (num_blocks, group.runner)
