@@ -328,3 +328,43 @@ def test_the_json_knobs_shape_the_output(engine: Engine) -> None:
         assert isinstance(json.loads(any_object.text), dict)
     else:
         assert any_object.text.lstrip().startswith("{")
+
+
+SMALL_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "k": {"enum": ["a", "b"]},
+        "v": {
+            "type": "array",
+            "items": {"type": "integer", "minimum": 0, "maximum": 9},
+            "maxItems": 2,
+        },
+    },
+    "required": ["k", "v"],
+    "additionalProperties": False,
+}
+
+
+def _small_json(**kwargs: Any) -> SamplingParams:
+    constraint = StructuredOutputsParams(json=SMALL_SCHEMA, disable_any_whitespace=True)
+    return constrained(constraint, max_tokens=60, **kwargs)
+
+
+@pytest.mark.skipif(
+    __import__("os").environ.get("TRITON_INTERPRET") != "1",
+    reason="the Triton backend on the CPU needs TRITON_INTERPRET=1",
+)
+def test_outputs_validate_on_the_triton_backend(checkpoint: Path) -> None:
+    """The interpreter is slow: two requests, one of them forking (n = 2), one chunked."""
+    with Engine(
+        checkpoint, **{**BUSY, "attention_backend": "triton", "num_kv_blocks": 32}
+    ) as engine:
+        outputs = engine.generate(
+            prompts(2)[::2],
+            [_small_json(temperature=0.0), _small_json(temperature=1.0, seed=3, n=2)],
+            use_tqdm=False,
+        )
+    for output in outputs:
+        for completion in output.outputs:
+            assert completion.finish_reason == "stop", completion.text
+            jsonschema.validate(json.loads(completion.text), SMALL_SCHEMA)
