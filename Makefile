@@ -40,13 +40,14 @@ DEPS_SHOW := '^(torch|triton|transformers|tokenizers|huggingface.hub|safetensors
 
 install: $(STAMP)
 
-# What inference needs: the CPU torch and the package (no triton: CPU inference compiles no
-# kernel). make demo stops here; make install / make test add [dev] to the same venv.
+# What inference needs: the CPU torch and the package with its [engine] extra (no triton:
+# CPU inference compiles no kernel; plain `-e .` would be the core install, the scheduler
+# alone). make demo stops here; make install / make test add [dev] to the same venv.
 $(CORE_STAMP): pyproject.toml constraints-cpu.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install --quiet --upgrade pip
 	$(VPY) -m pip install --quiet -c constraints-cpu.txt torch==2.13.0
-	$(VPY) -m pip install --quiet -c constraints-cpu.txt -e .
+	$(VPY) -m pip install --quiet -c constraints-cpu.txt -e '.[engine]'
 	touch $(CORE_STAMP)
 
 $(STAMP): $(CORE_STAMP)

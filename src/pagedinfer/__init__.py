@@ -3,8 +3,15 @@
 ``from pagedinfer import Engine, SamplingParams``, or vLLM's entry point:
 ``from pagedinfer import LLM, SamplingParams``. Importing the package does not import torch:
 ``Engine``, ``LLM`` (and everything else that needs torch) are loaded on first access, so the
-pure-Python :mod:`pagedinfer.domain` works where torch is not installed. ``dir(pagedinfer)``
+pure-Python :mod:`pagedinfer.domain` works where torch is not installed (``pip install
+pagedinfer``; the engine needs ``pip install 'pagedinfer[engine]'``, and says so with a
+:class:`~pagedinfer.errors.MissingDependencyError` when it is missing). ``dir(pagedinfer)``
 lists the public names (``__all__``) and ``__version__``.
+
+Type checkers see the engine's names through the imports below, which makes them analyse the
+engine and torch for any code that imports ``pagedinfer.domain`` too. Code that uses only the
+domain skips that with ``mypy --always-true=PAGEDINFER_DOMAIN_ONLY`` (or ``always_true =
+["PAGEDINFER_DOMAIN_ONLY"]`` in its mypy configuration); the engine's names are then ``Any``.
 """
 
 from __future__ import annotations
@@ -15,7 +22,10 @@ from pagedinfer.domain.sampling import SamplingParams
 from pagedinfer.domain.sequence import FinishReason
 from pagedinfer.domain.structured import GuidedDecodingParams, StructuredOutputsParams
 
-if TYPE_CHECKING:
+# Always False when the code runs; a type checker told it is true skips the engine (above).
+PAGEDINFER_DOMAIN_ONLY = False
+
+if TYPE_CHECKING and not PAGEDINFER_DOMAIN_ONLY:
     from pagedinfer.engine.async_engine import AsyncEngine
     from pagedinfer.engine.engine import Engine
     from pagedinfer.engine.llm import LLM

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from core_env import build_core_venv, mypy_strict  # tests/unit/core_env.py
+from core_env import run as run_core
 
 import pagedinfer
 
@@ -66,13 +68,30 @@ def test_every_requirement_names_the_lower_bound_make_test_deps_installs() -> No
         sys.path.remove(str(ROOT / "tests" / "deps"))
     project = _project()
     pins = lower_bound_constraints(project, ["test"])
-    assert "torch==2.13" in pins and "transformers==4.56" in pins
+    assert "torch==2.13" in pins and "transformers==4.56" in pins  # [test] names [engine]
     assert "triton==3.6; sys_platform == 'linux'" in pins
-    assert len(pins) == len(project["dependencies"]) + len(project["optional-dependencies"]["test"])
+    extras = project["optional-dependencies"]
+    followed = [project["dependencies"], extras["engine"], extras["test"], extras["structured"]]
+    requirements = [r for group in followed for r in group if not r.startswith("pagedinfer[")]
+    assert len(pins) == len(requirements)
+    assert lower_bound_constraints(project, []) == ["xxhash==3.4.1"]  # the core install
     with pytest.raises(SystemExit, match="no single '>=' lower bound"):
         lower_bound_constraints({**project, "dependencies": ["torch"]}, [])
     # Extras that name others are followed (dev -> test, ray, serve).
     assert "ray==2.44" in lower_bound_constraints(project, ["dev"])
+
+
+def test_the_core_install_is_the_domain_and_the_engine_an_extra() -> None:
+    """pip install pagedinfer brings what pagedinfer.domain needs (xxhash) and nothing heavy;
+    [engine] brings torch, transformers and safetensors, and every extra that runs the engine
+    names it (issue 29.4)."""
+    project = _project()
+    assert project["dependencies"] == ["xxhash>=3.4.1"]
+    extras = project["optional-dependencies"]
+    engine = [r.split(">=")[0] for r in extras["engine"]]
+    assert {"torch", "transformers", "safetensors"} <= set(engine)
+    for extra in ("test", "serve", "ray"):
+        assert "pagedinfer[engine]" in extras[extra], extra
 
 
 def test_the_metadata_names_license_classifiers_and_keywords() -> None:
@@ -131,8 +150,105 @@ def test_make_demo_installs_the_package_alone_and_make_test_everything(tmp_path:
     instead of 1.2 GB); make test still installs everything from nothing (issue 22.13)."""
     demo = [line for line in _make_dry_run("demo", tmp_path) if "pip install" in line]
     assert any(line.endswith("torch==2.13.0") for line in demo)
-    assert any(line.endswith("-e .") for line in demo)
+    assert any(line.endswith("-e '.[engine]'") for line in demo)  # the engine, not the core
     assert not [line for line in demo if "[dev]" in line or "[test]" in line]
     test = _make_dry_run("test", tmp_path)
     assert any(line.endswith("-e '.[dev]'") for line in test)
     assert any("pytest" in line for line in test)
+
+
+# ----------------------------------------------------------------- the core install (issue 29)
+
+
+@pytest.fixture(scope="module")
+def core_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv holding pagedinfer and xxhash only (``tests/unit/core_env.py``)."""
+    return build_core_venv(tmp_path_factory.mktemp("core") / "venv")
+
+
+_CORE_SCRIPT = """
+import sys
+from pagedinfer.domain import SamplingParams, Scheduler, SchedulerConfig, Sequence, StepOutput
+from pagedinfer.errors import MissingDependencyError
+
+scheduler = Scheduler(SchedulerConfig(num_blocks=8, block_size=4, max_model_len=32))
+scheduler.add(Sequence(0, [1, 2, 3], SamplingParams(max_tokens=3)))
+while (plan := scheduler.schedule()) is not None:
+    scheduler.postprocess(plan, StepOutput([7] * plan.num_samples).sampled_token_ids)
+for name in ("torch", "triton", "transformers", "numpy"):
+    try:
+        __import__(name)
+    except ImportError:
+        continue
+    sys.exit(f"{name} is importable: not a core install")
+import pagedinfer
+messages = []
+for load in (
+    lambda: pagedinfer.Engine,
+    lambda: __import__("pagedinfer.engine"),
+    lambda: __import__("pagedinfer.adapters.kv_cache"),
+):
+    try:
+        load()
+    except MissingDependencyError as error:
+        messages.append(str(error))
+print("\\n".join(messages))
+"""
+
+
+def test_the_core_install_runs_the_domain_and_names_the_extra_for_the_engine(
+    core_python: Path,
+) -> None:
+    """Without torch, triton or transformers installed (not blocked: absent), the domain runs a
+    request, and everything that needs torch says which extra to install (issue 29.4)."""
+    result = run_core(core_python, "-c", _CORE_SCRIPT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    messages = result.stdout.strip().splitlines()
+    assert len(messages) == 3, result.stdout
+    for message in messages:
+        assert "torch, safetensors, transformers" in message
+        assert "pip install 'pagedinfer[engine]'" in message
+
+
+_DOMAIN_ONLY_SCRIPT = """
+from pagedinfer.domain import (
+    BatchPlan, Executor, SamplingParams, Scheduler, SchedulerConfig, Sequence, StepOutput,
+)
+
+
+class Echo:
+    def execute(self, plan: BatchPlan) -> StepOutput:
+        return StepOutput(plan.input_ids[-1:].tolist() * plan.num_samples)
+
+
+def main() -> list[int]:
+    config = SchedulerConfig(num_blocks=8, block_size=4, scheduling_policy="mixed")
+    scheduler = Scheduler(config, record_events=True)
+    seq = Sequence(0, [1, 2, 3], SamplingParams(max_tokens=3))
+    scheduler.add(seq)
+    executor: Executor = Echo()
+    while (plan := scheduler.schedule()) is not None:
+        scheduler.postprocess(plan, executor.execute(plan).sampled_token_ids)
+    return seq.completion_token_ids
+"""
+
+
+@pytest.mark.parametrize("source_checkout", [False, True], ids=["installed", "checkout"])
+def test_mypy_strict_of_domain_only_code_needs_no_torch(
+    core_python: Path, tmp_path: Path, source_checkout: bool
+) -> None:
+    """A domain-only script type-checks strictly where torch is not installed: against the
+    installed package as it is, and against a checkout with the documented
+    ``--always-true=PAGEDINFER_DOMAIN_ONLY`` (without it the root's engine names make mypy
+    read the engine; 90 errors without torch). A policy typo is a type error."""
+    script = tmp_path / "domain_only.py"
+    script.write_text(_DOMAIN_ONLY_SCRIPT)
+    result = mypy_strict(
+        core_python, str(script), cache_dir=tmp_path / "cache", source_checkout=source_checkout
+    )
+    assert result.returncode == 0, result.stdout[-3000:]
+    script.write_text(_DOMAIN_ONLY_SCRIPT.replace('"mixed"', '"mixd"'))
+    result = mypy_strict(
+        core_python, str(script), cache_dir=tmp_path / "cache", source_checkout=source_checkout
+    )
+    assert result.returncode == 1 and "Literal['mixd']" in result.stdout, result.stdout[-3000:]
