@@ -235,6 +235,8 @@ def test_required_decodes_an_array_of_calls_under_their_schemas() -> None:
     assert schema["type"] == "array" and schema["minItems"] == 1 and "maxItems" not in schema
     first, second = schema["items"]["anyOf"]
     assert first["properties"]["name"] == {"type": "string", "enum": ["get_weather"]}
+    assert first["required"] == ["name", "parameters"]
+    assert first["additionalProperties"] is False  # a call is its name and parameters only
     assert "$defs" not in first["properties"]["parameters"]  # gathered at the root
     assert schema["$defs"] == {"City": {"type": "string", "enum": ["Paris", "Rome"]}}
     assert second["properties"]["parameters"] == {"type": "object", "properties": {}}

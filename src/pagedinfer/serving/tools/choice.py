@@ -227,8 +227,9 @@ def _tool_choice(value: Any, tools: list[dict[str, Any]] | None) -> str:
 def _required_schema(tools: list[dict[str, Any]], parallel: bool) -> dict[str, Any]:
     """vLLM's schema for ``tool_choice="required"``: an array of one call or more (one at
     most without ``parallel_tool_calls``), each ``{"name": <a tool's name>, "parameters":
-    <that tool's parameters>}``; the tools' ``$defs`` are gathered at the root, where their
-    ``$ref``s point."""
+    <that tool's parameters>}`` and nothing else (vLLM's leaves other members open, and a
+    model may then write one that never ends); the tools' ``$defs`` are gathered at the root,
+    where their ``$ref``s point."""
     variants = []
     defs: dict[str, Any] = {}
     for index, tool in enumerate(tools):
@@ -249,6 +250,7 @@ def _required_schema(tools: list[dict[str, Any]], parallel: bool) -> dict[str, A
                     "parameters": parameters,
                 },
                 "required": ["name", "parameters"],
+                "additionalProperties": False,
             }
         )
     schema: dict[str, Any] = {
