@@ -140,8 +140,16 @@ VLLM_ARGUMENTS: dict[str, _VllmArgument] = {
         _empty, "the model is not torch.compile'd (CUDA graphs: see enforce_eager)"
     ),
     "logits_processors": _VllmArgument(_empty, "custom logits processors are not supported"),
-    "structured_outputs_config": _VllmArgument(_empty, "structured outputs are not implemented"),
-    "guided_decoding_backend": _VllmArgument(_empty, "structured outputs are not implemented"),
+    "structured_outputs_config": _VllmArgument(
+        _empty,
+        "structured outputs have one grammar engine (llguidance) and no engine-wide settings: "
+        "constrain each request with SamplingParams(structured_outputs=...)",
+    ),
+    "guided_decoding_backend": _VllmArgument(
+        lambda value: _empty(value) or _is("auto", "guidance")(value),
+        "the one grammar engine is llguidance ('guidance'); constrain each request with "
+        "SamplingParams(structured_outputs=...)",
+    ),
     "speculative_config": _VllmArgument(_empty, "speculative decoding is not implemented"),
     "enable_lora": _VllmArgument(_is(False), "LoRA adapters are not supported"),
     "enable_sleep_mode": _VllmArgument(_is(False), "there is no sleep mode"),
