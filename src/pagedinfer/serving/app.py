@@ -45,7 +45,7 @@ from pagedinfer.serving.errors import (
     install_error_handlers,
     log_unexpected,
 )
-from pagedinfer.serving.fields import FieldPolicy, RequestFieldError
+from pagedinfer.serving.fields import FieldPolicy
 from pagedinfer.serving.guard import RequestGuard
 from pagedinfer.serving.metrics import CONTENT_TYPE, RequestTimer, ServerMetrics
 from pagedinfer.serving.options import ServingOptions
@@ -333,16 +333,7 @@ def build_app(
             auto_tool_choice=options.enable_auto_tool_choice,
             end_texts=end_texts,
         )
-        structured = structured_request(body)
-        if tools.constraint is not None:
-            if structured is not None:
-                raise RequestFieldError(
-                    structured.field,
-                    f"{structured.field} and tool_choice={body.tool_choice!r} both constrain "
-                    "the answer (the calls are decoded under their functions' schemas): send "
-                    'one of them (tool_choice "auto" or "none" may go with it).',
-                )
-            structured = StructuredRequest(tools.constraint, "tools")
+        structured = structured_request(body, tools.constraint)
         params = chat_sampling_params(
             body,
             None if structured is None else structured.params,

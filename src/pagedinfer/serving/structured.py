@@ -67,16 +67,31 @@ class StructuredRequest:
         return RequestFieldError(self.field, f"{self.field}: {error}")
 
 
-def structured_request(request: Any) -> StructuredRequest | None:
-    """The constraint a completion or chat request asks for (``None``: none)."""
+def structured_request(
+    request: Any, tools: StructuredOutputsParams | None = None
+) -> StructuredRequest | None:
+    """The constraint a completion or chat request asks for (``None``: none). ``tools``: the
+    constraint of its ``tool_choice`` (``"required"``, a named function), which takes the
+    request's JSON knobs (its own whitespace rule gives way to theirs) and no other
+    constraint."""
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}  # StructuredOutputsParams field -> request field
+    if tools is not None:
+        values["json"] = tools.json
+        sources["json"] = "tools"
 
     def put(name: str, value: Any, field: str) -> None:
         if name in _CONSTRAINTS and (value is None or value is False):
             return
         if name in _CONSTRAINTS:
             given = next((n for n in _CONSTRAINTS if n in values), None)
+            if given is not None and sources[given] == "tools":
+                raise _bad(
+                    field,
+                    f"{field} and tool_choice={request.tool_choice!r} both constrain the "
+                    "answer (the calls are decoded under their functions' schemas): send one "
+                    'of them (tool_choice "auto" or "none" may go with it)',
+                )
             if given is not None:
                 raise _bad(
                     field,
@@ -122,6 +137,10 @@ def structured_request(request: Any) -> StructuredRequest | None:
         constraint = _response_format(response_format)
         if constraint is not None:
             put(*constraint, "response_format")
+    if tools is not None and not (
+        values.get("disable_any_whitespace") or values.get("whitespace_pattern")
+    ):
+        values["whitespace_pattern"] = tools.whitespace_pattern
     if not any(name in values for name in _CONSTRAINTS):
         knobs = sorted(sources[name] for name, value in values.items() if value)
         if knobs:

@@ -177,3 +177,17 @@ def test_a_constraint_with_settings_it_contradicts_names_them() -> None:
     assert structured is not None
     with pytest.raises(ValueError, match=r"SamplingParams\.ignore_eos"):
         completion_sampling_params(request, structured.params)
+
+
+def test_tool_calls_take_the_requests_json_knobs_and_no_other_constraint() -> None:
+    tools = StructuredOutputsParams(json=SCHEMA, whitespace_pattern=" ?")
+    alone = structured_request(_chat(), tools)
+    assert alone is not None and alone.params == tools and alone.field == "tools"
+    knobs = {"disable_any_whitespace": True, "disable_additional_properties": True}
+    merged = structured_request(_chat(structured_outputs=knobs), tools)
+    assert merged is not None
+    assert merged.params == StructuredOutputsParams(json=SCHEMA, **knobs)  # no " ?" rule
+    request = _chat(tool_choice="required", response_format={"type": "json_object"})
+    with pytest.raises(RequestFieldError, match="tool_choice='required' both constrain") as error:
+        structured_request(request, tools)
+    assert error.value.param == "response_format"

@@ -316,6 +316,17 @@ def test_required_calls_validate_against_their_functions(client: openai.OpenAI) 
         max_tokens=200, parallel_tool_calls=False,
     )  # fmt: skip
     assert all(len(choice.message.tool_calls) == 1 for choice in single.choices)
+    # The round trip a client makes: the call back in the history, then the tool's answer.
+    message = single.choices[0].message
+    history = [
+        *ASK,
+        message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "21 degrees"},
+    ]
+    follow_up = client.chat.completions.create(
+        model=MODEL_NAME, messages=history, tools=TOOLS, tool_choice="none", max_tokens=3
+    )
+    assert follow_up.choices[0].message.tool_calls is None
 
 
 def test_a_named_function_is_called_with_valid_arguments(client: openai.OpenAI) -> None:
@@ -433,8 +444,9 @@ def test_langchain_structured_output_and_tools(server: ServerProcess) -> None:
         max_retries=0,
         extra_body=COMPACT,
     )
-    forecast = model.with_structured_output(Forecast).invoke("The weather in Paris?")
-    assert isinstance(forecast, Forecast)
+    for method in ("json_schema", "function_calling"):  # response_format / a named tool
+        forecast = model.with_structured_output(Forecast, method=method).invoke("Weather?")
+        assert isinstance(forecast, Forecast)
 
     def get_weather(
         city: Literal["Paris", "Rome", "Oslo"], unit: Literal["celsius", "fahrenheit"]
