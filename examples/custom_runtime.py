@@ -2,13 +2,17 @@
 
 ``pagedinfer.domain`` is pure Python: a :class:`~pagedinfer.domain.Scheduler` decides what
 each step computes and hands you a :class:`~pagedinfer.domain.BatchPlan` in flat integer
-arrays (``array.array``); your executor runs the plan and returns one sampled token per
-sampled row (``plan.sample_indices``); the scheduler records them. Sampling parameters
+arrays (``array.array``); your :class:`~pagedinfer.domain.Executor` runs the plan and returns
+a :class:`~pagedinfer.domain.StepOutput` with one sampled token per sample
+(``plan.sample_indices``); the scheduler records them. The whole contract (failures
+included) is :mod:`pagedinfer.domain.executor`'s docstring. Sampling parameters
 reach the executor as deltas: each request's ``SamplingParams`` arrive once, with a slot
 number (``plan.new_requests``), and each step names only the slot of every sampled row.
 This example's executor is a fake: it "stores KV" by writing each
 token id into its slot of a flat list, reads every sequence's context back through its
 block table (so a wrong slot or block table shows up at once), and samples random token ids.
+``examples/numpy_runtime.py`` is a real one (a model in NumPy). The scheduler's events
+report preemptions as they happen.
 
 The pool is deliberately small and the token budget low, so the printed plans show chunked
 prefill, prefix-cache hits on a shared system prompt and preemption by recompute.
@@ -29,7 +33,8 @@ from pagedinfer.domain import (
     Scheduler,
     SchedulerConfig,
     Sequence,
-    SequenceStatus,
+    SequencePreempted,
+    StepOutput,
 )
 
 BLOCK_SIZE = 8
@@ -43,8 +48,8 @@ EOS_TOKEN_ID = 0
 class FakeExecutor:
     """Runs a :class:`BatchPlan` the way a paged-attention model would, minus the model.
 
-    Anything with ``execute(plan) -> list[int]`` can drive the scheduler; this one keeps a
-    token id per KV slot instead of K/V tensors.
+    Anything with ``execute(plan) -> StepOutput`` (:class:`~pagedinfer.domain.Executor`)
+    can drive the scheduler; this one keeps a token id per KV slot instead of K/V tensors.
     """
 
     def __init__(self, num_blocks: int, block_size: int, seed: int) -> None:
@@ -53,12 +58,18 @@ class FakeExecutor:
         self.rng = random.Random(seed)
         self.sampling: dict[int, SamplingParams] = {}  # slot -> the request's parameters
 
-    def execute(self, plan: BatchPlan) -> list[int]:
-        # 0. Keep the sampling table current: released slots first, then new requests.
+    def execute(self, plan: BatchPlan) -> StepOutput:
+        # 0. Keep the sampling table current: released slots first, then new requests; then
+        #    copy the blocks a fork (n > 1) starts from. All of it is safe to apply twice.
         for slot in plan.released_slots:
             self.sampling.pop(slot, None)
         for request in plan.new_requests:
             self.sampling[request.slot] = request.params
+        size = self.block_size
+        for source, target in plan.block_copies:
+            self.kv_slots[target * size : (target + 1) * size] = self.kv_slots[
+                source * size : (source + 1) * size
+            ]
         # 1. Store this step's tokens in their slots (padding rows have slot -1).
         for token_id, slot in zip(plan.input_ids, plan.slot_mapping, strict=True):
             if slot != PADDING_SLOT:
@@ -72,7 +83,7 @@ class FakeExecutor:
         # 3. Sample one token per sampled row (a real model would use the logits of row
         #    plan.sample_indices[i] and the parameters self.sampling[plan.sample_slots[i]]).
         assert all(slot in self.sampling for slot in plan.sample_slots)
-        return [self.rng.randrange(VOCAB_SIZE) for _ in plan.sample_indices]
+        return StepOutput([self.rng.randrange(VOCAB_SIZE) for _ in plan.sample_indices])
 
     def context(self, plan: BatchPlan, row: int) -> list[int | None]:
         """The tokens sequence ``row`` attends to, gathered through its block table."""
@@ -174,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
             max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
             max_model_len=MAX_MODEL_LEN,
             eos_token_ids=frozenset({EOS_TOKEN_ID}),
-        )
+        ),
+        record_events=True,  # preemptions, prefix-cache hits, finishes: drain_events()
     )
     executor = FakeExecutor(NUM_BLOCKS, BLOCK_SIZE, seed=args.seed)
     requests = make_requests(rng)
@@ -188,22 +200,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     step = 0
     while True:
-        was_running = list(scheduler.running)
         plan = scheduler.schedule()
         if plan is None:
             break
         step += 1
         if step <= args.show_steps:
             print(describe(plan, step))
-        for seq in was_running:
-            if seq.status is SequenceStatus.WAITING:  # preempted by this schedule() call
+        for event in scheduler.drain_events():
+            if isinstance(event, SequencePreempted):  # by this schedule() call
                 print(
-                    f"step {step}: seq {seq.seq_id} preempted (no free block): it released its "
-                    "blocks, went back to the front of the queue and will be recomputed"
+                    f"step {step}: seq {event.seq_id} preempted (no free block): it released "
+                    "its blocks, went back to the front of the queue and will be recomputed"
                 )
-        sampled = executor.execute(plan)
+        output = executor.execute(plan)
         check_context(plan, scheduler, executor)
-        scheduler.postprocess(plan, sampled)
+        scheduler.postprocess(plan, output.sampled_token_ids)
         if step > 10_000:
             raise RuntimeError("the scheduler did not finish: this is a bug")
 

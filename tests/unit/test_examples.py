@@ -13,12 +13,16 @@ import re
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from core_env import build_core_venv, mypy_strict  # tests/unit/core_env.py
+from core_env import run as run_core
 
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLE = REPO / "examples" / "custom_runtime.py"
+EXAMPLES = REPO / "examples"
+EXAMPLE = EXAMPLES / "custom_runtime.py"
 BENCHMARK = REPO / "benchmarks" / "block_pool.py"
 THROUGHPUT = REPO / "benchmarks" / "throughput.py"
 SCHEDULER_BENCHMARK = REPO / "benchmarks" / "scheduler.py"
@@ -369,3 +373,68 @@ def test_serving_benchmark_smoke_run(tmp_path: Path) -> None:
     assert "| offline Engine.generate |" in result.stdout
     assert "| pagedinfer serve, 8 concurrent streams" in result.stdout
     assert "server / offline output throughput:" in result.stdout
+
+
+# ------------------------------------------------------------- the NumPy runtime (issue 29)
+
+
+@pytest.fixture(scope="module")
+def numpy_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv with pagedinfer, xxhash and numpy only: torch is not installed there."""
+    return build_core_venv(tmp_path_factory.mktemp("numpy-core") / "venv", ("xxhash", "numpy"))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"architecture": "LlamaForCausalLM", "tie_word_embeddings": False},
+        {"num_hidden_layers": 4, "num_key_value_heads": 4},
+    ],
+    ids=["qwen3", "llama-untied", "qwen3-4-layers"],
+)
+def test_numpy_runtime_is_token_exact_with_the_engine_without_torch(
+    numpy_python: Path, make_checkpoint: Callable[..., Path], overrides: dict[str, object]
+) -> None:
+    """examples/numpy_runtime.py, in a venv without torch, generates Engine's greedy tokens
+    through a small pool (preemptions), a shared prefix (cache hits), n=2 forks (block copies)
+    and failed steps recovered both ways."""
+    from pagedinfer import Engine, SamplingParams
+
+    checkpoint = make_checkpoint("tiny", **overrides)
+    prompts = [[5 + i for i in range(40)] + tail for tail in ([7, 8, 9], [10] * 12, [11])]
+    prompts.append(list(range(100, 125)))
+    options = ["--max-tokens", "20", "--n", "2", "--num-blocks", "12", "--block-size", "8"]
+    options += ["--max-num-batched-tokens", "24", "--fail-every", "4"]
+    result = run_core(
+        numpy_python,
+        str(EXAMPLES / "numpy_runtime.py"),
+        str(checkpoint),
+        "--json",
+        "--prompts",
+        json.dumps(prompts),
+        *options,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["preemptions"] > 0 and report["prefix_hit_tokens"] > 0
+    assert report["failed_steps"] > 2
+    params = SamplingParams(temperature=0.0, max_tokens=20, n=2)
+    with Engine(checkpoint, device="cpu", max_model_len=256, skip_tokenizer_init=True) as engine:
+        outputs = engine.generate(
+            [{"prompt_token_ids": prompt} for prompt in prompts], params, use_tqdm=False
+        )
+    assert report["outputs"] == [[list(c.token_ids) for c in o.outputs] for o in outputs]
+
+
+def test_the_examples_type_check_strictly_without_torch(numpy_python: Path, tmp_path: Path) -> None:
+    """mypy --strict of both examples against a venv without torch, from this checkout (with
+    the documented --always-true=PAGEDINFER_DOMAIN_ONLY)."""
+    result = mypy_strict(
+        numpy_python,
+        str(EXAMPLES / "numpy_runtime.py"),
+        str(EXAMPLE),
+        cache_dir=tmp_path / "cache",
+        source_checkout=True,
+    )
+    assert result.returncode == 0, result.stdout[-3000:]
