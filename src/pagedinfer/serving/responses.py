@@ -442,13 +442,11 @@ def chat_chunk(
             cursor.tools = tools.stream()
         text, tool_deltas = cursor.tools.advance(completion.text, finished)
         finish_reason = tools.finish_reason(finish_reason, cursor.tools.called)
-    if (
-        not text
-        and not tool_deltas
-        and tokens.start == tokens.stop
-        and not finished
-        and cursor.started
-    ):
+    # Nothing new to show. (Tokens still owed a chunk for their logprobs or ids; with tool
+    # calls, tokens that only extend a held-back call name send nothing, as in vLLM.)
+    per_token = context.num_logprobs is not None or context.return_token_ids
+    quiet = tokens.start == tokens.stop or (tools is not None and not per_token)
+    if not text and not tool_deltas and quiet and not finished and cursor.started:
         return None
     first = not cursor.started
     delta: dict[str, Any] = {}

@@ -353,6 +353,8 @@ def _streamed(client: openai.OpenAI, **body: Any) -> tuple[str, list[tuple[str, 
     reason = None
     for chunk in client.chat.completions.create(model=MODEL_NAME, stream=True, **body):
         for choice in chunk.choices:
+            delta = choice.delta
+            assert delta.role or delta.content or delta.tool_calls or choice.finish_reason
             content += choice.delta.content or ""
             reason = choice.finish_reason or reason
             for delta in choice.delta.tool_calls or []:
