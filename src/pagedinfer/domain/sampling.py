@@ -124,6 +124,31 @@ class SamplingParams:
     combined with ``ignore_eos``, ``min_tokens`` or ``allowed_token_ids`` (each could leave
     no token allowed). Logprobs of such a request are of the model's distribution with the
     grammar's mask applied (vLLM's), before the other processing.
+
+    Who applies what, when the :class:`~pagedinfer.domain.scheduler.Scheduler` is driven by
+    an executor of your own (:mod:`pagedinfer.domain.executor`; ``Engine`` does all of it):
+
+    ==============================  ===========================================================
+    the scheduler enforces          ``max_tokens``, ``ignore_eos`` (with
+                                    ``SchedulerConfig.eos_token_ids``), ``stop_token_ids``
+                                    (it finishes the sequence), ``min_tokens`` for finishing
+                                    (no EOS or stop-token finish before it); ``n``: runs the
+                                    forks the caller adds; ``prompt_logprobs``: no prefix-cache
+                                    hit, rows in ``plan.prompt_logprob_rows``
+    the executor applies            ``temperature``, ``top_k``, ``top_p``, ``min_p``,
+                                    the penalties (prompt tokens in ``NewRequest``),
+                                    ``logit_bias``, ``allowed_token_ids``, the ``min_tokens``
+                                    *mask* (EOS and stop ids must not be sampled before it, or
+                                    the sequence just goes on), ``seed`` (sample index:
+                                    ``positions[j] + 1 - num_prompt_tokens``), one sample per
+                                    fork, ``logprobs`` and ``prompt_logprobs`` (computed),
+                                    ``structured_outputs`` (mask; its state follows recorded
+                                    plans only)
+    the caller applies              ``n > 1``: the forks, ``make_forks`` (ids, ``seed + i``);
+                                    ``stop`` strings (detokenize, match, then
+                                    ``scheduler.finish(id, FinishReason.STOP)``),
+                                    ``include_stop_str_in_output``, ``skip_special_tokens``
+    ==============================  ===========================================================
     """
 
     temperature: float = 1.0
