@@ -188,6 +188,26 @@ def test_the_eos_text_of_an_answer_decoded_with_special_tokens_is_dropped() -> N
     assert content == "No call needed."
 
 
+def test_mistral_answers_keep_special_tokens_but_not_the_eos_text() -> None:
+    """[TOOL_CALLS] is a special token: the answer is decoded with special tokens (unless the
+    request sets skip_special_tokens), and the EOS text that then ends it is left out."""
+    from pagedinfer.serving.protocol import ChatCompletionRequest, chat_sampling_params
+
+    plan = plan_tools(TOOLS, "auto", None, parser="mistral", auto_tool_choice=True,
+                      end_texts=("</s>",))  # fmt: skip
+    assert plan.calls.extract("No call.</s>") == Extracted("No call.")
+    text = '[TOOL_CALLS][{"name": "get_time", "arguments": {}}]</s>'
+    assert plan.calls.extract(text) == Extracted(None, (TIME,))
+    body = {"messages": [{"role": "user", "content": "x"}]}
+    request = ChatCompletionRequest.model_validate(body)
+    assert not chat_sampling_params(request, keep_special_tokens=True).skip_special_tokens
+    request = ChatCompletionRequest.model_validate({**body, "skip_special_tokens": True})
+    assert chat_sampling_params(request, keep_special_tokens=True).skip_special_tokens
+    hermes = plan_tools(TOOLS, "auto", None, parser="hermes", auto_tool_choice=True,
+                        end_texts=("</s>",))  # fmt: skip
+    assert not hermes.keeps_special_tokens and hermes.calls.end_texts == ()
+
+
 def test_mistral_ids_are_nine_letters_and_digits() -> None:
     for _ in range(20):
         call_id = MistralFormat().new_id()
