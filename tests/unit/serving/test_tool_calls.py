@@ -203,9 +203,9 @@ def test_mistral_answers_keep_special_tokens_but_not_the_eos_text() -> None:
     assert not chat_sampling_params(request, keep_special_tokens=True).skip_special_tokens
     request = ChatCompletionRequest.model_validate({**body, "skip_special_tokens": True})
     assert chat_sampling_params(request, keep_special_tokens=True).skip_special_tokens
-    hermes = plan_tools(TOOLS, "auto", None, parser="hermes", auto_tool_choice=True,
-                        end_texts=("</s>",))  # fmt: skip
-    assert not hermes.keeps_special_tokens and hermes.calls.end_texts == ()
+    llama = plan_tools(TOOLS, "auto", None, parser="llama3_json", auto_tool_choice=True,
+                       end_texts=("</s>",))  # fmt: skip
+    assert not llama.keeps_special_tokens and llama.calls.end_texts == ()
 
 
 def test_mistral_ids_are_nine_letters_and_digits() -> None:

@@ -15,16 +15,20 @@ as they are generated and still add up to the whole answer's). They must be a JS
 Families (``--tool-call-parser NAME``, vLLM's names):
 
 * ``hermes`` (Hermes 2/3, Qwen2.5, Qwen3, QwQ): ``<tool_call>{"name": ..., "arguments":
-  {...}}</tool_call>``, one block per call; content is the text before the first block.
+  {...}}</tool_call>``, one block per call; content is the text before the first block. Some
+  Hermes checkpoints make the tags special tokens, so the answer is decoded with them (as
+  vLLM's parser asks).
 * ``llama3_json`` / ``llama4_json`` (Llama 3.1, 3.2, 3.3, 4 JSON tool calling): the answer
   is ``{"name": ..., "parameters": {...}}`` (or ``"arguments"``), several separated by
   ``;``, optionally after ``<|python_tag|>``; anything else is content.
 * ``mistral`` (Mistral 7B v0.3, Mistral Small / Nemo / Large ...): ``[TOOL_CALLS]`` then a
   JSON array of ``{"name": ..., "arguments": {...}}``, or (tokenizers v11 and later)
   ``[TOOL_CALLS]name[ARGS]{...}`` per call; content is the text before the marker. The
-  markers are special tokens, so the answer is decoded with them (``skip_special_tokens``
-  off unless the request sets it); tool call ids are 9 letters and digits, as Mistral's
-  templates require.
+  markers are special tokens, so the answer is decoded with them; tool call ids are 9
+  letters and digits, as Mistral's templates require.
+
+An answer decoded with its special tokens (``skip_special_tokens`` off unless the request sets
+it) ends with the EOS token's text, which the server leaves out.
 
 Two more formats are the server's own, for answers decoded under a constraint:
 ``tool_choice="required"`` (a JSON array of ``{"name": ..., "parameters": {...}}``, vLLM's)
@@ -208,6 +212,7 @@ class HermesFormat(ToolCallFormat):
 
     START = "<tool_call>"
     END = "</tool_call>"
+    keeps_special_tokens = True  # some Hermes checkpoints make the tags special (vLLM's rule)
 
     def scan(self, text: str, final: bool) -> Scan:
         content, index = _content_before(text, self.START, final)
