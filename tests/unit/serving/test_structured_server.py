@@ -155,8 +155,10 @@ def _post(server: ServerProcess, path: str, body: dict[str, Any]) -> httpx.Respo
 def test_parse_with_a_pydantic_model_returns_the_parsed_object(client: openai.OpenAI) -> None:
     """``client.chat.completions.parse(response_format=Model)``: the client sends the model's
     strict JSON schema and parses the answer into the model (it raises on anything else)."""
+    # chat.completions.parse in openai >= 1.92, beta.chat.completions.parse before.
+    parse = getattr(client.chat.completions, "parse", None) or client.beta.chat.completions.parse
     for seed in (1, 2):
-        completion = client.chat.completions.parse(
+        completion = parse(
             model=MODEL_NAME,
             messages=ASK,
             response_format=Forecast,
