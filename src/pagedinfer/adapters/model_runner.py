@@ -14,26 +14,39 @@ grammar matchers of structured outputs (``sampling/grammar.py``): their token bi
 on the host right after the forward is launched (on CUDA it overlaps the forward; on the CPU the
 forward has already run) and applied to the logits before anything else. A step returns a
 :class:`StepOutput`.
+
+FP8 KV cache (``kv_cache_dtype``): before the cache is sized the runner settles each layer's
+K and V scales (the checkpoint's, else calibrated on a fixed prompt: see
+:mod:`pagedinfer.adapters.kv_cache`) into ``kv_scales [num_layers, 4]`` and binds row ``i``
+to attention layer ``i`` with its cache views.
 """
 
 from __future__ import annotations
 
 import gc
+import logging
 from array import array
 from typing import Protocol
 
 import torch
+import torch.distributed as dist
 
 from pagedinfer.adapters.attention import create_backend
 from pagedinfer.adapters.distributed.parallel import SINGLE_PROCESS, ParallelContext
 from pagedinfer.adapters.kv_cache import (
+    CALIBRATION_TOKENS,
     allocate_kv_cache,
     available_host_memory,
     blocks_for_memory,
+    calibrated_scale,
     cpu_kv_block_budget,
     cuda_kv_block_budget,
+    is_fp8,
     kv_block_bytes,
+    kv_cache_dtype_name,
     max_useful_blocks,
+    resolve_kv_cache_dtype,
+    scale_row,
 )
 from pagedinfer.adapters.layers.linear import divide
 from pagedinfer.adapters.models.loader import load_weights
@@ -66,6 +79,8 @@ from pagedinfer.domain.step_output import (
 from pagedinfer.errors import ConfigurationError, EngineClosedError
 
 __all__ = ["DecodeGraphRunner", "ModelRunner"]
+
+_logger = logging.getLogger(__name__)
 
 
 class DecodeGraphRunner(Protocol):
@@ -110,7 +125,11 @@ class ModelRunner:
         model_config.check_max_model_len(config.max_model_len)
         if self.device.type == "cuda" and self.device.index is not None:
             torch.cuda.set_device(self.device)
-        self.backend = create_backend(config.attention_backend, config.block_size)
+        # The cache's element type: the model's, or float8 (kv_cache_dtype).
+        self.kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)
+        self.backend = create_backend(
+            config.attention_backend, config.block_size, kv_cache_dtype=config.kv_cache_dtype
+        )
         self.model = build_model(
             model_config,
             parallel=parallel,
@@ -127,7 +146,7 @@ class ModelRunner:
             block_size=config.block_size,
             num_kv_heads=self.num_kv_heads,
             head_dim=model_config.head_dim,
-            dtype=self.dtype,
+            dtype=self.kv_cache_dtype,
         )
         self.sampler = Sampler(self.device, config.seed)
         # Rank 0 samples: it keeps every request's sampling parameters by slot, and the
@@ -144,6 +163,12 @@ class ModelRunner:
         # Decode steps go through graph_runner when it is set; the warm-up pass that sizes
         # the cache runs eagerly, and graphs are captured once the cache is bound.
         self.graph_runner: DecodeGraphRunner | None = None
+        # FP8: each layer's [k_scale, v_scale, 1/k_scale, 1/v_scale] and where it came from
+        # ("checkpoint" or "calibrated", per layer: "k/v" when they differ).
+        self.kv_scales: torch.Tensor | None = None
+        self.kv_scale_sources: tuple[str, ...] = ()
+        if is_fp8(self.kv_cache_dtype):
+            self.kv_scales, self.kv_scale_sources = self._fp8_scales()
         self.num_kv_blocks = self._size_kv_cache()
         self.kv_cache = self._allocate_kv_cache(self.num_kv_blocks)
         self._bind_kv_cache(self.kv_cache)
@@ -252,6 +277,8 @@ class ModelRunner:
         """Copy whole KV blocks (every layer, K and V): ``(source, destination)`` pairs."""
         pairs = torch.tensor(copies, dtype=torch.int64, device=self.device)
         cache = self.kv_cache
+        if is_fp8(cache.dtype):  # torch has no index_copy_ for float8: copy the bytes
+            cache = cache.view(torch.uint8)
         cache.index_copy_(2, pairs[:, 1], cache.index_select(2, pairs[:, 0]))
 
     def prepare(self, plan: BatchPlan) -> StepInputs:
@@ -408,22 +435,107 @@ class ModelRunner:
             new_requests=(NewRequest(0, 0, SamplingParams(top_k=50, top_p=0.9), 0),),
         )
 
-    def _allocate_kv_cache(self, num_blocks: int) -> torch.Tensor:
+    def _allocate_kv_cache(self, num_blocks: int, dtype: torch.dtype | None = None) -> torch.Tensor:
         return allocate_kv_cache(
             num_layers=self.model_config.num_hidden_layers,
             num_blocks=num_blocks,
             block_size=self.config.block_size,
             num_kv_heads=self.num_kv_heads,
             head_dim=self.model_config.head_dim,
-            dtype=self.dtype,
+            dtype=self.kv_cache_dtype if dtype is None else dtype,
             device=self.device,
         )
 
     def _bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
         layers = self.model.attention_layers()
         assert len(layers) == kv_cache.shape[1], (len(layers), kv_cache.shape)
+        scales = self.kv_scales if is_fp8(kv_cache.dtype) else None
         for index, layer in enumerate(layers):
-            layer.bind_cache(kv_cache[0, index], kv_cache[1, index])
+            row = scales[index] if scales is not None else None
+            layer.bind_cache(kv_cache[0, index], kv_cache[1, index], row)
+
+    # ------------------------------------------------------------- FP8 scales
+    def _fp8_scales(self) -> tuple[torch.Tensor, tuple[str, ...]]:
+        """Each layer's scale row: the checkpoint's scales where it gave them (through
+        ``PagedAttention.set_kv_scales``), calibrated ones for the rest."""
+        layers = self.model.attention_layers()
+        given = [(layer.checkpoint_k_scale, layer.checkpoint_v_scale) for layer in layers]
+        amax: list[list[float]] | None = None
+        if any(k is None or v is None for k, v in given):
+            amax = self._calibration_amax()
+        rows: list[list[float]] = []
+        sources: list[str] = []
+        for index, (k_given, v_given) in enumerate(given):
+            chosen: list[float] = []
+            kinds: list[str] = []
+            for which, value in enumerate((k_given, v_given)):
+                if value is None:
+                    assert amax is not None
+                    value = calibrated_scale(amax[which][index], self.kv_cache_dtype)
+                    kinds.append("calibrated")
+                else:
+                    kinds.append("checkpoint")
+                chosen.append(value)
+            rows.append(scale_row(*chosen))
+            sources.append(kinds[0] if kinds[0] == kinds[1] else "/".join(kinds))
+        if self.parallel.is_driver:
+            _logger.info(
+                "FP8 KV cache (%s): per-layer scales %s",
+                kv_cache_dtype_name(self.kv_cache_dtype),
+                ", ".join(f"{source} x{sources.count(source)}" for source in sorted(set(sources))),
+            )
+        scales = torch.tensor(rows, dtype=torch.float32, device=self.device)
+        return scales, tuple(sources)
+
+    def _calibration_amax(self) -> list[list[float]]:
+        """Largest ``|K|`` and ``|V|`` per layer (``[2][num_layers]``, the maximum over ranks)
+        when the model prefills the calibration prompt into a cache in its own dtype."""
+        config = self.config
+        length = min(CALIBRATION_TOKENS, config.max_num_batched_tokens, config.max_model_len)
+        num_blocks = -(-length // config.block_size)
+        cache = self._allocate_kv_cache(num_blocks, dtype=self.dtype)
+        self._bind_kv_cache(cache)
+        try:
+            with torch.inference_mode():
+                self._run_model(self.packer.pack(self._calibration_plan(length, num_blocks)))
+                amax = cache.abs().amax(dim=(2, 3, 4, 5)).to(torch.float32)
+        finally:
+            self._unbind_kv_cache()
+        del cache
+        if self.parallel.world_size > 1:  # each rank saw its own heads: agree on the largest
+            negated = -amax
+            group = self.parallel.group
+            if group is not None:
+                group.all_reduce(negated, minimum=True)
+            else:
+                dist.all_reduce(negated, op=dist.ReduceOp.MIN)
+            amax = -negated
+        values: list[list[float]] = amax.cpu().tolist()
+        return values
+
+    def _calibration_plan(self, length: int, num_blocks: int) -> BatchPlan:
+        """One sequence of ``length`` pseudo-random tokens (the same ones on every run and
+        rank), stored in blocks ``0..num_blocks-1``; nothing is sampled."""
+        generator = torch.Generator().manual_seed(0)
+        token_ids = torch.randint(self.model_config.vocab_size, (length,), generator=generator)
+        return BatchPlan(
+            is_prefill=True,
+            block_size=self.config.block_size,
+            seq_ids=array("q", [0]),
+            query_lens=array("i", [length]),
+            context_lens=array("i", [length]),
+            cu_seqlens_q=array("i", [0, length]),
+            cu_seqlens_k=array("i", [0, length]),
+            max_seqlen_q=length,
+            max_seqlen_k=length,
+            block_tables=array("i", range(num_blocks)),
+            block_table_width=num_blocks,
+            input_ids=array("q", token_ids.tolist()),
+            positions=array("q", range(length)),
+            slot_mapping=array("q", range(length)),
+            sample_indices=array("q"),
+            sample_slots=array("i"),
+        )
 
     def _unbind_kv_cache(self) -> None:
         for layer in self.model.attention_layers():

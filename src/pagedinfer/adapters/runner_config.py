@@ -13,7 +13,7 @@ __all__ = ["RunnerConfig"]
 class RunnerConfig:
     model_path: str
     device: torch.device  # resolved: cpu, or a concrete cuda device
-    dtype: torch.dtype  # resolved model / KV-cache dtype
+    dtype: torch.dtype  # resolved model dtype (and the KV cache's with kv_cache_dtype "auto")
     block_size: int
     attention_backend: str  # resolved: "torch", "triton" or "flash"
     max_num_seqs: int = 512
@@ -27,3 +27,4 @@ class RunnerConfig:
     tensor_parallel_size: int = 1
     num_threads: int | None = None  # torch's CPU threads in each worker process, if given
     worker_timeout_s: float = 120.0  # how long a tensor-parallel peer may stall a step
+    kv_cache_dtype: str = "auto"  # "auto" (dtype), "fp8" / "fp8_e4m3", "fp8_e5m2"

@@ -1,8 +1,8 @@
 """Attention backends behind one protocol, and the choice between them.
 
 ``torch`` (reference, any device), ``triton`` (own kernels; CUDA, or CPU under
-``TRITON_INTERPRET=1``), ``flash`` (flash-attn; CUDA, block sizes that are multiples of 256).
-The Triton and flash modules are imported only when chosen.
+``TRITON_INTERPRET=1``), ``flash`` (flash-attn; CUDA, block sizes that are multiples of 256,
+no FP8 KV cache). The Triton and flash modules are imported only when chosen.
 """
 
 from __future__ import annotations
@@ -48,13 +48,18 @@ def _triton_usable_on(device: torch.device) -> bool:
 
 
 def resolve_backend_name(
-    requested: str, device: torch.device, *, block_size: int | None = None
+    requested: str,
+    device: torch.device,
+    *,
+    block_size: int | None = None,
+    kv_cache_dtype: str = "auto",
 ) -> str:
     """``"auto"`` -> the fastest backend for ``device``; explicit names are checked.
 
     ``auto``: on CUDA ``flash`` if flash-attn imports (and ``block_size``, when given, is a
-    multiple of 256), else ``triton``; on CPU ``torch``. Raises :class:`ConfigurationError` for
-    unknown names and for backends that cannot run on ``device``.
+    multiple of 256, and the KV cache is not FP8), else ``triton``; on CPU ``torch``. Raises
+    :class:`ConfigurationError` for unknown names, for backends that cannot run on ``device``
+    and for ``flash`` with an FP8 ``kv_cache_dtype``.
     """
     if requested not in BACKEND_NAMES:
         raise ConfigurationError(
@@ -65,9 +70,15 @@ def resolve_backend_name(
         if device.type != "cuda":
             return "torch"
         flash_fits = block_size is None or block_size % FLASH_BLOCK_SIZE_MULTIPLE == 0
-        if flash_fits and flash_attn_available():
+        if flash_fits and kv_cache_dtype == "auto" and flash_attn_available():
             return "flash"
         return "triton" if _triton_usable_on(device) else "torch"
+    if requested == "flash" and kv_cache_dtype != "auto":
+        raise ConfigurationError(
+            f"kv_cache_dtype={kv_cache_dtype!r} is not supported by attention_backend='flash': "
+            "flash-attn reads the KV cache in the model's dtype. Use attention_backend='triton' "
+            "(or 'auto', which picks it for an FP8 KV cache), or kv_cache_dtype='auto'."
+        )
     if requested == "flash" and (device.type != "cuda" or not flash_attn_available()):
         raise ConfigurationError(
             f"attention_backend='flash' needs a CUDA device and an importable flash-attn "
@@ -82,10 +93,11 @@ def resolve_backend_name(
     return requested
 
 
-def create_backend(name: str, block_size: int) -> AttentionBackend:
+def create_backend(name: str, block_size: int, *, kv_cache_dtype: str = "auto") -> AttentionBackend:
     """Instantiate a resolved backend (``torch``, ``triton`` or ``flash``) for ``block_size``.
 
-    Backends refuse block sizes they cannot serve with a :class:`ConfigurationError`.
+    Backends refuse block sizes (and ``flash`` an FP8 ``kv_cache_dtype``) they cannot serve
+    with a :class:`ConfigurationError`.
     """
     if name == "torch":
         from pagedinfer.adapters.attention.torch_ref import TorchAttentionBackend
@@ -97,7 +109,7 @@ def create_backend(name: str, block_size: int) -> AttentionBackend:
         return backend
     if name == "flash":
         flash_module = importlib.import_module("pagedinfer.adapters.attention.flash")
-        backend = flash_module.FlashAttentionBackend(block_size)
+        backend = flash_module.FlashAttentionBackend(block_size, kv_cache_dtype=kv_cache_dtype)
         return backend
     raise ConfigurationError(
         f"attention backend {name!r} is unknown: expected 'torch', 'triton' or 'flash' "

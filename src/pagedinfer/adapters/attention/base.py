@@ -9,6 +9,9 @@ Shapes (``T`` query tokens this step, ``B`` sequences, ``W`` block-table width):
 * query ``[T, num_heads, head_dim]``, key / value ``[T, num_kv_heads, head_dim]``
 * one layer's cache ``k_cache`` / ``v_cache``: ``[num_blocks, block_size, num_kv_heads, head_dim]``
 * output ``[T, num_heads, head_dim]``
+* ``kv_scales`` (FP8 caches only): the layer's float32 scale row ``[k_scale, v_scale,
+  1 / k_scale, 1 / v_scale]`` (see :mod:`pagedinfer.adapters.kv_cache`); a backend knows the
+  cache is FP8 from its dtype. ``None`` with a float8 cache means scales of 1.0.
 """
 
 from __future__ import annotations
@@ -166,8 +169,11 @@ class AttentionBackend(Protocol):
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
+        *,
+        kv_scales: torch.Tensor | None = None,
     ) -> None:
-        """Write ``key[t]`` / ``value[t]`` into slot ``slot_mapping[t]``; skip slots ``< 0``."""
+        """Write ``key[t]`` / ``value[t]`` into slot ``slot_mapping[t]``; skip slots ``< 0``
+        (quantized with ``kv_scales`` into a float8 cache)."""
         ...
 
     def forward(
@@ -179,6 +185,8 @@ class AttentionBackend(Protocol):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        *,
+        kv_scales: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Store this step's K/V, then attend; returns ``[T, num_heads, head_dim]``."""
         ...
@@ -199,6 +207,8 @@ class AttendsStoredKV(Protocol):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        *,
+        kv_scales: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention of ``query [T, heads, dim]`` over the cache; this step's K/V are in it."""
         ...

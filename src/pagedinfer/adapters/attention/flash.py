@@ -13,8 +13,10 @@ each sequence has one query, and splits long contexts) and the varlen call over 
 paged cache serves every row (what vLLM's FlashAttention backend does).
 
 flash-attn's paged kernels need pages of a multiple of 256 tokens; other block sizes are
-refused at construction. ``flash_attn`` is imported when the backend is built, so the rest of
-the package works without it (install it with the ``flash`` extra).
+refused at construction, and so is an FP8 KV cache (flash-attn 2 reads K/V in the query's
+dtype; ``attention_backend="auto"`` picks ``triton`` for ``kv_cache_dtype="fp8"``).
+``flash_attn`` is imported when the backend is built, so the rest of the package works
+without it (install it with the ``flash`` extra).
 """
 
 from __future__ import annotations
@@ -50,7 +52,16 @@ class FlashAttentionBackend:
     name: ClassVar[str] = "flash"
     supports_cuda_graphs: ClassVar[bool] = True
 
-    def __init__(self, block_size: int, *, split_mixed_steps: bool = True) -> None:
+    def __init__(
+        self, block_size: int, *, split_mixed_steps: bool = True, kv_cache_dtype: str = "auto"
+    ) -> None:
+        if kv_cache_dtype != "auto":
+            raise ConfigurationError(
+                f"kv_cache_dtype={kv_cache_dtype!r} is not supported by the flash attention "
+                "backend: flash-attn reads the KV cache in the model's dtype. Use "
+                "attention_backend='triton' (or 'auto', which picks it for an FP8 KV cache), "
+                "or kv_cache_dtype='auto'."
+            )
         if block_size <= 0 or block_size % FLASH_BLOCK_SIZE_MULTIPLE != 0:
             raise ConfigurationError(
                 f"kv_block_size={block_size} does not suit the flash attention backend: "
@@ -71,7 +82,10 @@ class FlashAttentionBackend:
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
+        *,
+        kv_scales: torch.Tensor | None = None,
     ) -> None:
+        assert kv_scales is None, "the flash backend refuses FP8 KV caches at construction"
         if k_cache.is_cuda:
             from pagedinfer.adapters.kernels.store_kv import store_kv_cache
 
@@ -88,7 +102,10 @@ class FlashAttentionBackend:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        *,
+        kv_scales: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        assert kv_scales is None, "the flash backend refuses FP8 KV caches at construction"
         self.store_kv(key, value, k_cache, v_cache, meta.slot_mapping)
         if meta.is_mixed and self.split_mixed_steps:
             decode, prefill = meta.split_mixed()

@@ -14,6 +14,13 @@ that none gathers more than a few MB of K/V: on the CPU a batch's whole gathered
 spills the caches, and attention over it runs several times slower than in cache-sized
 pieces (128 rows of 1-2k tokens: 2.2x). The grouping, the flat slot ids and the masks are
 derived once per step and reused by every layer.
+
+FP8 KV cache (a float8 cache tensor, with the layer's scale row ``kv_scales``, see
+:mod:`pagedinfer.adapters.kv_cache`): the store quantizes (:func:`~pagedinfer.adapters.kv_cache.
+quantize_fp8`), every read dequantizes into the query's dtype. A prefill with no cached prefix
+attends over its own K/V quantized and dequantized in place, exactly what a later step reads
+back from the cache: a prompt's logits are then the same whether its prefix came from the
+prefix cache or not (and the same as the Triton kernels', which read every key from the cache).
 """
 
 from __future__ import annotations
@@ -25,8 +32,15 @@ import torch
 import torch.nn.functional as F
 
 from pagedinfer.adapters.attention.base import AttentionMetadata
+from pagedinfer.adapters.kv_cache import dequantize_fp8, is_fp8, quantize_fp8, unit_scales
 
-__all__ = ["TorchAttentionBackend", "gather_context", "split_by_length", "store_kv_torch"]
+__all__ = [
+    "TorchAttentionBackend",
+    "fp8_scales",
+    "gather_context",
+    "split_by_length",
+    "store_kv_torch",
+]
 
 # A decode group costs a few extra small ops (row selects, one more SDPA call, a scatter):
 # about as much as gathering and attending over this many bytes of K+V. Measured on CPU.
@@ -46,16 +60,43 @@ def store_kv_torch(
     slot_mapping: torch.Tensor,
     *,
     has_padding_slots: bool = True,
+    kv_scales: torch.Tensor | None = None,
 ) -> None:
-    """Write each token's K/V to its slot; slots ``< 0`` are skipped."""
+    """Write each token's K/V to its slot; slots ``< 0`` are skipped. A float8 cache stores
+    ``quantize_fp8`` of them with the scale row ``kv_scales`` (1.0 when ``None``)."""
     num_heads, head_dim = k_cache.shape[-2], k_cache.shape[-1]
     flat_k = k_cache.view(-1, num_heads, head_dim)
     flat_v = v_cache.view(-1, num_heads, head_dim)
     if has_padding_slots:
         keep = slot_mapping >= 0
         slot_mapping, key, value = slot_mapping[keep], key[keep], value[keep]
-    flat_k.index_copy_(0, slot_mapping, key.to(flat_k.dtype))
-    flat_v.index_copy_(0, slot_mapping, value.to(flat_v.dtype))
+    scales = fp8_scales(k_cache, kv_scales)
+    if scales is None:
+        flat_k.index_copy_(0, slot_mapping, key.to(flat_k.dtype))
+        flat_v.index_copy_(0, slot_mapping, value.to(flat_v.dtype))
+        return
+    # torch has no index_copy_ for float8: copy the bytes.
+    stored_k = quantize_fp8(key, scales[2], flat_k.dtype).view(torch.uint8)
+    stored_v = quantize_fp8(value, scales[3], flat_v.dtype).view(torch.uint8)
+    flat_k.view(torch.uint8).index_copy_(0, slot_mapping, stored_k)
+    flat_v.view(torch.uint8).index_copy_(0, slot_mapping, stored_v)
+
+
+def fp8_scales(cache: torch.Tensor, kv_scales: torch.Tensor | None) -> torch.Tensor | None:
+    """The scale row to use with ``cache``: ``None`` for a cache in a model dtype, else
+    ``kv_scales`` (unit scales when not given)."""
+    if not is_fp8(cache.dtype):
+        return None
+    return kv_scales if kv_scales is not None else unit_scales(cache.device)
+
+
+def _readable(
+    stored: torch.Tensor, scales: torch.Tensor | None, index: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """Cache contents as ``dtype`` values (dequantized with ``scales[index]`` when FP8)."""
+    if scales is None:
+        return stored.to(dtype)
+    return dequantize_fp8(stored, scales[index], dtype)
 
 
 def gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
@@ -210,8 +251,10 @@ class TorchAttentionBackend:
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
+        *,
+        kv_scales: torch.Tensor | None = None,
     ) -> None:
-        store_kv_torch(key, value, k_cache, v_cache, slot_mapping)
+        store_kv_torch(key, value, k_cache, v_cache, slot_mapping, kv_scales=kv_scales)
 
     def forward(
         self,
@@ -222,6 +265,8 @@ class TorchAttentionBackend:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        *,
+        kv_scales: torch.Tensor | None = None,
     ) -> torch.Tensor:
         store_kv_torch(
             key,
@@ -230,12 +275,14 @@ class TorchAttentionBackend:
             v_cache,
             meta.slot_mapping,
             has_padding_slots=meta.has_padding_slots,
+            kv_scales=kv_scales,
         )
+        scales = fp8_scales(k_cache, kv_scales)
         if meta.is_mixed and self.split_mixed_steps:
             decode, prefill = meta.split_mixed()
             rows = meta.num_decode_rows  # = decode tokens
             output = torch.empty_like(query)
-            output[:rows] = self._decode(query[:rows], k_cache, v_cache, decode, scale)
+            output[:rows] = self._decode(query[:rows], k_cache, v_cache, decode, scale, scales)
             self._prefill(
                 query[rows:],
                 key[rows:],
@@ -244,12 +291,13 @@ class TorchAttentionBackend:
                 v_cache,
                 prefill,
                 scale,
+                scales,
                 output=output[rows:],
             )
             return output
         if meta.is_prefill:
-            return self._prefill(query, key, value, k_cache, v_cache, meta, scale)
-        return self._decode(query, k_cache, v_cache, meta, scale)
+            return self._prefill(query, key, value, k_cache, v_cache, meta, scale, scales)
+        return self._decode(query, k_cache, v_cache, meta, scale, scales)
 
     def _prefill(
         self,
@@ -260,6 +308,7 @@ class TorchAttentionBackend:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        scales: torch.Tensor | None = None,
         *,
         output: torch.Tensor | None = None,
     ) -> torch.Tensor:
@@ -267,6 +316,10 @@ class TorchAttentionBackend:
         context_lens = _host(meta.context_lens_host, meta.context_lens)
         if output is None:
             output = torch.empty_like(query)
+        if scales is not None:  # attend to what the cache holds: the K/V as stored
+            dtype = k_cache.dtype
+            key = dequantize_fp8(quantize_fp8(key, scales[2], dtype), scales[0], query.dtype)
+            value = dequantize_fp8(quantize_fp8(value, scales[3], dtype), scales[1], query.dtype)
         start = 0
         for index, (q_len, ctx_len) in enumerate(zip(query_lens, context_lens, strict=True)):
             end = start + q_len
@@ -277,12 +330,12 @@ class TorchAttentionBackend:
                 out = _sdpa(q, k, v, scale, is_causal=True)
             else:
                 table = meta.block_tables[index]
-                k = gather_context(k_cache, table, ctx_len).transpose(0, 1)
-                v = gather_context(v_cache, table, ctx_len).transpose(0, 1)
+                k = _readable(gather_context(k_cache, table, ctx_len), scales, 0, q.dtype)
+                v = _readable(gather_context(v_cache, table, ctx_len), scales, 1, q.dtype)
                 # Query i sits at position ctx_len - q_len + i and sees keys up to there.
                 rows = torch.arange(ctx_len - q_len, ctx_len, device=query.device)
                 mask = torch.arange(ctx_len, device=query.device)[None, :] <= rows[:, None]
-                out = _sdpa(q, k.to(q.dtype), v.to(q.dtype), scale, attn_mask=mask)
+                out = _sdpa(q, k.transpose(0, 1), v.transpose(0, 1), scale, attn_mask=mask)
             output[start:end] = out.transpose(0, 1)
             start = end
         return output
@@ -294,16 +347,17 @@ class TorchAttentionBackend:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        scales: torch.Tensor | None = None,
     ) -> torch.Tensor:
         num_kv_heads, head_dim = k_cache.shape[-2], k_cache.shape[-1]
         row_bytes = 2 * num_kv_heads * head_dim * k_cache.element_size()
         groups = _decode_groups(meta, row_bytes)
         if len(groups) == 1:
-            return self._decode_group(query, k_cache, v_cache, groups[0], scale)
+            return self._decode_group(query, k_cache, v_cache, groups[0], scale, scales)
         output = torch.empty_like(query)
         for group in groups:
             assert group.rows is not None  # only a single group covers the batch in order
-            out = self._decode_group(query[group.rows], k_cache, v_cache, group, scale)
+            out = self._decode_group(query[group.rows], k_cache, v_cache, group, scale, scales)
             output.index_copy_(0, group.rows, out)
         return output
 
@@ -314,6 +368,7 @@ class TorchAttentionBackend:
         v_cache: torch.Tensor,
         group: _DecodeGroup,
         scale: float,
+        scales: torch.Tensor | None,
     ) -> torch.Tensor:
         # Gather each sequence's first `longest` slots (not whole pages): one index_select per
         # cache over flat slot ids, [n, longest] -> [n, longest, kv_heads, head_dim].
@@ -323,8 +378,8 @@ class TorchAttentionBackend:
         v = v_cache.view(-1, num_kv_heads, head_dim).index_select(0, group.slots).view(shape)
         out = _sdpa(
             query.view(group.num_seqs, -1, 1, head_dim),
-            k.transpose(1, 2).to(query.dtype),
-            v.transpose(1, 2).to(query.dtype),
+            _readable(k, scales, 0, query.dtype).transpose(1, 2),
+            _readable(v, scales, 1, query.dtype).transpose(1, 2),
             scale,
             attn_mask=group.mask,
         )

@@ -18,6 +18,11 @@ shapes (the captured block-table width covers ``max_model_len``), so decode step
 captured in CUDA graphs. The split-KV partials live in a workspace owned by the backend; call
 :meth:`TritonAttentionBackend.reserve` before capturing graphs so the workspace is allocated
 once, outside any capture, at its largest size.
+
+FP8 KV cache (a float8 cache and the layer's scale row ``kv_scales``): every kernel works on
+the cache's bytes, the store quantizing and the attention kernels dequantizing on the fly
+(:mod:`pagedinfer.adapters.kernels.fp8`); the scales are read on the device, so captured
+graphs stay valid when they change.
 """
 
 from __future__ import annotations
@@ -114,8 +119,10 @@ class TritonAttentionBackend:
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
+        *,
+        kv_scales: torch.Tensor | None = None,
     ) -> None:
-        store_kv_cache(key, value, k_cache, v_cache, slot_mapping)
+        store_kv_cache(key, value, k_cache, v_cache, slot_mapping, kv_scales=kv_scales)
 
     def forward(
         self,
@@ -126,9 +133,11 @@ class TritonAttentionBackend:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        *,
+        kv_scales: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        store_kv_cache(key, value, k_cache, v_cache, meta.slot_mapping)
-        return self.attend(query, k_cache, v_cache, meta, scale)
+        store_kv_cache(key, value, k_cache, v_cache, meta.slot_mapping, kv_scales=kv_scales)
+        return self.attend(query, k_cache, v_cache, meta, scale, kv_scales=kv_scales)
 
     def attend(
         self,
@@ -137,6 +146,8 @@ class TritonAttentionBackend:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        *,
+        kv_scales: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention over the cache, which already holds this step's K/V (stored by
         :meth:`forward`, or by the fused q/k-norm + RoPE + store kernel of the layer)."""
@@ -145,12 +156,16 @@ class TritonAttentionBackend:
             decode, prefill = meta.split_mixed()
             rows = meta.num_decode_rows  # = decode tokens
             out = torch.empty_like(query)
-            self._decode(query[:rows], k_cache, v_cache, decode, scale, out=out[:rows])
-            self._prefill(query[rows:], k_cache, v_cache, prefill, scale, out=out[rows:])
+            self._decode(
+                query[:rows], k_cache, v_cache, decode, scale, out=out[:rows], kv_scales=kv_scales
+            )
+            self._prefill(
+                query[rows:], k_cache, v_cache, prefill, scale, out=out[rows:], kv_scales=kv_scales
+            )
             return out
         if meta.is_prefill:
-            return self._prefill(query, k_cache, v_cache, meta, scale)
-        return self._decode(query, k_cache, v_cache, meta, scale)
+            return self._prefill(query, k_cache, v_cache, meta, scale, kv_scales=kv_scales)
+        return self._decode(query, k_cache, v_cache, meta, scale, kv_scales=kv_scales)
 
     @staticmethod
     def _prefill(
@@ -160,6 +175,7 @@ class TritonAttentionBackend:
         meta: AttentionMetadata,
         scale: float,
         out: torch.Tensor | None = None,
+        kv_scales: torch.Tensor | None = None,
     ) -> torch.Tensor:
         return paged_prefill_attention(
             query,
@@ -171,6 +187,7 @@ class TritonAttentionBackend:
             max_seqlen_q=meta.max_seqlen_q,
             scale=scale,
             out=out,
+            kv_scales=kv_scales,
         )
 
     def _decode(
@@ -181,6 +198,7 @@ class TritonAttentionBackend:
         meta: AttentionMetadata,
         scale: float,
         out: torch.Tensor | None = None,
+        kv_scales: torch.Tensor | None = None,
     ) -> torch.Tensor:
         # Shapes and static settings only: this runs inside CUDA-graph captures.
         num_seqs, num_heads, head_dim = query.shape
@@ -201,6 +219,7 @@ class TritonAttentionBackend:
             num_splits=num_splits,
             partials=partials,
             out=out,
+            kv_scales=kv_scales,
         )
 
     def _splits(

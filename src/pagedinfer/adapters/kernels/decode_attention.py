@@ -21,6 +21,10 @@ writes the neutral state ``(-inf, 0, 0)``. A second, small kernel, grid
 With ``num_splits == 1`` the first kernel normalises and writes the output itself. A sequence
 with ``ctx_len == 0`` (a padding row of a captured batch) gets a zero output, not NaN.
 
+FP8 cache: tiles are dequantized as they are read (:mod:`.paged_tile`); ``k_scale`` is folded
+into the scores' scale and ``v_scale`` multiplies each program's ``acc`` before it is
+normalised or written as a partial (the merge is linear in it). Both are read on the device.
+
 Compiled once: ``num_splits`` and the block-table width are ordinary (not specialized)
 arguments, splitting is a run-time branch, the reduction always reads ``MAX_SPLITS`` lanes
 and the partial arrays keep a fixed alignment, so no batch size, split count or table width
@@ -46,7 +50,9 @@ from pagedinfer.adapters.kernels.paged_tile import (
     attend_paged_tile,
     check_attention_shapes,
     dot_precision,
+    kv_dequant_factor,
     padded_head_dim,
+    prepare_kv_cache,
 )
 
 __all__ = [
@@ -141,7 +147,13 @@ class SplitPartials:
 # otherwise specialize on them (value 1, divisibility by 16) and compile mid-run. Likewise the
 # int32 metadata pointers (slices of a step's packed inputs; 16-byte alignment would be a key).
 @triton.jit(  # type: ignore[untyped-decorator]
-    do_not_specialize=["block_tables_ptr", "context_lens_ptr", "num_splits", "stride_table_seq"]
+    do_not_specialize=[
+        "block_tables_ptr",
+        "context_lens_ptr",
+        "kv_scales_ptr",
+        "num_splits",
+        "stride_table_seq",
+    ]
 )
 def _decode_kernel(  # type: ignore[no-untyped-def]
     out_ptr,
@@ -151,6 +163,7 @@ def _decode_kernel(  # type: ignore[no-untyped-def]
     q_ptr,
     k_cache_ptr,
     v_cache_ptr,
+    kv_scales_ptr,
     block_tables_ptr,
     context_lens_ptr,
     qk_scale,
@@ -171,6 +184,8 @@ def _decode_kernel(  # type: ignore[no-untyped-def]
     HEAD_DIM_P2: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    FP8_FORMAT: tl.constexpr,  # 0: the cache has q's dtype; else its bytes (see fp8.py)
+    DEQUANT_FACTOR: tl.constexpr,  # fp8.DEQUANT_FACTOR of the format
 ):
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
@@ -192,6 +207,8 @@ def _decode_kernel(  # type: ignore[no-untyped-def]
         other=0.0,
     )
 
+    if FP8_FORMAT != 0:  # k_scale folds into the scores' scale; v_scale is applied at the end
+        qk_scale = qk_scale * (tl.load(kv_scales_ptr) * DEQUANT_FACTOR)
     kv_head_offset = kv_head.to(tl.int64) * stride_cache_head
     table_row_ptr = block_tables_ptr + seq * stride_table_seq
     acc = tl.zeros([BLOCK_G, HEAD_DIM_P2], dtype=tl.float32)
@@ -206,15 +223,18 @@ def _decode_kernel(  # type: ignore[no-untyped-def]
             acc, row_sum, row_max, q, k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head_offset,
             key_start + tile * BLOCK_N, key_end, offs_g, qk_scale, stride_cache_block,
             stride_cache_slot, offs_d, d_mask, BLOCK_SIZE, BLOCK_N, False, False, DOT_PRECISION,
+            FP8_FORMAT,
         )  # fmt: skip
     tail_start = key_start + num_full_tiles * BLOCK_N
     if tail_start < key_end:
         acc, row_sum, row_max = attend_paged_tile(
             acc, row_sum, row_max, q, k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head_offset,
             tail_start, key_end, offs_g, qk_scale, stride_cache_block, stride_cache_slot,
-            offs_d, d_mask, BLOCK_SIZE, BLOCK_N, True, False, DOT_PRECISION,
+            offs_d, d_mask, BLOCK_SIZE, BLOCK_N, True, False, DOT_PRECISION, FP8_FORMAT,
         )  # fmt: skip
 
+    if FP8_FORMAT != 0:
+        acc = acc * (tl.load(kv_scales_ptr + 1) * DEQUANT_FACTOR)
     if num_splits > 1:  # a run-time branch, the same for every program of a launch
         # Row (seq, head, split) of the [B, H, S] partial arrays; acc rows are HEAD_DIM_P2 wide.
         rows = (seq * NUM_HEADS + heads) * num_splits + split
@@ -288,9 +308,13 @@ def paged_decode_attention(
     partials: SplitPartials | None = None,
     out: torch.Tensor | None = None,
     block_n: int | None = None,
+    kv_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one query per sequence (``query[s]``: ``[num_heads, head_dim]``) over the
     first ``context_lens[s]`` tokens of pages ``block_tables[s]``.
+
+    A float8 cache is dequantized on the fly with the layer's scale row ``kv_scales`` (see
+    :mod:`pagedinfer.adapters.kv_cache`; unit scales when ``None``).
 
     ``num_splits > 1`` writes partial results to ``partials`` (views of a preallocated buffer,
     see :meth:`SplitPartials.from_buffer`; pass them under CUDA-graph capture so the graph
@@ -307,6 +331,7 @@ def paged_decode_attention(
     if num_seqs == 0:
         return out
     query = query if query.stride(-1) == 1 else query.contiguous()
+    k_cache, v_cache, kv_scales, fp8 = prepare_kv_cache(k_cache, v_cache, kv_scales)
 
     queries_per_kv = num_heads // num_kv_heads
     padded = padded_head_dim(head_dim)
@@ -334,6 +359,7 @@ def paged_decode_attention(
         query,
         k_cache,
         v_cache,
+        kv_scales if kv_scales is not None else context_lens,  # unused without FP8
         block_tables,
         context_lens,
         scale * LOG2_E,
@@ -354,6 +380,8 @@ def paged_decode_attention(
         HEAD_DIM_P2=padded,
         BLOCK_N=block_n,
         DOT_PRECISION=dot_precision(query.dtype),
+        FP8_FORMAT=fp8,
+        DEQUANT_FACTOR=kv_dequant_factor(fp8),
         num_warps=4,
         num_stages=2,
     )

@@ -18,6 +18,13 @@ The scale ``qk_scale`` already contains ``log2(e)``, so ``exp`` is the cheaper `
 has ``m = -inf``; callers guarantee each row meets a visible key in its first tile, so
 ``m - m'`` is never ``-inf - (-inf)``.
 
+FP8 cache (``FP8_FORMAT != 0``, see :mod:`.fp8`): the caller passes the cache's bytes; each
+K and V tile is dequantized in registers to float16 values (exact; e4m3 reads as
+``value * 2**-8``) and converted to the query's dtype for ``tl.dot`` (exact again: three or
+two mantissa bits fit every float type). The scales are not applied here: the caller folds
+``k_scale`` (times :data:`~.fp8.DEQUANT_FACTOR`) into ``qk_scale`` and multiplies the final
+``acc`` by ``v_scale`` (times the same factor), both linear in the tile's values.
+
 The module also holds the few host-side helpers both attention wrappers share: the
 ``log2(e)`` factor, the ``tl.dot`` precision per dtype, the padded head dim and the shape
 invariants they assert.
@@ -29,12 +36,17 @@ import torch
 import triton
 import triton.language as tl
 
+from pagedinfer.adapters.kernels.fp8 import DEQUANT_FACTOR, dequantize_fp8, fp8_format
+from pagedinfer.adapters.kv_cache import is_fp8, unit_scales
+
 __all__ = [
     "LOG2_E",
     "attend_paged_tile",
     "check_attention_shapes",
     "dot_precision",
+    "kv_dequant_factor",
     "padded_head_dim",
+    "prepare_kv_cache",
 ]
 
 LOG2_E = 1.4426950408889634
@@ -63,6 +75,7 @@ def attend_paged_tile(  # type: ignore[no-untyped-def]
     MASK_KEYS: tl.constexpr,  # the tile may reach past key_end
     CAUSAL: tl.constexpr,  # row r may only see keys at positions <= query_positions[r]
     DOT_PRECISION: tl.constexpr,  # see dot_precision()
+    FP8_FORMAT: tl.constexpr,  # 0: the cache has q's dtype; else its bytes (see fp8.py)
 ):
     offs_n = key_start + tl.arange(0, BLOCK_N)
     # Per-token page lookup: int64 because page * stride_block can pass 2**31 elements.
@@ -77,9 +90,11 @@ def attend_paged_tile(  # type: ignore[no-untyped-def]
     # K is read transposed, [HEAD_DIM_P2, BLOCK_N], so the scores are a plain q @ k.
     k_ptrs = k_cache_ptr + token_offset[None, :] + offs_d[:, None]
     if MASK_KEYS:
-        k = tl.load(k_ptrs, mask=d_mask[:, None] & n_mask[None, :], other=0.0)
+        k = tl.load(k_ptrs, mask=d_mask[:, None] & n_mask[None, :], other=0)
     else:
-        k = tl.load(k_ptrs, mask=d_mask[:, None], other=0.0)
+        k = tl.load(k_ptrs, mask=d_mask[:, None], other=0)
+    if FP8_FORMAT != 0:
+        k = dequantize_fp8(k, FP8_FORMAT).to(q.dtype)
     scores = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
     if CAUSAL:
         visible = offs_n[None, :] <= query_positions[:, None]
@@ -96,9 +111,11 @@ def attend_paged_tile(  # type: ignore[no-untyped-def]
 
     v_ptrs = v_cache_ptr + token_offset[:, None] + offs_d[None, :]
     if MASK_KEYS:
-        v = tl.load(v_ptrs, mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+        v = tl.load(v_ptrs, mask=n_mask[:, None] & d_mask[None, :], other=0)
     else:
-        v = tl.load(v_ptrs, mask=d_mask[None, :], other=0.0)
+        v = tl.load(v_ptrs, mask=d_mask[None, :], other=0)
+    if FP8_FORMAT != 0:
+        v = dequantize_fp8(v, FP8_FORMAT).to(q.dtype)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return acc, row_sum, new_max
 
@@ -127,6 +144,28 @@ def check_attention_shapes(
     assert k_cache.dim() == 4 and k_cache.shape[3] == head_dim, (k_cache.shape, query.shape)
     assert k_cache.stride(3) == 1, "the cache's head dim must be contiguous"
     assert num_heads % k_cache.shape[2] == 0, (num_heads, k_cache.shape[2])
-    assert k_cache.dtype == query.dtype, (k_cache.dtype, query.dtype)
+    assert k_cache.dtype == query.dtype or is_fp8(k_cache.dtype), (k_cache.dtype, query.dtype)
     assert block_tables.dim() == 2 and block_tables.shape[0] == num_seqs
     assert block_tables.stride(1) == 1, "block-table rows must be contiguous"
+
+
+def prepare_kv_cache(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, kv_scales: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int]:
+    """What the attention kernels are given for the cache: ``(k, v, scales, FP8_FORMAT)``.
+
+    A float8 cache becomes its bytes, with its scale row (unit scales when ``None``); a cache
+    in the query's dtype is passed as it is, with no scales.
+    """
+    fmt = fp8_format(k_cache.dtype)
+    if not fmt:
+        return k_cache, v_cache, None, fmt
+    if kv_scales is None:
+        kv_scales = unit_scales(k_cache.device)
+    assert kv_scales.dtype == torch.float32 and kv_scales.numel() >= 2, kv_scales
+    return k_cache.view(torch.uint8), v_cache.view(torch.uint8), kv_scales, fmt
+
+
+def kv_dequant_factor(fp8: int) -> float:
+    """What the dequantized tiles are multiplied by besides the scales (256 for e4m3)."""
+    return DEQUANT_FACTOR[fp8]

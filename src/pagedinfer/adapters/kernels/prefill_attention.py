@@ -21,6 +21,10 @@ at all, then the few tiles on the diagonal, with the causal mask. A K/V head ser
 
 Head dims that are not a power of two are padded to the next one with masked loads; the
 scores and output are float32 inside the kernel and cast to the output dtype on store.
+
+FP8 cache: tiles are dequantized as they are read (:mod:`.paged_tile`); ``k_scale`` is folded
+into the scores' scale and ``v_scale`` multiplies ``acc`` before it is normalised, both read on
+the device.
 """
 
 from __future__ import annotations
@@ -36,7 +40,9 @@ from pagedinfer.adapters.kernels.paged_tile import (
     attend_paged_tile,
     check_attention_shapes,
     dot_precision,
+    kv_dequant_factor,
     padded_head_dim,
+    prepare_kv_cache,
 )
 
 __all__ = ["PrefillTiles", "choose_prefill_tiles", "paged_prefill_attention"]
@@ -90,6 +96,7 @@ def choose_prefill_tiles(head_dim: int, dtype: torch.dtype, max_seqlen_q: int) -
         "block_tables_ptr",
         "cu_seqlens_q_ptr",
         "context_lens_ptr",
+        "kv_scales_ptr",
         "stride_table_seq",
     ]
 )
@@ -98,6 +105,7 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
     q_ptr,
     k_cache_ptr,
     v_cache_ptr,
+    kv_scales_ptr,
     block_tables_ptr,
     cu_seqlens_q_ptr,
     context_lens_ptr,
@@ -117,6 +125,8 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    FP8_FORMAT: tl.constexpr,  # 0: the cache has q's dtype; else its bytes (see fp8.py)
+    DEQUANT_FACTOR: tl.constexpr,  # fp8.DEQUANT_FACTOR of the format
 ):
     q_tile = tl.num_programs(0) - 1 - tl.program_id(0)  # longest-running tiles first
     head = tl.program_id(1)
@@ -142,6 +152,8 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
     )
     positions = prefix_len + offs_m
 
+    if FP8_FORMAT != 0:  # k_scale folds into the scores' scale; v_scale is applied at the end
+        qk_scale = qk_scale * (tl.load(kv_scales_ptr) * DEQUANT_FACTOR)
     kv_head_offset = (head // QUERIES_PER_KV).to(tl.int64) * stride_cache_head
     table_row_ptr = block_tables_ptr + seq.to(tl.int64) * stride_table_seq
     acc = tl.zeros([BLOCK_M, HEAD_DIM_P2], dtype=tl.float32)
@@ -156,7 +168,7 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
         acc, row_sum, row_max = attend_paged_tile(
             acc, row_sum, row_max, q, k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head_offset,
             tile * BLOCK_N, ctx_len, positions, qk_scale, stride_cache_block, stride_cache_slot,
-            offs_d, d_mask, BLOCK_SIZE, BLOCK_N, False, False, DOT_PRECISION,
+            offs_d, d_mask, BLOCK_SIZE, BLOCK_N, False, False, DOT_PRECISION, FP8_FORMAT,
         )  # fmt: skip
     # The diagonal: keys up to the last row's position, causally masked.
     last_key = prefix_len + tl.minimum(first_row + BLOCK_M, q_len)  # exclusive
@@ -164,9 +176,11 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
         acc, row_sum, row_max = attend_paged_tile(
             acc, row_sum, row_max, q, k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head_offset,
             tile * BLOCK_N, ctx_len, positions, qk_scale, stride_cache_block, stride_cache_slot,
-            offs_d, d_mask, BLOCK_SIZE, BLOCK_N, True, True, DOT_PRECISION,
+            offs_d, d_mask, BLOCK_SIZE, BLOCK_N, True, True, DOT_PRECISION, FP8_FORMAT,
         )  # fmt: skip
 
+    if FP8_FORMAT != 0:
+        acc = acc * (tl.load(kv_scales_ptr + 1) * DEQUANT_FACTOR)
     out = acc / row_sum[:, None]
     tl.store(
         out_ptr + tokens[:, None] * stride_out_token + head * stride_out_head + offs_d[None, :],
@@ -187,13 +201,16 @@ def paged_prefill_attention(
     scale: float,
     out: torch.Tensor | None = None,
     tiles: PrefillTiles | None = None,
+    kv_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of ``query`` (``[T, num_heads, head_dim]``) over the paged context.
 
     Sequence ``s`` owns query rows ``cu_seqlens_q[s]:cu_seqlens_q[s+1]`` and attends to the
     first ``context_lens[s]`` tokens of pages ``block_tables[s]``, which must already hold
     this step's K/V. ``tiles`` overrides :func:`choose_prefill_tiles` (tests use small tiles
-    to cross many tile boundaries on short contexts). Returns ``out``, allocated if ``None``.
+    to cross many tile boundaries on short contexts). A float8 cache is dequantized on the
+    fly with the layer's scale row ``kv_scales`` (unit scales when ``None``). Returns ``out``,
+    allocated if ``None``.
     """
     num_tokens, num_heads, head_dim = query.shape
     num_seqs = int(context_lens.shape[0])
@@ -205,6 +222,7 @@ def paged_prefill_attention(
     if num_tokens == 0 or num_seqs == 0 or max_seqlen_q == 0:
         return out
     query = query if query.stride(-1) == 1 else query.contiguous()
+    k_cache, v_cache, kv_scales, fp8 = prepare_kv_cache(k_cache, v_cache, kv_scales)
     tiles = tiles or choose_prefill_tiles(head_dim, query.dtype, max_seqlen_q)
 
     grid = (triton.cdiv(max_seqlen_q, tiles.block_m), num_heads, num_seqs)
@@ -213,6 +231,7 @@ def paged_prefill_attention(
         query,
         k_cache,
         v_cache,
+        kv_scales if kv_scales is not None else context_lens,  # unused without FP8
         block_tables,
         cu_seqlens_q,
         context_lens,
@@ -232,6 +251,8 @@ def paged_prefill_attention(
         BLOCK_M=tiles.block_m,
         BLOCK_N=tiles.block_n,
         DOT_PRECISION=dot_precision(query.dtype),
+        FP8_FORMAT=fp8,
+        DEQUANT_FACTOR=kv_dequant_factor(fp8),
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )

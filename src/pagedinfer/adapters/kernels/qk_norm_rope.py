@@ -20,6 +20,11 @@ at the end.
 Grid: ``(T, cdiv(H, BLOCK_H) + cdiv(KV, BLOCK_H))``; the first column blocks are q heads, the
 rest k heads (which also move v when storing). Shapes only: CUDA-graph safe; a slot ``< 0``
 (padding row) is masked off on the device.
+
+FP8 cache: the store writes the cache's bytes, the rotated k and the v quantized with the
+layer's inverse scales (``kv_scales[2]``, ``kv_scales[3]``, read on the device) exactly as
+:mod:`.store_kv` does: the rotated k is first rounded to the model dtype (what the unfused
+path would hand to the store), then quantized.
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from pagedinfer.adapters.kernels.fp8 import NO_FP8, cache_bytes, fp8_format, quantize_fp8
+from pagedinfer.adapters.kv_cache import unit_scales
 
 __all__ = ["qk_norm_rope", "qk_norm_rope_store"]
 
@@ -65,7 +73,7 @@ def _norm_rope_tile(  # type: ignore[no-untyped-def]
     return y1, y2
 
 
-@triton.jit  # type: ignore[untyped-decorator]
+@triton.jit(do_not_specialize=["kv_scales_ptr"])  # type: ignore[untyped-decorator]
 def _qk_norm_rope_kernel(  # type: ignore[no-untyped-def]
     q_out_ptr,
     k_out_ptr,
@@ -78,6 +86,7 @@ def _qk_norm_rope_kernel(  # type: ignore[no-untyped-def]
     k_cache_ptr,
     v_cache_ptr,
     slot_mapping_ptr,
+    kv_scales_ptr,
     eps,
     stride_qkv,
     stride_q_out,
@@ -96,6 +105,7 @@ def _qk_norm_rope_kernel(  # type: ignore[no-untyped-def]
     HAS_NORM: tl.constexpr,
     STORE_KV: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
+    FP8_FORMAT: tl.constexpr,  # see fp8.py; 0: the cache has the model's dtype
 ):
     token = tl.program_id(0).to(tl.int64)
     head_block = tl.program_id(1)
@@ -144,11 +154,18 @@ def _qk_norm_rope_kernel(  # type: ignore[no-untyped-def]
                     + offs_half[None, :]
                 )
                 k_dst = k_cache_ptr + cache_offs
-                tl.store(k_dst, y1.to(k_cache_ptr.dtype.element_ty), mask=mask)
-                tl.store(k_dst + HALF, y2.to(k_cache_ptr.dtype.element_ty), mask=mask)
                 v_offs = (NUM_HEADS + NUM_KV_HEADS) * HEAD_DIM + head_offs
                 v1 = tl.load(row_ptr + v_offs, mask=mask, other=0.0)
                 v2 = tl.load(row_ptr + v_offs + HALF, mask=mask, other=0.0)
+                if FP8_FORMAT != 0:
+                    k_inverse = tl.load(kv_scales_ptr + 2)
+                    v_inverse = tl.load(kv_scales_ptr + 3)
+                    y1 = quantize_fp8(y1.to(x1.dtype), k_inverse, FP8_FORMAT)
+                    y2 = quantize_fp8(y2.to(x1.dtype), k_inverse, FP8_FORMAT)
+                    v1 = quantize_fp8(v1, v_inverse, FP8_FORMAT)
+                    v2 = quantize_fp8(v2, v_inverse, FP8_FORMAT)
+                tl.store(k_dst, y1.to(k_cache_ptr.dtype.element_ty), mask=mask)
+                tl.store(k_dst + HALF, y2.to(k_cache_ptr.dtype.element_ty), mask=mask)
                 v_dst = v_cache_ptr + cache_offs
                 tl.store(v_dst, v1.to(v_cache_ptr.dtype.element_ty), mask=mask)
                 tl.store(v_dst + HALF, v2.to(v_cache_ptr.dtype.element_ty), mask=mask)
@@ -171,6 +188,7 @@ def _launch(
     k_weight: torch.Tensor | None,
     eps: float,
     cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+    kv_scales: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     num_tokens = int(qkv.shape[0])
     assert head_dim % 2 == 0, head_dim
@@ -190,8 +208,13 @@ def _launch(
         slot_mapping = positions
         cache_strides = (0, 0, 0)
         block_size = 1
+        fp8 = NO_FP8
     else:
         k_cache, v_cache, slot_mapping = cache
+        fp8 = fp8_format(k_cache.dtype)
+        if fp8 != NO_FP8 and kv_scales is None:
+            kv_scales = unit_scales(k_cache.device)
+        assert kv_scales is None or kv_scales.dtype == torch.float32
         assert k_cache.shape == v_cache.shape and k_cache.stride() == v_cache.stride()
         assert k_cache.shape[2:] == (num_kv_heads, head_dim) and k_cache.stride(3) == 1
         assert slot_mapping.shape == (num_tokens,), (slot_mapping.shape, num_tokens)
@@ -215,9 +238,10 @@ def _launch(
         sin,
         q_weight if q_weight is not None else cos,
         k_weight if k_weight is not None else cos,
-        k_cache,
-        v_cache,
+        cache_bytes(k_cache),
+        cache_bytes(v_cache),
         slot_mapping,
+        kv_scales if kv_scales is not None else cos,  # unused without FP8
         eps,
         qkv.stride(0),
         q.stride(0),
@@ -234,6 +258,7 @@ def _launch(
         HAS_NORM=has_norm,
         STORE_KV=cache is not None,
         BLOCK_SIZE=block_size,
+        FP8_FORMAT=fp8,
         num_warps=4 if block_h * half_p2 >= 512 else 1,
     )
     return q, k
@@ -286,9 +311,12 @@ def qk_norm_rope_store(
     q_weight: torch.Tensor | None = None,
     k_weight: torch.Tensor | None = None,
     eps: float = 1e-6,
+    kv_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """As :func:`qk_norm_rope`, but k and v go straight into their cache slots (slots ``< 0``
-    are skipped); returns the rotated ``q [T, H, D]``. One launch for the whole prologue."""
+    are skipped; a float8 cache gets them quantized with the scale row ``kv_scales``, unit
+    scales when ``None``); returns the rotated ``q [T, H, D]``. One launch for the whole
+    prologue."""
     q, _ = _launch(
         qkv,
         positions,
@@ -301,5 +329,6 @@ def qk_norm_rope_store(
         k_weight=k_weight,
         eps=eps,
         cache=(k_cache, v_cache, slot_mapping),
+        kv_scales=kv_scales,
     )
     return q

@@ -10,10 +10,16 @@ layer is built:
   then the backend only attends;
 * fused with another backend (``flash``): one kernel for norm and RoPE, then the backend
   stores and attends.
+
+With an FP8 KV cache the layer also holds its scale row (``kv_scales``, bound with the cache)
+and passes it to the store and attention; :meth:`PagedAttention.set_kv_scales` is the hook
+through which a checkpoint's ``k_scale`` / ``v_scale`` reach the runner (see
+:mod:`pagedinfer.adapters.kv_cache`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +29,7 @@ from torch import nn
 from pagedinfer.adapters.attention.base import AttendsStoredKV, AttentionBackend, AttentionMetadata
 from pagedinfer.adapters.layers.norm import RMSNorm
 from pagedinfer.adapters.layers.rotary import RotaryStep, qk_norm_rope_torch
+from pagedinfer.errors import UnsupportedModelError
 
 __all__ = ["PagedAttention"]
 
@@ -33,7 +40,9 @@ class PagedAttention(nn.Module):
     ``k_cache`` / ``v_cache`` are views ``[num_blocks, block_size, num_kv_heads, head_dim]`` into
     the runner's single KV-cache tensor, bound with :meth:`bind_cache` once the cache exists.
     They are plain attributes, not buffers: they are not weights and must not be moved,
-    copied or saved with the model.
+    copied or saved with the model. So is ``kv_scales``, the layer's row of FP8 scales
+    (``[k_scale, v_scale, 1 / k_scale, 1 / v_scale]`` float32; ``None`` for a cache in the
+    model's dtype).
     """
 
     def __init__(
@@ -55,6 +64,10 @@ class PagedAttention(nn.Module):
         self.fused = fused
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
+        self.kv_scales: torch.Tensor | None = None
+        # FP8 KV-cache scales the checkpoint carries (set_kv_scales); None: not given.
+        self.checkpoint_k_scale: float | None = None
+        self.checkpoint_v_scale: float | None = None
         # The fused kernels, imported only when chosen (the CPU path never imports Triton).
         self._rope: Callable[..., Any] | None = None
         self._rope_store: Callable[..., Any] | None = None
@@ -66,15 +79,37 @@ class PagedAttention(nn.Module):
             else:
                 self._rope = qk_norm_rope.qk_norm_rope
 
-    def bind_cache(self, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    def set_kv_scales(
+        self,
+        k_scale: float | torch.Tensor | None = None,
+        v_scale: float | torch.Tensor | None = None,
+    ) -> None:
+        """Record this layer's FP8 KV-cache scales from a checkpoint (``stored = x / scale``).
+
+        The hook for weight loaders: call it with a checkpoint's per-layer ``k_scale`` and/or
+        ``v_scale`` (a float or a one-element tensor). The model runner uses them when the
+        cache is FP8 and calibrates the scales a checkpoint does not give. Raises
+        :class:`~pagedinfer.errors.UnsupportedModelError` for a scale that is not one finite
+        number > 0.
+        """
+        if k_scale is not None:
+            self.checkpoint_k_scale = _checked_scale("k_scale", k_scale)
+        if v_scale is not None:
+            self.checkpoint_v_scale = _checked_scale("v_scale", v_scale)
+
+    def bind_cache(
+        self, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_scales: torch.Tensor | None = None
+    ) -> None:
         assert k_cache.shape == v_cache.shape and k_cache.dim() == 4
         assert k_cache.shape[-2:] == (self.num_kv_heads, self.head_dim), k_cache.shape
         self.k_cache = k_cache
         self.v_cache = v_cache
+        self.kv_scales = kv_scales
 
     def unbind_cache(self) -> None:
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
+        self.kv_scales = None
 
     def forward(
         self,
@@ -87,7 +122,10 @@ class PagedAttention(nn.Module):
 
         ``meta`` is this step's metadata, passed down explicitly from the runner.
         """
-        return self.backend.forward(query, key, value, self.k_cache, self.v_cache, meta, self.scale)
+        return self.backend.forward(
+            query, key, value, self.k_cache, self.v_cache, meta, self.scale,
+            kv_scales=self.kv_scales,
+        )  # fmt: skip
 
     def forward_packed(
         self,
@@ -110,9 +148,11 @@ class PagedAttention(nn.Module):
                 qkv, rope.positions, rope.table_cos, rope.table_sin,
                 self.k_cache, self.v_cache, meta.slot_mapping,
                 num_heads=heads, num_kv_heads=kv_heads, head_dim=dim,
-                q_weight=q_weight, k_weight=k_weight, eps=eps,
+                q_weight=q_weight, k_weight=k_weight, eps=eps, kv_scales=self.kv_scales,
             )  # fmt: skip
-            return self.backend.attend(query, self.k_cache, self.v_cache, meta, self.scale)
+            return self.backend.attend(
+                query, self.k_cache, self.v_cache, meta, self.scale, kv_scales=self.kv_scales
+            )
         if self._rope is not None:
             query, key = self._rope(
                 qkv, rope.positions, rope.table_cos, rope.table_sin,
@@ -128,3 +168,21 @@ class PagedAttention(nn.Module):
                 q_weight=q_weight, k_weight=k_weight, eps=eps,
             )  # fmt: skip
         return self.forward(query, key, value, meta)
+
+
+def _checked_scale(name: str, value: float | torch.Tensor) -> float:
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise UnsupportedModelError(
+                f"FP8 KV-cache {name} has shape {list(value.shape)}: expected one scale per "
+                "layer (a per-tensor scale); per-head or per-channel KV scales are not supported."
+            )
+        number = float(value.reshape(()).to(torch.float32))
+    else:
+        number = float(value)
+    if not math.isfinite(number) or number <= 0.0:
+        raise UnsupportedModelError(
+            f"FP8 KV-cache {name}={number} is invalid: expected a finite number > 0 "
+            "(stored = x / scale)."
+        )
+    return number
