@@ -17,13 +17,25 @@ Layers:
   a shard id, each one split across ranks on its own;
 * replicated: every rank holds the whole tensor (a MoE router).
 
-Parameters are created with the ``dtype`` and ``device`` each layer is given: nothing here
-reads or changes torch's process-wide defaults.
+A layer is described by its output *segments* (one per packed checkpoint tensor: its full
+size, this rank's size and where this rank's slice starts) and its input slice. Every tensor
+it holds is described axis by axis (:class:`~pagedinfer.adapters.quantization.base.Axis`):
+the dense ``weight [out, in]`` and ``bias [out]``, or, for a quantized layer, the tensors its
+:class:`~pagedinfer.adapters.quantization.base.LinearQuantMethod` lists (FP8 weights and
+their block or channel scales, packed int4 words, group scales and zero points). One loader
+slices all of them: a scale of one element per 128 output features is cut where the weight
+is, a word of eight packed values moves with its eight features. A split that would cut a
+block, a group or a packed word is refused when the layer is built.
+
+A quantized layer dequantizes once after loading, or keeps its quantized tensors for a GPU
+kernel (:meth:`finish_loading`). Parameters are created with the ``dtype`` and ``device``
+each layer is given: nothing here reads or changes torch's process-wide defaults.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -31,7 +43,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedinfer.adapters.distributed.parallel import ParallelContext
-from pagedinfer.errors import ConfigurationError
+from pagedinfer.adapters.quantization.base import (
+    FLOAT_CHECKPOINT_DTYPES,
+    Axis,
+    LinearGeometry,
+    LinearQuantMethod,
+    QuantizedMatmul,
+    TensorSpec,
+)
+from pagedinfer.errors import ConfigurationError, UnsupportedModelError
 
 __all__ = [
     "ColumnParallelLinear",
@@ -41,6 +61,7 @@ __all__ = [
     "RowParallelLinear",
     "ShardId",
     "WeightLoader",
+    "checkpoint_dtypes",
     "checkpoint_shape",
     "copy_checked",
     "default_weight_loader",
@@ -48,6 +69,7 @@ __all__ = [
     "empty_parameter",
     "expected_shard_ids",
     "get_weight_loader",
+    "is_optional",
     "set_weight_loader",
 ]
 
@@ -110,6 +132,19 @@ def expected_shard_ids(param: nn.Parameter) -> tuple[ShardId, ...]:
     return shard_ids
 
 
+def checkpoint_dtypes(param: nn.Parameter) -> tuple[frozenset[str], str]:
+    """The safetensors dtypes a tensor for ``param`` may have (floats unless a quantized
+    layer says otherwise) and what that tensor holds, in words, for messages."""
+    dtypes: frozenset[str] = getattr(param, "checkpoint_dtypes", FLOAT_CHECKPOINT_DTYPES)
+    layout: str = getattr(param, "checkpoint_layout", "")
+    return dtypes, layout
+
+
+def is_optional(param: nn.Parameter) -> bool:
+    """True for a quantized layer's tensor that a checkpoint may leave out (GPTQ's g_idx)."""
+    return bool(getattr(param, "optional", False))
+
+
 def divide(total: int, world_size: int, what: str) -> int:
     """``total / world_size``, or a :class:`ConfigurationError` naming ``what`` if uneven."""
     if total % world_size:
@@ -130,52 +165,252 @@ def copy_checked(target: torch.Tensor, source: torch.Tensor) -> None:
     target.copy_(source)
 
 
-class _LinearBase(nn.Module):
-    """``weight [output_per_rank, input_per_rank]`` plus an optional bias.
+@dataclass(frozen=True, slots=True)
+class _Slice:
+    """``local`` features of a checkpoint tensor's ``full``, this rank's from ``start`` on."""
 
-    ``full_input`` / ``full_output`` are the checkpoint's (unsplit) sizes.
+    full: int
+    local: int
+    start: int
+
+
+_WEIGHT = TensorSpec(
+    "weight", (Axis("output"), Axis("input")), None, FLOAT_CHECKPOINT_DTYPES, "the weight"
+)
+_BIAS = TensorSpec("bias", (Axis("output"),), None, FLOAT_CHECKPOINT_DTYPES, "the bias")
+
+
+class _TensorLoader:
+    """The weight loader of one tensor of a layer (see :meth:`_LinearBase.load_tensor`)."""
+
+    def __init__(self, layer: _LinearBase, spec: TensorSpec) -> None:
+        self.layer = layer
+        self.spec = spec
+
+    def __call__(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: ShardId = None
+    ) -> None:
+        self.layer.load_tensor(self.spec, param, loaded_weight, shard_id)
+
+    def shape(self, shard_id: ShardId) -> tuple[int, ...]:
+        return self.layer.checkpoint_shape_of(self.spec, shard_id)
+
+
+class _LinearBase(nn.Module):
+    """``y = x W^T + b`` over this rank's slices (see the module docstring).
+
+    ``outputs`` lists the packed checkpoint tensors in order (one, ``None``, when unpacked)
+    with this rank's slice of each; ``inputs`` is this rank's slice of the input features.
+    ``quant`` makes the layer hold that method's tensors instead of a dense ``weight``.
     """
+
+    weight: nn.Parameter  # dense layers, and quantized ones once dequantized
 
     def __init__(
         self,
-        input_size: int,
-        output_size: int,
+        outputs: Sequence[tuple[ShardId, _Slice]],
+        inputs: _Slice,
         *,
         bias: bool,
         parallel: ParallelContext,
         dtype: torch.dtype,
         device: torch.device,
-        full_input: int,
-        full_output: int,
-        shard_ids: Sequence[ShardId] = (None,),
+        quant: LinearQuantMethod | None = None,
     ) -> None:
         super().__init__()
         self.parallel = parallel
-        self.input_size = input_size
-        self.output_size = output_size
-        self.full_input = full_input
-        self.full_output = full_output
-        self.weight = empty_parameter(output_size, input_size, dtype=dtype, device=device)
-        set_weight_loader(self.weight, self.weight_loader, self._weight_shape, shard_ids)
+        self.outputs = dict(outputs)
+        self.inputs = inputs
+        self.output_size = sum(part.local for part in self.outputs.values())
+        self.input_size = inputs.local
+        self.full_output = sum(part.full for part in self.outputs.values())
+        self.full_input = inputs.full
+        self.params_dtype = dtype
+        self.quant = quant
+        self.matmul: QuantizedMatmul | None = None  # a quantized GEMM, once loaded
+        self._finished = quant is None
+        shard_ids = tuple(self.outputs)
+        specs = quant.tensors() if quant is not None else (_WEIGHT,)
+        for spec in specs:
+            self._check_alignment(spec)
+            param = empty_parameter(
+                *self.local_shape_of(spec), dtype=spec.dtype or dtype, device=device
+            )
+            if spec.fill is not None:
+                param.data.fill_(spec.fill)
+            loader = _TensorLoader(self, spec)
+            set_weight_loader(param, loader, loader.shape, shard_ids)
+            param.checkpoint_dtypes = spec.checkpoint_dtypes  # type: ignore[attr-defined]
+            param.checkpoint_layout = spec.layout  # type: ignore[attr-defined]
+            param.optional = spec.optional  # type: ignore[attr-defined]
+            self.register_parameter(spec.suffix, param)
         self.bias: nn.Parameter | None = None
         if bias:
-            self.bias = empty_parameter(output_size, dtype=dtype, device=device)
-            set_weight_loader(self.bias, self.weight_loader, self._bias_shape, shard_ids)
+            self.bias = empty_parameter(*self.local_shape_of(_BIAS), dtype=dtype, device=device)
+            loader = _TensorLoader(self, _BIAS)
+            set_weight_loader(self.bias, loader, loader.shape, shard_ids)
 
-    def full_output_rows(self, shard_id: ShardId) -> int:
-        """Rows of the checkpoint tensor for ``shard_id`` (packed layers override)."""
-        return self.full_output
+    # ------------------------------------------------------------------ shapes and slices
+    def local_shape_of(self, spec: TensorSpec) -> tuple[int, ...]:
+        """The parameter's shape: this rank's slice of every packed shard, side by side."""
+        shape = []
+        for axis in spec.axes:
+            if axis.along == "output":
+                shape.append(sum(axis.elements(part.local) for part in self.outputs.values()))
+            else:
+                features = self.inputs.local if axis.split else self.inputs.full
+                shape.append(axis.elements(features))
+        return tuple(shape)
 
-    def _weight_shape(self, shard_id: ShardId) -> tuple[int, ...]:
-        return (self.full_output_rows(shard_id), self.full_input)
+    def checkpoint_shape_of(self, spec: TensorSpec, shard_id: ShardId) -> tuple[int, ...]:
+        """The full shape of the checkpoint tensor of ``spec`` for ``shard_id``."""
+        part = self._output(shard_id)
+        return tuple(
+            axis.elements(part.full if axis.along == "output" else self.inputs.full)
+            for axis in spec.axes
+        )
 
-    def _bias_shape(self, shard_id: ShardId) -> tuple[int, ...]:
-        return (self.full_output_rows(shard_id),)
+    def _output(self, shard_id: ShardId) -> _Slice:
+        part = self.outputs.get(shard_id)
+        if part is None:
+            raise AssertionError(
+                f"{type(self).__name__} has shards {list(self.outputs)}, got {shard_id!r}"
+            )
+        return part
 
-    def weight_loader(
-        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: ShardId = None
+    def load_tensor(
+        self, spec: TensorSpec, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId
     ) -> None:
-        raise NotImplementedError
+        """Copy this rank's slice of checkpoint tensor ``loaded`` (shard ``shard_id``).
+
+        Only a dimension that is really split is narrowed: an unsplit one is copied whole, so
+        a tensor of the wrong size fails the shape check instead of being cut to fit.
+        """
+        part = self._output(shard_id)
+        target, source = param.data, loaded
+        for dim, axis in enumerate(spec.axes):
+            step = axis.per_element
+            if step is None:  # one element for the whole axis: nothing to cut
+                continue
+            if axis.along == "output":
+                offset = 0
+                for other_id, other in self.outputs.items():
+                    if other_id == shard_id:
+                        break
+                    offset += axis.elements(other.local)
+                size = axis.elements(part.local)
+                target = target.narrow(dim, offset, size)
+                if part.local != part.full:
+                    source = source.narrow(dim, part.start // step, size)
+            elif axis.split and self.inputs.local != self.inputs.full:
+                size = axis.elements(self.inputs.local)
+                source = source.narrow(dim, self.inputs.start // step, size)
+        self._check_shared(spec, target, source, shard_id)
+        copy_checked(target, source)
+
+    def _check_shared(
+        self, spec: TensorSpec, target: torch.Tensor, source: torch.Tensor, shard_id: ShardId
+    ) -> None:
+        """A tensor without an output axis in a packed layer is one tensor for every shard
+        (GPTQ's g_idx: q, k and v read the same input, so GPTQ orders their columns alike):
+        the second and later shards must hold what the first loaded."""
+        shared = len(self.outputs) > 1 and all(axis.along == "input" for axis in spec.axes)
+        if not shared or spec.fill is None or bool((target == spec.fill).all()):
+            return  # not shared, or the first shard to arrive
+        if target.shape == source.shape and torch.equal(target, source.to(target.dtype)):
+            return
+        assert self.quant is not None, "only quantized layers share a tensor"
+        shards = list(self.outputs)
+        raise UnsupportedModelError(
+            f"{self.quant.names[shards.index(shard_id)]}.{spec.suffix} differs from "
+            f"{self.quant.names[0]}.{spec.suffix}: pagedinfer packs these modules into one "
+            f"layer, which needs one {spec.suffix} for all of them."
+        )
+
+    def _check_alignment(self, spec: TensorSpec) -> None:
+        """Refuse a layout this layer's sizes or its tensor-parallel split cannot hold."""
+        if self.quant is None:
+            return
+        name = self.quant.name
+        world = self.parallel.world_size
+        parts = list(self.outputs.values())
+        for axis in spec.axes:
+            step = axis.per_element
+            assert step is not None or axis.along == "input", "output axes are never whole"
+            if step is None or step == 1:
+                continue
+            if axis.along == "output":
+                slices = [(part, index < len(parts) - 1) for index, part in enumerate(parts)]
+            else:
+                slices = [(self.inputs, False)]
+            for part, packed_before_another in slices:
+                if part.full % step and not axis.partial:
+                    raise UnsupportedModelError(
+                        f"{name}: {part.full} {axis.along} features cannot hold {spec.layout} "
+                        f"({step} features per element): the checkpoint's quantization does "
+                        "not fit this model's sizes."
+                    )
+                cut = part.local != part.full and axis.split and part.local % step
+                if cut or (packed_before_another and part.local % step):
+                    reason = (
+                        f"tensor_parallel_size={world} gives each rank {part.local} of its "
+                        f"{part.full} {axis.along} features"
+                        if cut
+                        else f"its packed shards hold {part.local} {axis.along} features each"
+                    )
+                    raise ConfigurationError(
+                        f"{name}: {reason}, which is not a multiple of the {step} features "
+                        f"that share one element of {spec.layout}: the split would cut it. "
+                        "Choose a tensor_parallel_size that keeps every rank's slice a "
+                        f"multiple of {step}."
+                    )
+
+    # ------------------------------------------------------------------ after loading
+    def finish_loading(self) -> None:
+        """Called once every tensor is loaded: a quantized layer dequantizes its tensors
+        into ``weight`` or prepares its GPU kernel (its method decides); dense layers have
+        nothing to do."""
+        quant = self.quant
+        if quant is None or self._finished:
+            return
+        tensors: dict[str, torch.Tensor] = {}
+        for spec in quant.tensors():
+            tensors[spec.suffix] = self.get_parameter(spec.suffix).data
+            delattr(self, spec.suffix)
+        device = next(iter(tensors.values())).device
+        geometry = LinearGeometry(
+            name=quant.name,
+            output_features=self.output_size,
+            input_features=self.input_size,
+            input_start=self.inputs.start,
+            dtype=self.params_dtype,
+            device=device,
+        )
+        result = quant.finish(tensors, geometry)
+        if isinstance(result, torch.Tensor):
+            assert result.shape == (self.output_size, self.input_size), result.shape
+            self.weight = nn.Parameter(result, requires_grad=False)
+        else:
+            self.matmul = result
+        self._finished = True
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """``x W^T + bias`` with this rank's weight (dense, or the quantized GEMM)."""
+        if self.matmul is not None:
+            out: torch.Tensor = self.matmul(x)
+            return out if bias is None else out + bias
+        assert self._finished, f"{self.quant and self.quant.name}: used before finish_loading()"
+        return F.linear(x, self.weight, bias)
+
+
+def _column_slices(
+    shards: Sequence[tuple[ShardId, int]], parallel: ParallelContext, what: str
+) -> list[tuple[ShardId, _Slice]]:
+    slices = []
+    for shard_id, full in shards:
+        local = divide(full, parallel.world_size, what)
+        slices.append((shard_id, _Slice(full, local, parallel.rank * local)))
+    return slices
 
 
 class ReplicatedLinear(_LinearBase):
@@ -190,29 +425,28 @@ class ReplicatedLinear(_LinearBase):
         dtype: torch.dtype,
         device: torch.device,
         bias: bool = False,
+        quant: LinearQuantMethod | None = None,
     ) -> None:
         super().__init__(
-            input_size,
-            output_size,
+            [(None, _Slice(output_size, output_size, 0))],
+            _Slice(input_size, input_size, 0),
             bias=bias,
             parallel=parallel,
             dtype=dtype,
             device=device,
-            full_input=input_size,
-            full_output=output_size,
+            quant=quant,
         )
 
-    def weight_loader(
-        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: ShardId = None
-    ) -> None:
-        default_weight_loader(param, loaded_weight, shard_id)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self.linear(x, self.bias)
 
 
 class ColumnParallelLinear(_LinearBase):
-    """``y = x W^T + b`` with W's output rows split across ranks; output stays split."""
+    """``y = x W^T + b`` with W's output rows split across ranks; output stays split.
+
+    ``packed`` lists several checkpoint tensors stored side by side, as ``(shard id, output
+    features)``; each is split across ranks on its own (see the subclasses).
+    """
 
     def __init__(
         self,
@@ -224,30 +458,23 @@ class ColumnParallelLinear(_LinearBase):
         device: torch.device,
         bias: bool = False,
         what: str = "output features",
-        shard_ids: Sequence[ShardId] = (None,),
+        quant: LinearQuantMethod | None = None,
+        packed: Sequence[tuple[ShardId, int]] = (),
     ) -> None:
-        per_rank = divide(output_size, parallel.world_size, what)
+        shards = list(packed) or [(None, output_size)]
+        assert sum(size for _, size in shards) == output_size, (shards, output_size)
         super().__init__(
-            input_size,
-            per_rank,
+            _column_slices(shards, parallel, what),
+            _Slice(input_size, input_size, 0),
             bias=bias,
             parallel=parallel,
             dtype=dtype,
             device=device,
-            full_input=input_size,
-            full_output=output_size,
-            shard_ids=shard_ids,
+            quant=quant,
         )
 
-    def weight_loader(
-        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: ShardId = None
-    ) -> None:
-        assert shard_id is None, "ColumnParallelLinear holds a single checkpoint tensor"
-        size = param.shape[0]
-        copy_checked(param.data, loaded_weight.narrow(0, self.parallel.rank * size, size))
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self.linear(x, self.bias)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -267,10 +494,9 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         device: torch.device,
         bias: bool = False,
         what: str = "intermediate_size",
+        quant: LinearQuantMethod | None = None,
     ) -> None:
         self.output_sizes = tuple(output_sizes)
-        for size in self.output_sizes:
-            divide(size, parallel.world_size, what)
         super().__init__(
             input_size,
             sum(self.output_sizes),
@@ -279,22 +505,9 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
             device=device,
             bias=bias,
             what=what,
-            shard_ids=tuple(range(len(self.output_sizes))),
+            quant=quant,
+            packed=list(enumerate(self.output_sizes)),
         )
-
-    def full_output_rows(self, shard_id: ShardId) -> int:
-        assert isinstance(shard_id, int), f"packed shard id must be an int, got {shard_id!r}"
-        return self.output_sizes[shard_id]
-
-    def weight_loader(
-        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: ShardId = None
-    ) -> None:
-        assert isinstance(shard_id, int), f"packed shard id must be an int, got {shard_id!r}"
-        world = self.parallel.world_size
-        offset = sum(self.output_sizes[:shard_id]) // world
-        size = self.output_sizes[shard_id] // world
-        source = loaded_weight.narrow(0, self.parallel.rank * size, size)
-        copy_checked(param.data.narrow(0, offset, size), source)
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -311,6 +524,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         dtype: torch.dtype,
         device: torch.device,
         bias: bool = False,
+        quant: LinearQuantMethod | None = None,
     ) -> None:
         world = parallel.world_size
         self.head_dim = head_dim
@@ -320,40 +534,24 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.num_kv_heads = divide(num_kv_heads, world, "num_key_value_heads")
         self.q_size = self.num_heads * head_dim
         self.kv_size = self.num_kv_heads * head_dim
+        q_rows, kv_rows = num_heads * head_dim, num_kv_heads * head_dim
         super().__init__(
             hidden_size,
-            (num_heads + 2 * num_kv_heads) * head_dim,
+            q_rows + 2 * kv_rows,
             parallel=parallel,
             dtype=dtype,
             device=device,
             bias=bias,
-            shard_ids=("q", "k", "v"),
+            quant=quant,
+            packed=[("q", q_rows), ("k", kv_rows), ("v", kv_rows)],
         )
-
-    def full_output_rows(self, shard_id: ShardId) -> int:
-        if shard_id == "q":
-            return self.total_num_heads * self.head_dim
-        if shard_id in ("k", "v"):
-            return self.total_num_kv_heads * self.head_dim
-        raise AssertionError(f"QKV shard id must be 'q', 'k' or 'v', got {shard_id!r}")
-
-    def weight_loader(
-        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: ShardId = None
-    ) -> None:
-        if shard_id == "q":
-            offset, size = 0, self.q_size
-        elif shard_id == "k":
-            offset, size = self.q_size, self.kv_size
-        elif shard_id == "v":
-            offset, size = self.q_size + self.kv_size, self.kv_size
-        else:
-            raise AssertionError(f"QKV shard id must be 'q', 'k' or 'v', got {shard_id!r}")
-        source = loaded_weight.narrow(0, self.parallel.rank * size, size)
-        copy_checked(param.data.narrow(0, offset, size), source)
 
 
 class RowParallelLinear(_LinearBase):
-    """``y = x W^T + b`` with W's input columns split: each rank sums a partial product."""
+    """``y = x W^T + b`` with W's input columns split: each rank sums a partial product.
+
+    The bias is not split; rank 0 adds it once.
+    """
 
     def __init__(
         self,
@@ -365,29 +563,19 @@ class RowParallelLinear(_LinearBase):
         device: torch.device,
         bias: bool = False,
         what: str = "input features",
+        quant: LinearQuantMethod | None = None,
     ) -> None:
         per_rank = divide(input_size, parallel.world_size, what)
         super().__init__(
-            per_rank,
-            output_size,
+            [(None, _Slice(output_size, output_size, 0))],
+            _Slice(input_size, per_rank, parallel.rank * per_rank),
             bias=bias,
             parallel=parallel,
             dtype=dtype,
             device=device,
-            full_input=input_size,
-            full_output=output_size,
+            quant=quant,
         )
-
-    def weight_loader(
-        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: ShardId = None
-    ) -> None:
-        assert shard_id is None, "RowParallelLinear holds a single checkpoint tensor"
-        if param.dim() == 1:  # the bias is not split; rank 0 adds it once
-            copy_checked(param.data, loaded_weight)
-            return
-        size = param.shape[1]
-        copy_checked(param.data, loaded_weight.narrow(1, self.parallel.rank * size, size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = self.bias if self.parallel.rank == 0 else None
-        return self.parallel.all_reduce(F.linear(x, self.weight, bias))
+        return self.parallel.all_reduce(self.linear(x, bias))

@@ -37,6 +37,7 @@ from pagedinfer.adapters.layers.linear import (
     empty_parameter,
     set_weight_loader,
 )
+from pagedinfer.adapters.quantization import QuantizationConfig, linear_method
 
 __all__ = ["ExpertWeights", "GatedMLP", "SparseMoeBlock", "moe_experts_torch", "select_experts"]
 
@@ -48,7 +49,12 @@ ExpertsFunction = Callable[
 
 
 class GatedMLP(nn.Module):
-    """SwiGLU: ``down(silu(gate(x)) * up(x))`` with gate and up packed in one projection."""
+    """SwiGLU: ``down(silu(gate(x)) * up(x))`` with gate and up packed in one projection.
+
+    With ``quantization``, the projections hold that checkpoint format's tensors; ``prefix``
+    is the MLP's checkpoint module (``model.layers.<i>.mlp``), for its ignore list and
+    messages.
+    """
 
     def __init__(
         self,
@@ -60,6 +66,8 @@ class GatedMLP(nn.Module):
         dtype: torch.dtype,
         device: torch.device,
         fused: bool = False,
+        quantization: QuantizationConfig | None = None,
+        prefix: str = "model.layers.0.mlp",
     ) -> None:
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(
@@ -69,6 +77,9 @@ class GatedMLP(nn.Module):
             dtype=dtype,
             device=device,
             bias=bias,
+            quant=linear_method(
+                quantization, f"{prefix}.gate_proj", f"{prefix}.up_proj", kernels=fused
+            ),
         )
         self.act = SiluAndMul(fused=fused)  # fused: one Triton kernel
         self.down_proj = RowParallelLinear(
@@ -79,6 +90,7 @@ class GatedMLP(nn.Module):
             device=device,
             bias=bias,
             what="intermediate_size",
+            quant=linear_method(quantization, f"{prefix}.down_proj", kernels=fused),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

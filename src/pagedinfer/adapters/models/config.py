@@ -20,6 +20,7 @@ from typing import Any, NoReturn, TypeGuard
 import torch
 
 from pagedinfer.adapters.layers.rotary import ROPE_TYPES, RopeScaling
+from pagedinfer.adapters.quantization import QuantizationConfig, parse_quantization_config
 from pagedinfer.errors import CheckpointNotFoundError, ConfigurationError, UnsupportedModelError
 
 __all__ = ["ModelConfig", "MoeConfig"]
@@ -54,7 +55,9 @@ class ModelConfig:
     """The architecture hyper-parameters of one checkpoint directory.
 
     ``sliding_window`` is the attention window of the layers that have one (``None``: every
-    layer attends to its whole context); ``moe`` is set for mixture-of-experts checkpoints.
+    layer attends to its whole context); ``moe`` is set for mixture-of-experts checkpoints;
+    ``quantization`` for quantized checkpoints (``config.json``'s ``quantization_config``,
+    see ``adapters/quantization``).
     """
 
     path: Path
@@ -77,6 +80,7 @@ class ModelConfig:
     moe: MoeConfig | None
     dtype: torch.dtype  # the checkpoint's dtype ("auto" resolves to it)
     eos_token_ids: tuple[int, ...]
+    quantization: QuantizationConfig | None = None
 
     @property
     def max_context_len(self) -> int:
@@ -207,6 +211,7 @@ class ModelConfig:
             moe=reader.moe(num_layers),
             dtype=reader.dtype(),
             eos_token_ids=eos or _token_ids(raw.get("eos_token_id")),
+            quantization=parse_quantization_config(raw.get("quantization_config"), path),
         )
 
 

@@ -43,6 +43,7 @@ from pagedinfer.adapters.layers.norm import RMSNorm
 from pagedinfer.adapters.layers.rotary import RotaryEmbedding, RotaryStep
 from pagedinfer.adapters.models.base import BuildContext, CausalLM, WeightMapping
 from pagedinfer.adapters.models.config import ModelConfig
+from pagedinfer.adapters.quantization import linear_method
 
 __all__ = ["LLAMA_STYLE_WEIGHTS", "DecoderForCausalLM", "DecoderSwitches"]
 
@@ -71,10 +72,17 @@ class DecoderSwitches:
 class DecoderAttention(nn.Module):
     """Grouped-query attention with RoPE over the paged KV cache, split by heads across ranks."""
 
-    def __init__(self, config: ModelConfig, switches: DecoderSwitches, build: BuildContext) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        switches: DecoderSwitches,
+        build: BuildContext,
+        prefix: str = "model.layers.0.self_attn",
+    ) -> None:
         super().__init__()
         dtype, device, parallel = build.dtype, build.device, build.parallel
         head_dim = config.head_dim
+        quant, kernels = config.quantization, build.fused_kernels
         self.qkv_proj = QKVParallelLinear(
             config.hidden_size,
             head_dim,
@@ -84,6 +92,7 @@ class DecoderAttention(nn.Module):
             dtype=dtype,
             device=device,
             bias=switches.qkv_bias,
+            quant=linear_method(quant, *(f"{prefix}.{p}_proj" for p in "qkv"), kernels=kernels),
         )
         self.num_heads = self.qkv_proj.num_heads  # per rank
         self.num_kv_heads = self.qkv_proj.num_kv_heads
@@ -96,6 +105,7 @@ class DecoderAttention(nn.Module):
             device=device,
             bias=switches.o_proj_bias,
             what="num_attention_heads * head_dim",
+            quant=linear_method(quant, f"{prefix}.o_proj", kernels=kernels),
         )
         # Weights only: the fused kernel or the torch twin applies them (PagedAttention).
         self.q_norm: RMSNorm | None = None
@@ -133,6 +143,7 @@ class DecoderLayer(nn.Module):
         switches: DecoderSwitches,
         feed_forward: nn.Module,
         build: BuildContext,
+        prefix: str = "model.layers.0",
     ) -> None:
         super().__init__()
         dtype, device, eps = build.dtype, build.device, config.rms_norm_eps
@@ -140,7 +151,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(
             config.hidden_size, eps, dtype=dtype, device=device, fused=fused
         )
-        self.self_attn = DecoderAttention(config, switches, build)
+        self.self_attn = DecoderAttention(config, switches, build, f"{prefix}.self_attn")
         self.post_attention_layernorm = RMSNorm(
             config.hidden_size, eps, dtype=dtype, device=device, fused=fused
         )
@@ -235,13 +246,21 @@ class DecoderForCausalLM(CausalLM):
             dtype=build.dtype,
             device=build.device,
             fused=build.fused_kernels,
+            quantization=config.quantization,
+            prefix=f"model.layers.{layer}.mlp",
         )
 
     def __init__(self, config: ModelConfig, build: BuildContext) -> None:
         super().__init__(config, build)
         switches = self.switches(config)
         layers = [
-            DecoderLayer(config, switches, self.make_feed_forward(config, index, build), build)
+            DecoderLayer(
+                config,
+                switches,
+                self.make_feed_forward(config, index, build),
+                build,
+                prefix=f"model.layers.{index}",
+            )
             for index in range(config.num_hidden_layers)
         ]
         self.model = DecoderModel(config, layers, build)

@@ -10,14 +10,20 @@ For each tensor, in this order, before anything is read or narrowed for tensor p
 2. it must map to a parameter of the model (through the model's
    :class:`~pagedinfer.adapters.models.base.WeightMapping`), or be one the model ignores
    (a tied ``lm_head.weight``, ``rotary_emb.inv_freq``);
-3. its dtype must be a float (F16, BF16, F32, F64): integer, bool and quantized tensors are
-   refused;
-4. its full shape must be the one the config implies for it.
+3. its dtype must be one its parameter accepts: a float (F16, BF16, F32, F64) for dense
+   weights; for a quantized checkpoint (``config.json``'s ``quantization_config``) the
+   quantized layers' tensors have their format's dtypes (``F8_E4M3`` weights, ``I32`` packed
+   4-bit words, float scales);
+4. its full shape must be the one the config (and the quantization format: block, group and
+   packing sizes) implies for it.
 
-Then the parameter's ``weight_loader`` copies this rank's shard, converted to the model's
-dtype. Finally every parameter (and every shard of a packed one) must have been filled.
-Each refusal is an :class:`~pagedinfer.errors.UnsupportedModelError` naming the tensor, the
-file, and what was expected against what was found.
+Then the parameter's ``weight_loader`` copies this rank's shard, converted to the
+parameter's dtype. Finally every parameter (and every shard of a packed one) must have been
+filled (a quantized format's optional tensors, GPTQ's ``g_idx``, may be absent), and each
+quantized layer finishes: it dequantizes its tensors into a dense weight, or keeps them for
+its GPU kernel (``adapters/quantization``). Each refusal is an
+:class:`~pagedinfer.errors.UnsupportedModelError` naming the tensor, the file, and what was
+expected against what was found.
 """
 
 from __future__ import annotations
@@ -33,9 +39,11 @@ from torch import nn
 
 from pagedinfer.adapters.layers.linear import (
     ShardId,
+    checkpoint_dtypes,
     checkpoint_shape,
     expected_shard_ids,
     get_weight_loader,
+    is_optional,
 )
 from pagedinfer.adapters.models.base import CausalLM
 from pagedinfer.errors import UnsupportedModelError
@@ -89,6 +97,10 @@ def load_weights(model: CausalLM, path: str | Path) -> None:
     for file in checkpoint_files(root):
         loader.load_file(file)
     loader.check_complete()
+    for module in model.modules():
+        finish = getattr(module, "finish_loading", None)
+        if callable(finish):  # quantized layers: dequantize, or prepare their kernels
+            finish()
 
 
 class _Loader:
@@ -143,20 +155,22 @@ class _Loader:
             dtype, shape = tensor_slice.get_dtype(), tuple(tensor_slice.get_shape())
         except SafetensorError as error:
             raise self.fail(name, file, f"cannot read its header entry: {error}") from error
-        if dtype not in FLOAT_DTYPES:
-            raise self.fail(
-                name,
-                file,
-                f"dtype {dtype} is not a floating-point type: expected one of "
-                f"{', '.join(sorted(FLOAT_DTYPES))} (quantized checkpoints are not supported)",
-            )
+        allowed, layout = checkpoint_dtypes(param)
+        if dtype not in allowed:
+            raise self.fail(name, file, self._dtype_problem(dtype, allowed, layout))
         expected = checkpoint_shape(param, shard_id)
         if shape != expected:
+            quantization = self.model.config.quantization
+            implied = (
+                f" and its quantization_config ({quantization.describe()}) imply for {layout}"
+                if layout and quantization is not None
+                else " implies"
+            )
             raise self.fail(
                 name,
                 file,
                 f"shape {list(shape)} does not match the shape {list(expected)} that "
-                "config.json implies",
+                f"config.json{implied}",
             )
         try:
             tensor = handle.get_tensor(name)
@@ -165,10 +179,33 @@ class _Loader:
         get_weight_loader(param)(param, tensor, shard_id)
         self.filled[key] = name
 
+    def _dtype_problem(self, dtype: str, allowed: frozenset[str], layout: str) -> str:
+        quantization = self.model.config.quantization
+        if allowed == FLOAT_DTYPES:
+            problem = (
+                f"dtype {dtype} is not a floating-point type: expected one of "
+                f"{', '.join(sorted(FLOAT_DTYPES))}"
+            )
+            if quantization is None:
+                return problem + (
+                    " (config.json has no quantization_config: a quantized checkpoint must "
+                    "name its format there)"
+                )
+            return problem + (
+                f" (quantization_config, {quantization.describe()}, leaves this tensor's "
+                "module unquantized)"
+            )
+        assert quantization is not None, "only quantized layers accept other dtypes"
+        return (
+            f"dtype {dtype} does not fit {layout} of quantization_config "
+            f"({quantization.describe()}): expected {' or '.join(sorted(allowed))}"
+        )
+
     def check_complete(self) -> None:
         missing = [
             self.mapping.to_checkpoint(param_name, shard_id)
             for param_name, param in self.params.items()
+            if not is_optional(param)
             for shard_id in expected_shard_ids(param)
             if (param_name, shard_id) not in self.filled
         ]
