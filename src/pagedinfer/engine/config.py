@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pagedinfer.adapters.kv_cache import KV_CACHE_DTYPES
 from pagedinfer.domain.limits import (
     DEFAULT_MAX_LOGPROBS,
     DEFAULT_MAX_N,
@@ -21,6 +22,7 @@ from pagedinfer.errors import ConfigurationError
 __all__ = [
     "ATTENTION_BACKENDS",
     "DEFAULT_MAX_MODEL_LEN",
+    "KV_CACHE_DTYPES",
     "SCHEDULING_POLICIES",
     "EngineConfig",
     "available_cpus",
@@ -67,6 +69,7 @@ class EngineConfig:
     enforce_eager: bool = False
     enable_prefix_caching: bool = True
     attention_backend: str = "auto"
+    kv_cache_dtype: str = "auto"
     seed: int = 0
     kv_cache_memory_bytes: int | None = None
     num_threads: int | str | None = None  # None: torch's own; "auto": default_num_threads()
@@ -139,6 +142,11 @@ class EngineConfig:
             raise ConfigurationError(
                 f"attention_backend={self.attention_backend!r} is unknown: choose one of "
                 f"{', '.join(ATTENTION_BACKENDS)}."
+            )
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigurationError(
+                f"kv_cache_dtype={self.kv_cache_dtype!r} is unknown: choose one of "
+                f"{', '.join(KV_CACHE_DTYPES)} ('fp8' is fp8_e4m3, as in vLLM)."
             )
         for name in ("enforce_eager", "enable_prefix_caching", "skip_tokenizer_init"):
             if not isinstance(getattr(self, name), bool):

@@ -36,6 +36,7 @@ import torch
 
 from pagedinfer.adapters.attention import resolve_backend_name
 from pagedinfer.adapters.executor import ModelExecutor, create_executor
+from pagedinfer.adapters.kv_cache import kv_cache_dtype_name, resolve_kv_cache_dtype
 from pagedinfer.adapters.models.registry import read_model_config
 from pagedinfer.adapters.runner_config import RunnerConfig
 from pagedinfer.adapters.sampling.grammar import GrammarCompiler
@@ -112,6 +113,10 @@ class Engine:
     ``kv_block_size`` tokens, or is sized from free memory (``gpu_memory_utilization`` of the
     GPU, a fraction of free RAM on the CPU).
     ``attention_backend`` is ``"auto"``, ``"torch"``, ``"triton"`` or ``"flash"``.
+    ``kv_cache_dtype`` (vLLM's names) is ``"auto"`` (the model's dtype), ``"fp8"`` /
+    ``"fp8_e4m3"`` or ``"fp8_e5m2"``: one byte per element, twice the blocks of a 16-bit cache
+    in the same memory, with per-layer scales from the checkpoint or calibrated at start-up
+    (not with the ``flash`` backend; docs/models.md).
     ``scheduling_policy="mixed"`` (the default) lets prefill chunks ride along with the
     decoding sequences' tokens in one step; ``"prefill_first"`` runs prefill steps first
     (decoding sequences wait while prompts are prefilled).
@@ -147,6 +152,7 @@ class Engine:
         enforce_eager: bool = False,
         enable_prefix_caching: bool = True,
         attention_backend: str = "auto",
+        kv_cache_dtype: str = "auto",
         seed: int = 0,
         kv_cache_memory_bytes: int | None = None,
         num_threads: int | str | None = None,
@@ -179,6 +185,7 @@ class Engine:
             enforce_eager=enforce_eager,
             enable_prefix_caching=enable_prefix_caching,
             attention_backend=attention_backend,
+            kv_cache_dtype=kv_cache_dtype,
             seed=seed,
             kv_cache_memory_bytes=kv_cache_memory_bytes,
             num_threads=num_threads,
@@ -206,8 +213,13 @@ class Engine:
         self.model_config.check_max_model_len(self.max_model_len)
         num_threads = resolve_num_threads(config.num_threads, config.tensor_parallel_size)
         self.attention_backend = resolve_backend_name(
-            config.attention_backend, resolved_device, block_size=config.kv_block_size
+            config.attention_backend,
+            resolved_device,
+            block_size=config.kv_block_size,
+            kv_cache_dtype=config.kv_cache_dtype,
         )
+        # The KV cache's element type (the model's dtype, or float8).
+        self.kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)
         runner_config = RunnerConfig(
             model_path=config.model_path,
             device=resolved_device,
@@ -225,6 +237,7 @@ class Engine:
             kv_cache_memory_bytes=config.kv_cache_memory_bytes,
             num_threads=num_threads,
             worker_timeout_s=config.worker_timeout_s,
+            kv_cache_dtype=config.kv_cache_dtype,
         )
         if num_threads is not None:
             # Process-wide (torch has one pool of CPU threads per process), so only when the
@@ -816,14 +829,18 @@ class Engine:
     # -------------------------------------------------------------------- stats
     def describe(self) -> str:
         """One line for a start-up log: the model and how it runs (device, dtype, attention
-        backend, KV cache, ``max_model_len``). Takes no lock (everything in it is fixed)."""
+        backend, KV cache and its dtype when FP8, ``max_model_len``). Takes no lock (everything
+        in it is fixed)."""
         scheduler = self.scheduler.config
         tp = self.config.tensor_parallel_size
+        kv_dtype = ""
+        if self.kv_cache_dtype != self.dtype:
+            kv_dtype = f" ({kv_cache_dtype_name(self.kv_cache_dtype)})"
         return (
             f"model {self.config.model_path} ({self.model_config.architecture}): device "
             f"{self.device}, dtype {str(self.dtype).removeprefix('torch.')}, attention "
             f"{self.attention_backend}, {scheduler.num_blocks} KV blocks of "
-            f"{scheduler.block_size} tokens, max_model_len {self.max_model_len}"
+            f"{scheduler.block_size} tokens{kv_dtype}, max_model_len {self.max_model_len}"
             + (f", tensor_parallel_size {tp}" if tp > 1 else "")
         )
 

@@ -125,8 +125,11 @@ VLLM_ARGUMENTS: dict[str, _VllmArgument] = {
         "pagedinfer loads unquantized weights (float32, float16, bfloat16): use an "
         "unquantized checkpoint",
     ),
-    "kv_cache_dtype": _VllmArgument(_is("auto"), "the KV cache has the model's dtype"),
-    "calculate_kv_scales": _VllmArgument(_is(False), "the KV cache has the model's dtype"),
+    "calculate_kv_scales": _VllmArgument(
+        _flag,
+        "FP8 KV-cache scales come from the checkpoint or are calibrated at start-up (see "
+        "kv_cache_dtype), whatever this says",
+    ),
     "load_format": _VllmArgument(
         _is("auto", "safetensors"), "pagedinfer reads *.safetensors weights only"
     ),
