@@ -30,14 +30,19 @@ STEP_DEPENDENT = {
         "block_tables_ptr",
         "cu_seqlens_q_ptr",
         "context_lens_ptr",
+        "kv_scales_ptr",
         "stride_table_seq",
     },
     "decode_attention._decode_kernel": {
         "block_tables_ptr",
         "context_lens_ptr",
+        "kv_scales_ptr",
         "num_splits",
         "stride_table_seq",
     },
+    # A layer's FP8 scale row, or an unused stand-in (a metadata slice) without FP8.
+    "store_kv._store_kv_kernel": {"kv_scales_ptr"},
+    "qk_norm_rope._qk_norm_rope_kernel": {"kv_scales_ptr"},
     "decode_attention._reduce_splits_kernel": {"num_splits"},
     "race_sample._race_chunks_kernel": {
         "temperatures_ptr",
