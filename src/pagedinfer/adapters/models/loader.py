@@ -17,6 +17,13 @@ For each tensor, in this order, before anything is read or narrowed for tensor p
 4. its full shape must be the one the config (and the quantization format: block, group and
    packing sizes) implies for it.
 
+FP8 KV-cache scales (one number per layer for K and one for V, in the names vLLM accepts:
+``self_attn.k_scale``, ``self_attn.attn.k_scale``, ``self_attn.k_proj.k_scale`` (ModelOpt),
+``self_attn.k_proj.output_scale`` (older compressed-tensors); likewise for V) are not
+parameters: they go to the layer's
+:meth:`~pagedinfer.adapters.layers.attention.PagedAttention.set_kv_scales`, and the runner
+uses them when the KV cache is FP8.
+
 Then the parameter's ``weight_loader`` copies this rank's shard, converted to the
 parameter's dtype. Finally every parameter (and every shard of a packed one) must have been
 filled (a quantized format's optional tensors, GPTQ's ``g_idx``, may be absent), and each
@@ -29,6 +36,7 @@ expected against what was found.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -55,6 +63,11 @@ FLOAT_DTYPES: frozenset[str] = frozenset({"F16", "BF16", "F32", "F64"})
 """safetensors dtype names a weight may have (converted to the model's dtype on load)."""
 
 _MAX_NAMES_SHOWN = 5
+_KV_SCALE = re.compile(
+    r"^(?P<attention>.*\.self_attn)\.(?:attn\.|(?P<proj>[kv])_proj\.)?"
+    r"(?P<scale>[kv]_scale|output_scale)$"
+)
+"""A layer's FP8 KV-cache scale (see the module docstring)."""
 
 
 def checkpoint_files(root: Path) -> list[Path]:
@@ -135,6 +148,10 @@ class _Loader:
         self.seen[name] = file
         if self.model.is_ignored_weight(name):
             return
+        kv_scale = _KV_SCALE.match(name)
+        if kv_scale is not None:
+            self.load_kv_scale(handle, name, file, kv_scale)
+            return
         param_name, shard_id = self.mapping.to_parameter(name)
         param = self.params.get(param_name)
         if param is None or shard_id not in expected_shard_ids(param):
@@ -178,6 +195,37 @@ class _Loader:
             raise self.fail(name, file, f"cannot read its data: {error}") from error
         get_weight_loader(param)(param, tensor, shard_id)
         self.filled[key] = name
+
+    def load_kv_scale(self, handle: Any, name: str, file: Path, match: re.Match[str]) -> None:
+        """Hand a layer's K or V cache scale to its attention layer's ``set_kv_scales``."""
+        scale, proj = match["scale"], match["proj"]
+        which = proj if scale == "output_scale" else scale[0]
+        if which is None or (proj is not None and proj != which):
+            raise self.fail(name, file, "is not a K or V cache scale this loader knows")
+        try:
+            attention = self.model.get_submodule(f"{match['attention']}.attn")
+        except AttributeError:
+            attention = None
+        setter = getattr(attention, "set_kv_scales", None)
+        if setter is None:
+            raise self.fail(
+                name, file, "is a KV-cache scale of an attention layer the model does not have"
+            )
+        try:
+            tensor = handle.get_tensor(name)
+        except (SafetensorError, OSError, RuntimeError) as error:
+            raise self.fail(name, file, f"cannot read its data: {error}") from error
+        if tensor.numel() != 1 or not tensor.is_floating_point():
+            raise self.fail(
+                name,
+                file,
+                f"holds {tensor.numel()} {tensor.dtype} values: expected one float per layer "
+                "(per-head or per-channel KV-cache scales are not supported)",
+            )
+        try:
+            setter(**{f"{which}_scale": tensor.float()})
+        except UnsupportedModelError as error:
+            raise self.fail(name, file, str(error).rstrip(".")) from error
 
     def _dtype_problem(self, dtype: str, allowed: frozenset[str], layout: str) -> str:
         quantization = self.model.config.quantization

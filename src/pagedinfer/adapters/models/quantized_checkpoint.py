@@ -38,7 +38,7 @@ from safetensors.torch import load_file, save_file
 from pagedinfer.adapters.models.loader import INDEX_FILE, checkpoint_files
 from pagedinfer.adapters.quantization.fp8 import dequantize_fp8, quantize_fp8
 
-__all__ = ["FORMATS", "QuantFormat", "write_quantized_checkpoint"]
+__all__ = ["FORMATS", "QuantFormat", "quantize_projection", "write_quantized_checkpoint"]
 
 QuantFormat = Literal["fp8", "compressed-tensors", "awq", "gptq"]
 FORMATS: tuple[QuantFormat, ...] = ("fp8", "compressed-tensors", "awq", "gptq")
@@ -62,6 +62,7 @@ def write_quantized_checkpoint(
     sym: bool = True,
     skip: Sequence[str] = (),
     seed: int = 0,
+    kv_scales: Sequence[tuple[float, float]] = (),
 ) -> Path:
     """Write ``source`` quantized in ``fmt`` to ``target`` and return ``target``.
 
@@ -70,6 +71,8 @@ def write_quantized_checkpoint(
     ``desc_act`` and ``sym`` are the 4-bit options (AWQ is always asymmetric, no act-order).
     ``skip`` lists projection modules left dense (and named in the format's ignore list;
     not for GPTQ, whose config has none). ``seed`` draws GPTQ's act-order permutation.
+    ``kv_scales`` (compressed-tensors only): each layer's FP8 KV-cache ``(k_scale, v_scale)``,
+    written as ``self_attn.k_scale`` / ``v_scale`` with a ``kv_cache_scheme``.
     """
     root, out = Path(source), Path(target)
     config = json.loads((root / "config.json").read_text(encoding="utf-8"))
@@ -80,6 +83,8 @@ def write_quantized_checkpoint(
         raise ValueError("GPTQ checkpoints have no ignore list: skip must be empty")
     if fmt == "awq" and (desc_act or not sym):
         raise ValueError("AWQ is asymmetric (zero points) without act-order")
+    if kv_scales and fmt != "compressed-tensors":
+        raise ValueError("only compressed-tensors checkpoints declare KV-cache scales")
     quantized: dict[str, torch.Tensor] = {}
     dense: dict[str, torch.Tensor] = {}
     for name, tensor in tensors.items():
@@ -94,14 +99,21 @@ def write_quantized_checkpoint(
         parent, leaf = module.rsplit(".", 1)
         shared_input = f"{parent}.{_SHARED_INPUT.get(leaf, leaf)}"
         generator = torch.Generator().manual_seed(seed + zlib.crc32(shared_input.encode()))
-        parts, dequantized = _quantize(
+        parts, dequantized = quantize_projection(
             tensor, fmt, block=block, group_size=group_size, desc_act=desc_act, sym=sym,
             generator=generator,
         )  # fmt: skip
         quantized.update({f"{module}.{suffix}": part for suffix, part in parts.items()})
         dense[name] = dequantized
-    _write(root, out, config | {"quantization_config": _config(fmt, block, group_size,
-           desc_act, sym, skip)}, quantized)  # fmt: skip
+    quantization = _config(fmt, block, group_size, desc_act, sym, skip)
+    for layer, (k_scale, v_scale) in enumerate(kv_scales):
+        quantized[f"model.layers.{layer}.self_attn.k_scale"] = torch.tensor([k_scale])
+        quantized[f"model.layers.{layer}.self_attn.v_scale"] = torch.tensor([v_scale])
+        quantization["kv_cache_scheme"] = {
+            "num_bits": 8, "type": "float", "symmetric": True, "dynamic": False,
+            "strategy": "tensor", "group_size": None, "block_structure": None,
+        }  # fmt: skip
+    _write(root, out, config | {"quantization_config": quantization}, quantized)
     if reference is not None:
         _write(
             root, Path(reference), config | {"torch_dtype": "float32", "dtype": "float32"}, dense
@@ -194,7 +206,7 @@ def _config(
     }
 
 
-def _quantize(
+def quantize_projection(
     weight: torch.Tensor,
     fmt: QuantFormat,
     *,
@@ -204,7 +216,10 @@ def _quantize(
     sym: bool,
     generator: torch.Generator,
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """One projection's checkpoint tensors (by suffix) and its dequantized float32 weight."""
+    """One projection ``W [N, K]`` in ``fmt``: its checkpoint tensors (by suffix, e.g.
+    ``qweight``, ``qzeros``, ``scales``, ``g_idx``) and its dequantized float32 weight,
+    computed before packing. Options as in :func:`write_quantized_checkpoint`; ``generator``
+    draws GPTQ's act-order permutation."""
     if fmt in ("fp8", "compressed-tensors"):
         scale_dtype = torch.float32 if fmt == "fp8" else weight.dtype
         q, scale = quantize_fp8(weight, block, scale_dtype)

@@ -15,7 +15,9 @@
 Each quantized module stores ``<module>.weight`` (``F8_E4M3 [N, K]``) and
 ``<module>.weight_scale`` (``[N, 1]``, one scale per output channel; ``strategy: "block"``
 with ``block_structure [bn, bk]``: one per block, ``[ceil(N / bn), ceil(K / bk)]``).
-``ignore`` lists modules (names or ``re:`` regexes) left dense.
+``ignore`` lists modules (names or ``re:`` regexes) left dense. With a ``kv_cache_scheme``
+(FP8, one static scale per tensor) each layer also stores ``self_attn.k_scale`` and
+``v_scale``: the loader hands them to the FP8 KV cache.
 
 Supported: FP8 weights with channel or block scales, activations dynamic (any strategy: they
 are not quantized here, see ``fp8.py``) or absent (W8A16). Refused, naming the field: more
@@ -83,6 +85,18 @@ class CompressedTensorsFp8Config(QuantizationConfig):
         dynamic = cls._activations(fields, group.get("input_activations"), where)
         if group.get("output_activations") is not None:
             fields.fail(f"{where}.output_activations is set: output quantization is not supported")
+        kv_cache = raw.get("kv_cache_scheme")
+        if kv_cache is not None and (
+            not isinstance(kv_cache, dict)
+            or kv_cache.get("type", "float") != "float"
+            or kv_cache.get("num_bits") != 8
+            or kv_cache.get("strategy", "tensor") != "tensor"
+            or kv_cache.get("dynamic") is True
+        ):
+            fields.fail(
+                f"kv_cache_scheme={kv_cache!r} is not supported: expected FP8 with one static "
+                "scale per layer for K and V (strategy 'tensor'), or null"
+            )
         return cls(block=block, dynamic_activations=dynamic, ignore=fields.names("ignore"))
 
     @staticmethod
