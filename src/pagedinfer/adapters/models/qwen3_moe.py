@@ -38,6 +38,12 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
                 f"checkpoint {str(config.path)!r}: Qwen3MoeForCausalLM needs num_experts, "
                 "num_experts_per_tok and moe_intermediate_size in config.json."
             )
+        if config.quantization is not None:
+            raise UnsupportedModelError(
+                f"checkpoint {str(config.path)!r}: quantized Qwen3-MoE checkpoints "
+                f"({config.quantization.describe()}) are not supported: the experts have no "
+                "quantized path; use the unquantized checkpoint."
+            )
 
     def make_feed_forward(self, config: ModelConfig, layer: int, build: BuildContext) -> nn.Module:
         moe = config.moe
