@@ -15,6 +15,7 @@ import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -22,7 +23,7 @@ from safetensors.torch import load_file, save_file
 
 from pagedinfer.adapters.attention import create_backend
 from pagedinfer.adapters.distributed.parallel import SINGLE_PROCESS
-from pagedinfer.adapters.layers.linear import _LinearBase
+from pagedinfer.adapters.layers.linear import LinearBase
 from pagedinfer.adapters.models.base import CausalLM
 from pagedinfer.adapters.models.loader import load_weights
 from pagedinfer.adapters.models.quantized_checkpoint import write_quantized_checkpoint
@@ -57,7 +58,7 @@ def load(path: Path, backend: str = "torch") -> CausalLM:
 
 
 def edited_copy(
-    source: Path, target: Path, edit: Callable[[dict[str, torch.Tensor]], None]
+    source: Path, target: Path, edit: Callable[[dict[str, torch.Tensor]], object]
 ) -> Path:
     shutil.copytree(source, target)
     tensors = load_file(str(target / "model.safetensors"))
@@ -66,7 +67,7 @@ def edited_copy(
     return target
 
 
-def edit_config(path: Path, edit: Callable[[dict[str, object]], None]) -> None:
+def edit_config(path: Path, edit: Callable[[dict[str, Any]], object]) -> None:
     config = json.loads((path / "config.json").read_text())
     edit(config)
     (path / "config.json").write_text(json.dumps(config))
@@ -106,7 +107,7 @@ def test_quantized_layers_hold_no_dense_copy_on_the_kernel_path(
     torch path dequantizes into a dense weight; a module the config ignores stays dense."""
     path, _ = quantized("fp8-block128")
     kernel, dense = load(path, "triton"), load(path, "torch")
-    linears = {n: m for n, m in kernel.named_modules() if isinstance(m, _LinearBase)}
+    linears = {n: m for n, m in kernel.named_modules() if isinstance(m, LinearBase)}
     assert linears
     for name, layer in linears.items():
         ignored = name == "model.layers.1.mlp.down_proj"
@@ -115,7 +116,7 @@ def test_quantized_layers_hold_no_dense_copy_on_the_kernel_path(
             assert layer.matmul is not None
             assert layer.matmul.get_parameter("weight").dtype == torch.float8_e4m3fn
     for name, layer in dense.named_modules():
-        if isinstance(layer, _LinearBase):
+        if isinstance(layer, LinearBase):
             assert layer.matmul is None and layer.weight.dtype == torch.float32, name
 
 
@@ -145,7 +146,7 @@ def test_triton_kernels_give_the_reference_tokens(
     prompts = random_prompts(seed=3, count=2, lengths=(4, 20))
     params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
     runner = make_runner(path, attention_backend="triton", max_num_batched_tokens=32)
-    assert any(isinstance(m, _LinearBase) and m.matmul is not None for m in runner.model.modules())
+    assert any(isinstance(m, LinearBase) and m.matmul is not None for m in runner.model.modules())
     tokens, _ = generate(runner, prompts, params)
     expected, _ = generate(make_runner(reference), prompts, params)
     assert tokens == expected
@@ -197,7 +198,7 @@ def test_a_wrong_group_or_block_size_is_named(
     quantized: Callable[[str], tuple[Path, Path]],
     tmp_path: Path,
     case: str,
-    edit: Callable[[dict[str, object]], None],
+    edit: Callable[[dict[str, Any]], object],
     described: str,
 ) -> None:
     """The first tensor whose shape the stated group or block size contradicts is named,

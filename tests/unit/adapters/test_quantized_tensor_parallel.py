@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from pagedinfer.adapters.distributed.parallel import SINGLE_PROCESS, ParallelContext
 from pagedinfer.adapters.layers.linear import (
+    LinearBase,
     MergedColumnParallelLinear,
     QKVParallelLinear,
     RowParallelLinear,
@@ -87,14 +88,12 @@ def load_shards(
             param = layer.get_parameter(suffix)
             assert checkpoint_shape(param, shard_id) == tuple(tensor.shape), suffix
             get_weight_loader(param)(param, tensor, shard_id)
-    layer.finish_loading()  # type: ignore[operator]
-    if dense:
-        assert layer.matmul is None  # type: ignore[union-attr]
-    else:
-        assert layer.matmul is not None  # type: ignore[union-attr]
+    assert isinstance(layer, LinearBase)
+    layer.finish_loading()
+    assert (layer.matmul is None) == dense
 
 
-def tolerance(kernels: bool) -> dict[str, float]:
+def tolerance(kernels: bool) -> dict[str, Any]:
     """The kernels add the same float32 products in another order (tiles, split K)."""
     return {"rtol": 1e-4, "atol": 1e-4} if kernels else {}
 

@@ -9,6 +9,8 @@ code path as on a GPU is checked, FP8 included.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -26,7 +28,7 @@ from pagedinfer.adapters.quantization.int4 import (
 DTYPES = [torch.float32, torch.float16]
 
 
-def tolerance(dtype: torch.dtype, reference: torch.Tensor) -> dict[str, float]:
+def tolerance(dtype: torch.dtype, reference: torch.Tensor) -> dict[str, Any]:
     """float32: another summation order; float16: the activations' and output's rounding
     (outputs are sums of ~200 O(1) products: a few float16 ulps of their magnitude)."""
     if dtype == torch.float32:

@@ -55,6 +55,7 @@ from pagedinfer.errors import ConfigurationError, UnsupportedModelError
 
 __all__ = [
     "ColumnParallelLinear",
+    "LinearBase",
     "MergedColumnParallelLinear",
     "QKVParallelLinear",
     "ReplicatedLinear",
@@ -181,9 +182,9 @@ _BIAS = TensorSpec("bias", (Axis("output"),), None, FLOAT_CHECKPOINT_DTYPES, "th
 
 
 class _TensorLoader:
-    """The weight loader of one tensor of a layer (see :meth:`_LinearBase.load_tensor`)."""
+    """The weight loader of one tensor of a layer (see :meth:`LinearBase.load_tensor`)."""
 
-    def __init__(self, layer: _LinearBase, spec: TensorSpec) -> None:
+    def __init__(self, layer: LinearBase, spec: TensorSpec) -> None:
         self.layer = layer
         self.spec = spec
 
@@ -196,7 +197,7 @@ class _TensorLoader:
         return self.layer.checkpoint_shape_of(self.spec, shard_id)
 
 
-class _LinearBase(nn.Module):
+class LinearBase(nn.Module):
     """``y = x W^T + b`` over this rank's slices (see the module docstring).
 
     ``outputs`` lists the packed checkpoint tensors in order (one, ``None``, when unpacked)
@@ -413,7 +414,7 @@ def _column_slices(
     return slices
 
 
-class ReplicatedLinear(_LinearBase):
+class ReplicatedLinear(LinearBase):
     """``y = x W^T + b`` with the whole weight on every rank (small layers: a MoE router)."""
 
     def __init__(
@@ -441,7 +442,7 @@ class ReplicatedLinear(_LinearBase):
         return self.linear(x, self.bias)
 
 
-class ColumnParallelLinear(_LinearBase):
+class ColumnParallelLinear(LinearBase):
     """``y = x W^T + b`` with W's output rows split across ranks; output stays split.
 
     ``packed`` lists several checkpoint tensors stored side by side, as ``(shard id, output
@@ -547,7 +548,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         )
 
 
-class RowParallelLinear(_LinearBase):
+class RowParallelLinear(LinearBase):
     """``y = x W^T + b`` with W's input columns split: each rank sums a partial product.
 
     The bias is not split; rank 0 adds it once.
