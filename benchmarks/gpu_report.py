@@ -23,6 +23,10 @@ Sections, in the order they run:
    prompts that arrived meanwhile, eager) and one 16k-token prefill step: kernels
    per step, time in attention, GEMMs and the rest, and the decode kernel's achieved
    bandwidth (K/V bytes it must read over its time).
+6. **FP8 checkpoint**: the same workload on the same model quantized to block-wise FP8
+   (Qwen3-*-FP8's format: e4m3 weights, 128x128 block scales), against its own HBM bound:
+   the same formula with the bytes the FP8 checkpoint holds (1-byte weights, float32 scales,
+   the bf16 embedding the tied LM head reads; the K/V cache as before).
 
 Runs from a plain checkout with the Python already on the machine (no install, no network)::
 
@@ -208,7 +212,10 @@ class ModelFacts:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
 
 
-_DTYPE_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8, "I64": 8, "I32": 4, "U8": 1, "I8": 1}
+_DTYPE_BYTES = {
+    "F32": 4, "F16": 2, "BF16": 2, "F64": 8, "I64": 8, "I32": 4, "U8": 1, "I8": 1,
+    "F8_E4M3": 1, "F8_E5M2": 1,
+}  # fmt: skip
 
 
 def checkpoint_bytes(model_dir: Path) -> int:
@@ -310,6 +317,51 @@ def run_pagedinfer(
     graphs = "eager" if args.enforce_eager or args.device.type != "cuda" else "CUDA graphs"
     return throughput.Result(
         f"pagedinfer ({engine.attention_backend}, {graphs})", produced, seconds[0]
+    )
+
+
+def run_fp8_checkpoint(
+    report: Report,
+    args: argparse.Namespace,
+    model: str,
+    workload: throughput.Workload,
+    bandwidth: float,
+    dense: throughput.Result | None,
+) -> None:
+    """The workload on ``model`` quantized to block-wise FP8, against its own HBM bound."""
+    from pagedinfer.adapters.models.quantized_checkpoint import write_quantized_checkpoint
+
+    cuda = args.device.type == "cuda"
+    block = (128, 128) if cuda else (32, 32)  # the tiny smoke shapes are not 128-aligned
+    target = Path(args.cache_dir) / f"{Path(model).name}-fp8-block{block[0]}"
+    if not (target / "config.json").exists():
+        print(f"writing a block-wise FP8 copy of {model} in {target} ...")
+        write_quantized_checkpoint(model, target, "fp8", block=block)
+    max_len = max(len(p) for p in workload.prompts) + max(workload.output_lens) + 1
+    engine = engine_for(str(target), args, max_len)
+    try:
+        facts = model_facts(target, engine_dtype(engine))
+        result = run_pagedinfer(engine, workload, args)
+    finally:
+        engine.close()
+        del engine
+        throughput.release_memory(str(args.device))
+    bound = hbm_bound(workload, facts, bandwidth)
+    share = result.throughput / bound["bound_tokens_per_s"]
+    report.add(
+        f"`{target.name}`: e4m3 weights with one float32 scale per {block[0]}x{block[1]} "
+        f"block (`quant_method: fp8`), {facts.weight_bytes / 1e9:.2f} GB of checkpoint read "
+        f"per decode step; {'the FP8 GEMM (W8A16)' if cuda else 'dequantized at load (CPU)'}.",
+        "",
+        f"- {result.name}: **{result.throughput:.0f} output tok/s**"
+        + (
+            f" ({result.throughput / dense.throughput:.2f}x the unquantized run above)"
+            if dense
+            else ""
+        ),
+        f"- HBM bound: K/V {bound['kv_bytes'] / 1e12:.2f} TB + weights "
+        f"{bound['weight_bytes'] / 1e12:.2f} TB at {bandwidth / 1e9:.0f} GB/s: "
+        f"{bound['bound_tokens_per_s']:.0f} output tok/s; pagedinfer **{share:.0%} of it**.",
     )
 
 
@@ -635,6 +687,11 @@ def main(argv: list[str] | None = None) -> int:
             f"pagedinfer: {ours:.0f} output tok/s = "
             f"**{ours / bound['bound_tokens_per_s']:.0%} of the bound**.",
         )
+    with report.section("FP8 checkpoint (block-wise)"):
+        if workload is None or bandwidth <= 0:
+            raise RuntimeError("needs the throughput section's workload")
+        dense = results[0] if results else None
+        run_fp8_checkpoint(report, args, model, workload, bandwidth, dense)
     report.add("", f"Total time: {time.perf_counter() - report.started:.0f} s.")
     if report.failed:
         report.add(f"Failed sections: {', '.join(report.failed)}")

@@ -47,6 +47,7 @@ def test_gpu_report_cpu_smoke_run(tmp_path: Path) -> None:
         "## Profile: one decode step and one prefill step",
         "## Throughput against transformers",
         "## HBM bound",
+        "## FP8 checkpoint (block-wise)",
     ):
         assert heading in report, heading
     assert "This section failed" not in report
