@@ -72,7 +72,7 @@ test-unit: $(STAMP)
 
 .PHONY: fuzz
 fuzz: $(STAMP)
-	PAGEDINFER_PROPERTY_PROFILE=thorough $(VPY) -m pytest -q tests/property $(PYTEST_ARGS)
+	PAGEDINFER_PROPERTY_PROFILE=thorough PAGEDINFER_PROPERTY_PROGRESS=30 $(VPY) -m pytest -q tests/property $(PYTEST_ARGS)
 
 # Runs on a CUDA machine with the interpreter that already has torch (no network needed).
 test-gpu:

@@ -10,13 +10,20 @@ their own, smaller sizes. ``PAGEDINFER_PROPERTY_PROFILE`` picks the size of all 
   all on two CPU cores; the engine suites about a minute together;
 * ``quick``: a smoke run while editing;
 * ``thorough``: a long hunt before a release, ``make fuzz`` (minutes to tens of minutes).
+
+``PAGEDINFER_PROPERTY_PROGRESS=SECONDS`` (``make fuzz`` sets 30) makes every test here print its
+example count and elapsed time that often (``progress.py``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import pytest
 from hypothesis import settings
 
 from .profiles import sized
+from .progress import counting_examples, progress_interval, terminal_writer
 
 settings.register_profile(
     "pagedinfer-property",
@@ -28,3 +35,16 @@ settings.register_profile(
         }
     ),
 )
+
+
+@pytest.fixture(autouse=True)
+def _report_progress(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
+    interval = progress_interval()
+    if interval is None:
+        yield
+        return
+    write = terminal_writer(request.config)
+    with counting_examples(request.node, monkeypatch, interval, write):
+        yield
