@@ -173,15 +173,32 @@ class CompletionState:
         if seen < seq.num_completion_tokens:
             start = seq.num_prompt_tokens + seen
             self.num_seen_tokens = seq.num_completion_tokens
+            end = len(seq.token_ids) - self._hidden_stop_tokens()
             held = seq.params.min_tokens - seen  # new tokens still within min_tokens
             if held > 0:
-                text.append(seq.token_ids[start : start + held], check=False)
+                text.append(seq.token_ids[start : min(start + held, end)], check=False)
                 start += held
-            if start < len(seq.token_ids):
-                text.append(seq.token_ids[start:])
+            if start < end:
+                text.append(seq.token_ids[start:end])
         if seq.is_finished:
             text.flush()  # no token follows: a held-back partial character is final now
         return text.stopped
+
+    def _hidden_stop_tokens(self) -> int:
+        """1 if the last token ended the completion as a stop token (EOS or a stop id) whose
+        text stays out of the output, as in vLLM (``include_stop_str_in_output`` keeps it),
+        else 0. Stop strings are matched in the text, so a completion finished with ``stop``
+        that no stop string has ended was ended by its last token."""
+        seq = self.seq
+        stopped_by_string = self.text is not None and self.text.stopped
+        if (
+            seq.finish_reason is FinishReason.STOP
+            and not stopped_by_string
+            and not seq.params.include_stop_str_in_output
+            and seq.num_completion_tokens > 0
+        ):
+            return 1
+        return 0
 
     def add_logprobs(self, entry: TokenLogprobs, tokenizer: Any) -> None:
         """The logprobs of the token this completion just got."""
@@ -214,10 +231,12 @@ class CompletionState:
             self.final_text = self.text.text
         else:
             seq = self.seq
+            completion = seq.completion_token_ids
+            shown = len(completion) - self._hidden_stop_tokens()
             self.final_text = decode_completion(
                 tokenizer,
                 seq.prompt_token_ids,
-                seq.completion_token_ids,
+                completion[:shown],
                 skip_special_tokens=seq.params.skip_special_tokens,
             )
 

@@ -397,6 +397,36 @@ def test_stop_reason_and_include_stop_str_in_output(
         )
         (output,) = engine.generate(prompt, shown, use_tqdm=False)
         assert output.outputs[0].text == engine.tokenizer.eos_token * 2
+        # The token that ends a completion (EOS or a stop id) stays out of the text, special or
+        # not, as in vLLM; include_stop_str_in_output keeps it. Streams agree with the final text.
+        plain_ids = engine.tokenizer.encode(" world", add_special_tokens=False)
+        for stop_params, kept_text in [
+            (dict(allowed_token_ids=[special]), ""),
+            (dict(allowed_token_ids=[special], include_stop_str_in_output=True), "eos"),
+            (dict(allowed_token_ids=plain_ids[:1], stop_token_ids=plain_ids[:1]), ""),
+            (
+                dict(
+                    allowed_token_ids=plain_ids[:1],
+                    stop_token_ids=plain_ids[:1],
+                    include_stop_str_in_output=True,
+                ),
+                "plain",
+            ),
+        ]:
+            stop_run = SamplingParams(max_tokens=3, skip_special_tokens=False, **stop_params)
+            for stop_text in (
+                engine.generate(prompt, stop_run, use_tqdm=False)[0].outputs[0].text,
+                "".join(
+                    delta.outputs[0].text
+                    for delta in engine.stream(prompt, stop_run)  # text built incrementally
+                ),
+            ):
+                expected = {
+                    "": "",
+                    "eos": engine.tokenizer.eos_token,
+                    "plain": engine.tokenizer.decode(plain_ids[:1]),
+                }[kept_text]
+                assert stop_text == expected, (stop_params, stop_text)
         # chat() is generate() on the template's token ids, with the rendered prompt.
         messages = [{"role": "user", "content": "Hello there"}]
         greedy = SamplingParams(temperature=0.0, max_tokens=6)
