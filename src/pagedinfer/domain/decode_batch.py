@@ -17,9 +17,15 @@ from __future__ import annotations
 import sys
 from array import array
 from collections import deque
-from itertools import accumulate
+from itertools import accumulate, repeat
 
-from pagedinfer.domain.plan import BLOCK_TABLE_FILLER, PADDING_SLOT, BatchPlan, NewRequest
+from pagedinfer.domain.plan import (
+    BLOCK_TABLE_FILLER,
+    PADDING_SLOT,
+    PENDING_TOKEN,
+    BatchPlan,
+    NewRequest,
+)
 from pagedinfer.domain.sequence import Sequence
 
 __all__ = ["DecodeBatch"]
@@ -94,6 +100,7 @@ class DecodeBatch:
         self._count_i = array("i", range(65))
         self._rows = _RowConstants(0, self._count_q, self._count_i)
         self.version = 0  # changes whenever rows are added or removed
+        self.removals = 0  # changes whenever rows are removed or laid out again (reordered)
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -101,6 +108,7 @@ class DecodeBatch:
     # ------------------------------------------------------------ whole batch
     def rebuild(self, seqs: list[Sequence]) -> None:
         """Rows for ``seqs`` (decoding sequences, in running order), from scratch."""
+        self.removals += 1
         self.seqs = []
         self._token_lists = []
         self.seq_ids = array("q")
@@ -152,6 +160,29 @@ class DecodeBatch:
             raise ValueError(f"{len(input_ids)} sampled tokens for {len(self.seqs)} rows")
         # list.append returns None; a zero-length deque drains the map at C speed.
         deque(map(list.append, self._token_lists, tokens), maxlen=0)
+        self._move_on(input_ids)
+
+    def advance_pending(self) -> None:
+        """:meth:`advance` before the step's tokens are known (the scheduler plans the next
+        step ahead of them): every row's next token is :data:`PENDING_TOKEN` until
+        :meth:`fill_pending` writes it."""
+        num_rows = len(self.seqs)
+        deque(map(list.append, self._token_lists, repeat(PENDING_TOKEN, num_rows)), maxlen=0)
+        self._move_on(array("q", [PENDING_TOKEN]) * num_rows)
+
+    def fill_pending(self, tokens: list[int]) -> None:
+        """The sampled tokens of the first ``len(tokens)`` rows, which :meth:`advance_pending`
+        left pending: into their sequences and into the rows' inputs."""
+        num_rows = len(tokens)
+        values = array("q", tokens)  # checks the tokens before anything changes
+        assert num_rows <= len(self.seqs), (num_rows, len(self.seqs))
+        deque(
+            map(list.__setitem__, self._token_lists[:num_rows], repeat(-1, num_rows), tokens),
+            maxlen=0,
+        )
+        self.input_ids[:num_rows] = values
+
+    def _move_on(self, input_ids: array[int]) -> None:
         rows = self._rows
         self.input_ids = input_ids
         self.positions = _add_lanes(self.positions, rows.ones_q)
@@ -210,6 +241,7 @@ class DecodeBatch:
         width = self.width
         del self.block_tables[row * width : (row + 1) * width]
         blocks = self._row_blocks.pop(row)
+        self.removals += 1
         if blocks == width:  # it may have been the longest row: tables may get narrower
             self._lay_out_tables(max(self._row_blocks, default=0))
         self._rows_changed()

@@ -31,6 +31,8 @@ field                         type     length     meaning
 ``slot_mapping``              int64    T          the KV cache slot each token's K/V goes to
 ``sample_indices``            int64    S          query-token rows whose logits are sampled
 ``sample_slots``              int32    S          the sampling-table slot of each sampled row
+``carried_rows``              int64    C          decode rows whose input is a pending token
+``carried_samples``           int64    C          its sample index in the previous plan
 ============================  =======  =========  =============================================
 
 Query tokens of row ``i`` are ``input_ids[cu_seqlens_q[i]:cu_seqlens_q[i + 1]]``; they are the
@@ -71,6 +73,15 @@ Deltas are repeated in every plan until the scheduler has recorded a plan's resu
 (``postprocess``), so a plan that failed to run loses nothing; applying them is idempotent.
 ``step_id`` numbers the plans and ``recorded_step_id`` names the latest recorded one, for
 executors whose state follows the sampled tokens (:mod:`pagedinfer.domain.executor`).
+
+**Planned ahead** (:meth:`Scheduler.schedule_ahead`, async scheduling): a plan made while the
+previous plan (``step_id - 1``) still runs, before its sampled tokens are known. A decode row
+whose input is such a token carries :data:`PENDING_TOKEN` in ``input_ids``;
+``carried_rows[i]`` names that row (its token index: decode rows come first, one token each)
+and ``carried_samples[i]`` the sample of the previous plan whose token it is (an index into
+that plan's ``sample_indices``). The executor writes those tokens into its inputs before the
+forward, from where they already are (its device), so the host need not wait for them. Both
+arrays are empty in a plan made by :meth:`Scheduler.schedule`.
 Per step the plan carries only ``sample_slots`` for the sampled rows: the sample's index in
 its request (the counter seeded sampling keys on) is ``positions[sample_indices[j]] + 1 -
 num_prompt_tokens`` of its slot, which the executor derives.
@@ -105,6 +116,7 @@ from pagedinfer.domain.sequence import Sequence
 __all__ = [
     "BLOCK_TABLE_FILLER",
     "PADDING_SLOT",
+    "PENDING_TOKEN",
     "BatchPlan",
     "NewRequest",
     "ScheduledChunk",
@@ -118,6 +130,9 @@ __all__ = [
 BLOCK_TABLE_FILLER = 0
 # Slot of a token whose K/V must not be stored (CUDA-graph padding rows).
 PADDING_SLOT = -1
+# A token not known yet: the sample of the plan in flight, in a plan made ahead of it
+# (``carried_rows``) and, until that plan is recorded, at the end of its sequence's tokens.
+PENDING_TOKEN = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +201,10 @@ class BatchPlan:
     # recorded before it was made (0: none); see pagedinfer.domain.executor.
     step_id: int = 0
     recorded_step_id: int = 0
+    # Set by Scheduler.schedule_ahead(): decode rows whose input token is the previous plan's
+    # sample carried_samples[i] (PENDING_TOKEN in input_ids); empty otherwise.
+    carried_rows: array[int] = field(default_factory=lambda: array("q"))
+    carried_samples: array[int] = field(default_factory=lambda: array("q"))
 
     def __post_init__(self) -> None:
         if not self.is_prefill:  # a decode step: every row is a decode row

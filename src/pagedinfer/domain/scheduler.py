@@ -41,11 +41,12 @@ admission on. If the step that forks is never recorded, the fork is undone and p
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from collections.abc import Iterable
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Literal, TypedDict, get_args
 
 from pagedinfer.domain.block_pool import BlockPool, cdiv
 from pagedinfer.domain.decode_batch import DecodeBatch
@@ -57,6 +58,7 @@ from pagedinfer.domain.events import (
 )
 from pagedinfer.domain.hashing import extend_chain
 from pagedinfer.domain.plan import (
+    PENDING_TOKEN,
     BatchPlan,
     NewRequest,
     ScheduledChunk,
@@ -121,6 +123,12 @@ class SchedulerConfig:
     def max_running(self) -> int:
         # Every running sequence must fit in one decode step, or some would starve.
         return min(self.max_num_seqs, self.max_num_batched_tokens)
+
+
+class _Deltas(TypedDict):
+    released_slots: tuple[int, ...]
+    new_requests: tuple[NewRequest, ...]
+    block_copies: tuple[tuple[int, int], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +208,15 @@ class Scheduler:
         self._released_slots: list[int] = []
         self._in_flight: BatchPlan | None = None
         self._in_flight_version = -1
+        # Async scheduling (schedule_ahead): the plan whose step still runs while the next
+        # one was planned, its state moved on as if every sequence in it continued
+        # (_advance), and what its postprocess (_record_ahead) or a roll-back needs.
+        self._ahead: BatchPlan | None = None
+        self._ahead_removals = -1  # the rows' removal count after the advance; -1: changed
+        self._awaiting: set[int] = set()  # its prefill chunks that sample: wait for it
+        self._advanced_chunks: list[tuple[Sequence, int, int]] = []  # (seq, before, preempts)
+        self._register_due: list[Sequence] = []  # decode rows whose last block filled up
+        self._length_due: list[Sequence] = []  # decode rows at their length limit
         # n > 1: a request's other completions, by the id of its first sequence (the parent):
         # pending until the step computing the parent's last prompt token is planned, then
         # forking until that plan is recorded, then running sequences of their own.
@@ -340,19 +357,55 @@ class Scheduler:
         grow: they are preempted (never an exception) and ``None`` is returned until blocks
         come back.
         """
-        if self._in_flight is not None and self._forking:
+        if self._ahead is not None:
+            self._roll_back()  # neither plan in flight was recorded: as if none had run
+        if self._forking:
             self._undo_forks()  # the step that forked them never ran (or was not recorded)
         self._in_flight = None
+        return self._plan_next()
+
+    def schedule_ahead(self) -> BatchPlan | None:
+        """The next step's plan while the latest plan still runs (async scheduling), or
+        ``None`` when nothing else can run before that plan is recorded.
+
+        The state moves on as if every sequence in the plan in flight continues: each of its
+        decode rows gets :data:`~pagedinfer.domain.plan.PENDING_TOKEN` as its next token
+        (in ``token_ids``, until :meth:`postprocess` records the real one), and a decode row
+        of the new plan whose input is that token lists it in ``carried_rows`` /
+        ``carried_samples``: the executor takes it from the previous step's samples. Partial
+        prefill chunks count as computed; a chunk that samples (a prompt's last token) waits
+        for the record, and its sequence runs again in the plan after. Then call
+        :meth:`postprocess` on the plan in flight (before the new one): a sequence that
+        finished there has its row of the new plan discarded when that is postprocessed.
+        If the plan in flight fails, call :meth:`schedule` (it rolls both plans back).
+
+        Raises ``ValueError`` unless exactly one plan is in flight: the latest plan from
+        :meth:`schedule` or :meth:`schedule_ahead` whose predecessor was postprocessed.
+        """
+        plan = self._in_flight
+        if plan is None or self._ahead is not None:
+            raise ValueError(
+                "schedule_ahead() plans one step ahead of the plan in flight: call it after "
+                "schedule() (or after the previous plan in flight was postprocessed), once."
+            )
+        self._advance(plan)
+        self._in_flight = None
+        planned = self._plan_next()
+        if planned is not None:
+            self._carry(plan, planned)
+        return planned
+
+    def _plan_next(self) -> BatchPlan | None:
         # Each pass either returns a plan or preempts one running sequence, so this ends.
         for _ in range(len(self._running) + 2):
             plan = self._plan_mixed() if self._mixed else self._plan_prefill_first()
             if plan is not None:
                 return self._issue(plan)
-            if self._running:
+            if any(seq.seq_id not in self._awaiting for seq in self._running):
                 # Only stuck partial prefills are left: free the newest so the others move.
                 self._preempt(self._running[-1])
-            elif not self._waiting:
-                break
+            elif not self._waiting or self._ahead is not None:
+                break  # (planning ahead: what waits may wait for the record)
         return None
 
     def _plan_prefill_first(self) -> BatchPlan | None:
@@ -385,29 +438,38 @@ class Scheduler:
         return mixed_batch_plan(
             self._batch.plan(released_slots=(), new_requests=()),
             build_batch_plan(chunks, is_prefill=True, block_size=self.block_size),
-            released_slots=tuple(self._released_slots),
-            new_requests=tuple(self._new_requests),
-            block_copies=self._pending_copies(),
+            **self._deltas(),
         )
 
-    def _pending_copies(self) -> tuple[tuple[int, int], ...]:
-        return tuple(self._block_copies.values()) if self._block_copies else ()
+    def _deltas(self) -> _Deltas:
+        """The sampling deltas and block copies not confirmed yet, for the next plan; planning
+        ahead, not those the plan in flight carries (it runs first: a copy repeated after
+        its destination was written, or a release and install repeated after the request
+        sampled, would undo work that stays)."""
+        released = tuple(self._released_slots)
+        new_requests = tuple(self._new_requests)
+        copies = tuple(self._block_copies.values()) if self._block_copies else ()
+        ahead = self._ahead
+        if ahead is not None:
+            released = released[len(ahead.released_slots) :]
+            if ahead.new_requests:
+                sent = {id(request) for request in ahead.new_requests}
+                new_requests = tuple(r for r in new_requests if id(r) not in sent)
+            if ahead.block_copies:
+                copies = tuple(copy for copy in copies if copy not in ahead.block_copies)
+        return {"released_slots": released, "new_requests": new_requests, "block_copies": copies}
 
     def _prefill_plan(self, chunks: list[ScheduledChunk]) -> BatchPlan:
         return build_batch_plan(
             chunks,
             is_prefill=True,
             block_size=self.block_size,
-            released_slots=tuple(self._released_slots),
-            new_requests=tuple(self._new_requests),
-            block_copies=self._pending_copies(),
+            **self._deltas(),
         )
 
     def _decode_plan(self) -> BatchPlan:
         return self._batch.plan(
-            released_slots=tuple(self._released_slots),
-            new_requests=tuple(self._new_requests),
-            block_copies=self._pending_copies(),
+            **self._deltas(),
         )
 
     def _issue(self, plan: BatchPlan) -> BatchPlan:
@@ -422,9 +484,12 @@ class Scheduler:
         """Chunks for partly prefilled sequences, then (``admit``) new ones, in ``budget``."""
         chunks: list[ScheduledChunk] = []
         # Partially prefilled sequences first: they already hold blocks.
+        awaiting = self._awaiting
         for seq in self._prefilling:
             if budget == 0:
                 return chunks
+            if awaiting and seq.seq_id in awaiting:
+                continue  # its chunk in the plan in flight samples: planned after the record
             num_tokens = min(seq.num_uncomputed_tokens, budget, self._growth_capacity(seq))
             forking = num_tokens == seq.num_uncomputed_tokens and seq.seq_id in self._pending_forks
             if forking and not self._fork_fits(seq, num_tokens):
@@ -438,6 +503,8 @@ class Scheduler:
         # Then admit waiting requests in arrival order, stopping at the first that does not fit.
         while admit and self._waiting and budget > 0 and self._has_room_for(self._waiting[0]):
             seq = self._waiting[0]
+            if self._ahead is not None and self._sample_pending(seq):
+                break  # preempted with its token in flight: readmitted once it is recorded
             num_tokens = self._admit(seq, budget)
             if num_tokens == 0:
                 break
@@ -700,6 +767,7 @@ class Scheduler:
             and not parent.decoding
             and parent.num_uncomputed_tokens == 1
             and self._in_flight is None  # else recording the plan in flight does this
+            and self._ahead is None
         ):
             parent.decoding = True
             self._prefilling.remove(parent)
@@ -723,9 +791,11 @@ class Scheduler:
         for another plan than the latest or a wrong number of tokens; once it returns, the
         plan is recorded (the next plan's ``recorded_step_id`` is its ``step_id``).
         """
-        if plan is not self._in_flight:
+        ahead = self._ahead
+        if plan is not (ahead if ahead is not None else self._in_flight):
             raise ValueError(
-                "postprocess() takes the plan returned by the latest schedule(), once."
+                "postprocess() takes the plan returned by the latest schedule(), once (with "
+                "schedule_ahead(): the older plan in flight first)."
             )
         tokens = (
             sampled_token_ids if isinstance(sampled_token_ids, list) else list(sampled_token_ids)
@@ -735,6 +805,8 @@ class Scheduler:
                 f"{len(tokens)} sampled token ids for a plan that samples {plan.num_samples} "
                 "rows: pass exactly one token id per sampled row."
             )
+        if ahead is not None:
+            return self._record_ahead(plan, tokens)
         self._in_flight = None
         self._recorded_step_id = plan.step_id
         self._confirm_deltas(plan)
@@ -786,24 +858,42 @@ class Scheduler:
         return updated
 
     def _postprocess_rows(
-        self, plan: BatchPlan, tokens: list[int], first_row: int = 0
+        self,
+        plan: BatchPlan,
+        tokens: list[int],
+        first_row: int = 0,
+        *,
+        awaiting: set[int] | None = None,
     ) -> list[Sequence]:
         """Any plan, row by row from ``first_row``: prefill steps, the prefill chunks of
         mixed steps, and decode-row steps whose rows changed. ``tokens`` are all of the
-        plan's samples; rows before ``first_row`` are decode rows (one sample each)."""
+        plan's samples; rows before ``first_row`` are decode rows (one sample each).
+
+        ``awaiting`` (a plan :meth:`_advance` moved on): the sequences whose chunk samples,
+        which the advance left as they were; the other chunks were counted then. A sequence
+        preempted since still gets its token (its step ran)."""
         sampled = dict(zip(plan.sampled_seq_ids[first_row:], tokens[first_row:], strict=True))
         updated: list[Sequence] = []
         rows = zip(plan.seq_ids[first_row:], plan.query_lens[first_row:], strict=True)
         for seq_id, num_tokens in rows:
             seq = self._seqs.get(seq_id)
-            if seq is None or seq.status is not SequenceStatus.RUNNING:
+            if seq is None:
                 continue
-            if not seq.decoding:
+            running = seq.status is SequenceStatus.RUNNING
+            if awaiting is not None:
+                if seq_id not in awaiting:
+                    if running:
+                        self._register_full_blocks(seq)  # counted by the advance
+                    continue
+            elif not running:
+                continue
+            if running and not seq.decoding:
                 seq.num_computed_tokens += num_tokens
             token = sampled.get(seq_id)
             if token is not None:
                 seq.token_ids.append(token)  # a decoding sequence's count follows
-            self._register_full_blocks(seq)
+            if running:
+                self._register_full_blocks(seq)
             if token is not None:
                 updated.append(seq)
                 for child in self._forking.pop(seq_id, ()):  # completions sampled here too
@@ -813,7 +903,8 @@ class Scheduler:
                     self._finish(seq, reason)
                     continue
             if (
-                not seq.decoding
+                running
+                and not seq.decoding
                 and seq.num_uncomputed_tokens == 1
                 # A request's last prompt token forks in a prefill step, never in a decode.
                 and seq_id not in self._pending_forks
@@ -823,6 +914,191 @@ class Scheduler:
                 self._prefilling.remove(seq)
                 self._joining.append(seq)
         return updated
+
+    # ------------------------------------------------------- async scheduling
+    def _advance(self, plan: BatchPlan) -> None:
+        """Move the state on as if ``plan``'s step ran and every sequence in it continues
+        (:meth:`schedule_ahead`). :meth:`_record_ahead` fills in the tokens; :meth:`_roll_back`
+        undoes it. Nothing is registered in the prefix cache and nothing finishes here."""
+        self._ahead = plan
+        self._ahead_removals = -1
+        num_rows = plan.num_decode_rows
+        if num_rows:
+            self._decode_steps_done += 1
+            batch = self._batch
+            if not self._batch_stale and batch.version == self._in_flight_version:
+                # The rows are the plan's decode rows: move them all on at once.
+                batch.advance_pending()
+                self._ahead_removals = batch.removals
+                for seq in self._calendar.pop(self._decode_steps_done, ()):
+                    if not seq.decoding or seq.status is not SequenceStatus.RUNNING:
+                        continue  # a stale entry
+                    if self._opens_block(seq) and seq not in self._needs_block:
+                        self._register_due.append(seq)  # registered when recorded
+                        self._needs_block.append(seq)
+                    if seq.num_tokens >= self._length_limit(seq):
+                        self._length_due.append(seq)
+            else:  # rows left since the plan was made (aborts): one by one, then rebuild
+                self._calendar.pop(self._decode_steps_done, None)
+                self._batch_stale = True
+                for seq_id in plan.seq_ids[:num_rows]:
+                    row_seq = self._seqs.get(seq_id)
+                    if row_seq is not None and row_seq.status is SequenceStatus.RUNNING:
+                        row_seq.token_ids.append(PENDING_TOKEN)
+        if num_rows == plan.num_seqs:
+            return
+        sampled = set(plan.sampled_seq_ids[num_rows:])
+        rows = zip(plan.seq_ids[num_rows:], plan.query_lens[num_rows:], strict=True)
+        for seq_id, num_tokens in rows:
+            chunk_seq = self._seqs.get(seq_id)
+            if (
+                chunk_seq is None
+                or chunk_seq.status is not SequenceStatus.RUNNING
+                or chunk_seq.decoding
+            ):
+                continue
+            seq = chunk_seq
+            if seq_id in sampled:
+                self._awaiting.add(seq_id)  # its next step needs this one's token
+                continue
+            before = seq.num_computed_tokens
+            self._advanced_chunks.append((seq, before, seq.num_preemptions))
+            seq.num_computed_tokens = before + num_tokens
+            if seq.num_uncomputed_tokens == 1 and seq_id not in self._pending_forks:
+                # One prompt token left over (as in _postprocess_rows): decode it.
+                seq.decoding = True
+                self._prefilling.remove(seq)
+                self._joining.append(seq)
+
+    def _carry(self, ahead: BatchPlan, plan: BatchPlan) -> None:
+        """Name the rows of ``plan`` whose input is a pending token of ``ahead``."""
+        num_rows = ahead.num_decode_rows
+        if num_rows == 0 or plan.num_decode_rows == 0:
+            return
+        if not self._batch_stale and self._batch.removals == self._ahead_removals:
+            # Rows were only appended since: the plan's first rows are ahead's, in order.
+            assert plan.num_decode_rows >= num_rows, (plan.num_decode_rows, num_rows)
+            rows = array("q", range(num_rows))
+            samples = rows
+        else:
+            index = {seq_id: j for j, seq_id in enumerate(ahead.seq_ids[:num_rows])}
+            rows = array("q")
+            samples = array("q")
+            for row, token in enumerate(plan.input_ids[: plan.num_decode_rows]):
+                if token == PENDING_TOKEN:
+                    rows.append(row)
+                    samples.append(index[plan.seq_ids[row]])
+        object.__setattr__(plan, "carried_rows", rows)
+        object.__setattr__(plan, "carried_samples", samples[:])
+
+    def _sample_pending(self, seq: Sequence) -> bool:
+        """Whether ``seq`` waits for a token of the plan in flight that was planned ahead of."""
+        return seq.seq_id in self._awaiting or (
+            bool(seq.token_ids) and seq.token_ids[-1] == PENDING_TOKEN
+        )
+
+    def _record_ahead(self, plan: BatchPlan, tokens: list[int]) -> list[Sequence]:
+        """:meth:`postprocess` of a plan that :meth:`_advance` moved on: write the tokens in,
+        then what the advance left to the record (finishes, the prefix cache, prompt ends)."""
+        self._ahead = None
+        self._recorded_step_id = plan.step_id
+        self._confirm_deltas(plan)
+        awaiting, self._awaiting = self._awaiting, set()
+        self._advanced_chunks = []
+        register_due, self._register_due = self._register_due, []
+        length_due, self._length_due = self._length_due, []
+        num_rows = plan.num_decode_rows
+        updated: list[Sequence] = []
+        if num_rows:
+            finishing: dict[Sequence, FinishReason] = {}
+            batch = self._batch
+            decode_tokens = tokens[:num_rows]
+            if not self._batch_stale and batch.removals == self._ahead_removals:
+                # Every row is still there, in order: the fast path of _postprocess_decode.
+                batch.fill_pending(decode_tokens)
+                updated = batch.seqs[:num_rows]
+                stop_ids = self._decode_stop_ids
+                if stop_ids and not stop_ids.isdisjoint(decode_tokens):
+                    for row, token in enumerate(decode_tokens):
+                        if token in stop_ids:
+                            reason = self._finish_reason(updated[row], token)
+                            if reason is not None:
+                                finishing[updated[row]] = reason
+                for seq in register_due:
+                    if seq.status is SequenceStatus.RUNNING:
+                        self._register_full_blocks(seq)
+                for seq in length_due:
+                    if (
+                        seq.status is SequenceStatus.RUNNING
+                        and seq not in finishing
+                        and seq.num_tokens >= self._length_limit(seq)
+                    ):
+                        finishing[seq] = FinishReason.LENGTH
+            else:
+                # Rows left or moved (preempted, aborted, rebuilt): one by one, then rebuild
+                # (the rows' inputs still hold the pending tokens).
+                self._batch_stale = True
+                for seq_id, token in zip(plan.seq_ids[:num_rows], decode_tokens, strict=True):
+                    row_seq = self._seqs.get(seq_id)
+                    if row_seq is None or row_seq.token_ids[-1] != PENDING_TOKEN:
+                        continue  # finished since (its token is discarded)
+                    row_seq.token_ids[-1] = token
+                    updated.append(row_seq)
+                    if row_seq.status is SequenceStatus.RUNNING:
+                        self._register_full_blocks(row_seq)
+                    reason = self._finish_reason(row_seq, token)
+                    if reason is not None:
+                        finishing[row_seq] = reason
+            for seq in sorted(finishing, key=updated.index):  # in row order
+                self._finish(seq, finishing[seq])
+        if num_rows < plan.num_seqs:
+            updated += self._postprocess_rows(plan, tokens, num_rows, awaiting=awaiting)
+        return updated
+
+    def _roll_back(self) -> None:
+        """Neither the plan moved on by :meth:`_advance` nor the one planned after it was
+        recorded (a step failed): back to the state before the advance, as if it never ran.
+        Sequences finished or preempted since keep what that did."""
+        plan = self._ahead
+        assert plan is not None
+        self._ahead = None
+        num_rows = plan.num_decode_rows
+        if num_rows:
+            self._decode_steps_done -= 1
+            for seq_id in plan.seq_ids[:num_rows]:
+                seq = self._seqs.get(seq_id)
+                if seq is not None and seq.token_ids[-1] == PENDING_TOKEN:
+                    seq.token_ids.pop()
+        size = self.block_size
+        for seq, before, preemptions in self._advanced_chunks:
+            if (
+                seq.status is SequenceStatus.RUNNING
+                and seq.num_preemptions == preemptions
+                and seq.seq_id in self._seqs
+            ):
+                # Keep the blocks of the chunk that runs again, not those of the next one.
+                self._trim_blocks(seq, cdiv(seq.num_computed_tokens, size))
+                seq.num_computed_tokens = before  # (a prompt end that started decoding too)
+        self._advanced_chunks = []
+        self._awaiting = set()
+        self._register_due = []
+        self._length_due = []
+        for seq in self._running:
+            if seq.decoding:
+                # A decode row keeps no block past its next token's: the rows move from
+                # block to block on the assumption that the next one is given when reached.
+                self._trim_blocks(seq, seq.num_computed_tokens // size + 1)
+        self._prefilling = [seq for seq in self._running if not seq.decoding]
+        self._joining = [seq for seq in self._joining if seq.decoding]
+        self._needs_block = []
+        self._batch_stale = True  # rows, their calendar and inputs: rebuilt from the sequences
+
+    def _trim_blocks(self, seq: Sequence, keep: int) -> None:
+        """Free ``seq``'s blocks past its first ``keep`` (given for a step that never ran:
+        never registered, never shared)."""
+        if len(seq.block_table) > keep:
+            self.pool.free(seq.block_table[keep:][::-1])
+            del seq.block_table[keep:]
 
     def _confirm_deltas(self, plan: BatchPlan) -> None:
         """The plan ran: the executor has applied its sampling deltas and block copies."""
@@ -885,6 +1161,8 @@ class Scheduler:
         return self.finish(seq_id, FinishReason.ABORT) is not None
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        if seq.token_ids and seq.token_ids[-1] == PENDING_TOKEN:
+            seq.token_ids.pop()  # its step is in flight: the token is discarded
         parent_id = self._fork_parent.pop(seq.seq_id, None)
         if parent_id is not None:  # a completion that has not started yet
             for forks in (self._pending_forks, self._forking):
@@ -995,6 +1273,7 @@ class Scheduler:
                 not seq.decoding
                 and seq.num_uncomputed_tokens <= 1
                 and self._in_flight is None
+                and self._ahead is None
                 and seq.seq_id not in self._pending_forks  # its last prompt token forks
             ):
                 raise AssertionError(f"{seq!r} should be decoding")
@@ -1022,6 +1301,8 @@ class Scheduler:
             if seq not in opening:
                 due.append(upcoming + len(seq.block_table) * self.block_size - 1 - position)
             for step in due:
+                if step < upcoming and seq in self._length_due:
+                    continue  # at its limit in the plan in flight: finishes when recorded
                 if seq not in self._calendar.get(step, ()):
                     raise AssertionError(f"{seq!r} is not filed under decode-row step {step}")
 
@@ -1042,7 +1323,7 @@ class Scheduler:
                     or child.status is not SequenceStatus.WAITING
                 ):
                     raise AssertionError(f"pending fork {child!r} holds resources")
-        if self._forking and self._in_flight is None:
+        if self._forking and self._in_flight is None and self._ahead is None:
             raise AssertionError("forks in flight without a plan in flight")
         copies = [*self._copies_after_fork.items(), *self._block_copies.items()]
         for child_id, (source, target) in copies:
