@@ -5,7 +5,8 @@ recovered, when a plan counts as recorded) is :mod:`pagedinfer.domain.executor`'
 for executors without torch too. :class:`ModelExecutor` adds what the engine needs from its
 own: the KV cache's size and ``close()``. ``ModelRunner`` is the single-process executor; with
 ``tensor_parallel_size > 1`` the tensor-parallel executor drives rank 0 in this process and
-mirrors every call to workers.
+mirrors every call to workers (``mp``), or the Ray executor drives every rank as a Ray actor
+(``ray``, with pipeline parallelism too).
 """
 
 from __future__ import annotations
@@ -34,7 +35,17 @@ class ModelExecutor(Executor, Protocol):
 def create_executor(
     config: RunnerConfig, *, grammars: GrammarCompiler | None = None
 ) -> ModelExecutor:
-    """The executor for ``config``; ``grammars`` (structured outputs) goes to the sampling rank."""
+    """The executor for ``config``; ``grammars`` (structured outputs) goes to the sampling rank.
+
+    ``distributed_executor_backend="ray"`` runs every rank as a Ray actor (pipeline
+    parallelism needs it); with one rank the model runs in this process either way.
+    """
+    if config.distributed_executor_backend == "ray" and (
+        config.tensor_parallel_size > 1 or config.pipeline_parallel_size > 1
+    ):
+        from pagedinfer.adapters.distributed.ray_executor import RayExecutor
+
+        return RayExecutor(config, grammars=grammars)
     if config.tensor_parallel_size == 1:
         from pagedinfer.adapters.model_runner import ModelRunner
 

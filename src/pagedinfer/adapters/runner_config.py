@@ -28,3 +28,5 @@ class RunnerConfig:
     num_threads: int | None = None  # torch's CPU threads in each worker process, if given
     worker_timeout_s: float = 120.0  # how long a tensor-parallel peer may stall a step
     kv_cache_dtype: str = "auto"  # "auto" (dtype), "fp8" / "fp8_e4m3", "fp8_e5m2"
+    pipeline_parallel_size: int = 1  # stages of decoder layers (Ray executor only)
+    distributed_executor_backend: str = "mp"  # "mp" (local processes) or "ray"

@@ -82,6 +82,8 @@ class EngineConfig:
     max_consecutive_failed_steps: int = 3
     tokenizer: str | None = None  # a directory; None: the model's
     skip_tokenizer_init: bool = False
+    pipeline_parallel_size: int = 1
+    distributed_executor_backend: str = "mp"  # "mp" or "ray"
 
     @property
     def request_limits(self) -> RequestLimits:
@@ -100,6 +102,19 @@ class EngineConfig:
             _positive_int("max_model_len", self.max_model_len, minimum=2)
         _positive_int("kv_block_size", self.kv_block_size)
         _positive_int("tensor_parallel_size", self.tensor_parallel_size)
+        _positive_int("pipeline_parallel_size", self.pipeline_parallel_size)
+        if self.distributed_executor_backend not in ("mp", "ray"):
+            raise ConfigurationError(
+                f"distributed_executor_backend={self.distributed_executor_backend!r} is "
+                "invalid: expected 'mp' (worker processes on this machine, the default) or "
+                "'ray' (Ray actors, on one or several nodes)."
+            )
+        if self.pipeline_parallel_size > 1 and self.distributed_executor_backend != "ray":
+            raise ConfigurationError(
+                f"pipeline_parallel_size={self.pipeline_parallel_size} needs "
+                "distributed_executor_backend='ray' (the 'mp' executor runs tensor "
+                "parallelism only): pass distributed_executor_backend='ray'."
+            )
         if self.num_kv_blocks is not None:
             _positive_int("num_kv_blocks", self.num_kv_blocks)
         if self.kv_cache_memory_bytes is not None:

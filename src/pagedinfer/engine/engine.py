@@ -165,6 +165,8 @@ class Engine:
         max_consecutive_failed_steps: int = 3,
         tokenizer: str | os.PathLike[str] | None = None,
         skip_tokenizer_init: bool = False,
+        pipeline_parallel_size: int = 1,
+        distributed_executor_backend: str = "mp",
     ) -> None:
         self._executor: ModelExecutor | None = None
         self._closed = True  # until construction succeeds
@@ -198,6 +200,8 @@ class Engine:
             max_consecutive_failed_steps=max_consecutive_failed_steps,
             tokenizer=None if tokenizer is None else os.fspath(tokenizer),
             skip_tokenizer_init=skip_tokenizer_init,
+            pipeline_parallel_size=pipeline_parallel_size,
+            distributed_executor_backend=distributed_executor_backend,
         )
         self.config = config
         self.model_config = read_model_config(config.model_path)
@@ -238,6 +242,8 @@ class Engine:
             num_threads=num_threads,
             worker_timeout_s=config.worker_timeout_s,
             kv_cache_dtype=config.kv_cache_dtype,
+            pipeline_parallel_size=config.pipeline_parallel_size,
+            distributed_executor_backend=config.distributed_executor_backend,
         )
         if num_threads is not None:
             # Process-wide (torch has one pool of CPU threads per process), so only when the

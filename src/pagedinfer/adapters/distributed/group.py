@@ -7,9 +7,11 @@ the backend's collectives directly; nothing is registered globally, and a proces
 uses ``torch.distributed`` for something else is not disturbed.
 
 Rank 0 hosts the store on a port the OS picks (port 0), so engines never fight over a fixed
-rendezvous port. Every collective has a timeout (``step_timeout`` once the engine serves,
-the engine's ``worker_timeout_s``): a peer that hangs or is stopped turns into an error instead
-of a hung engine (a peer that *dies* is noticed much sooner, see ``executor.py``).
+rendezvous port: on the loopback interface for the local (``mp``) executor, on its node's IP
+address for the Ray executor (``ray_executor.py``), whose ranks may be on other machines.
+Every collective has a timeout (``step_timeout`` once the engine serves, the engine's
+``worker_timeout_s``): a peer that hangs or is stopped turns into an error instead of a hung
+engine (a peer that *dies* is noticed much sooner, see ``executor.py``).
 """
 
 from __future__ import annotations
@@ -51,11 +53,9 @@ class _CollectiveBackend(Protocol):
     ) -> Work: ...
 
 
-def host_store(world_size: int, timeout: timedelta) -> TCPStore:
-    """Rank 0's store, listening on a free port of the loopback interface (``.port``)."""
-    return TCPStore(
-        LOCALHOST, 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False
-    )
+def host_store(world_size: int, timeout: timedelta, host: str = LOCALHOST) -> TCPStore:
+    """Rank 0's store on a free port (``.port``); the others reach it at ``host``."""
+    return TCPStore(host, 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
 
 
 def connect_store(host: str, port: int, world_size: int, timeout: timedelta) -> TCPStore:
@@ -68,6 +68,8 @@ class ProcessGroupCollectives:
 
     CUDA devices use NCCL, the CPU uses gloo. Construction is a rendezvous: it returns once
     all ``world_size`` ranks have joined through ``store`` (or fails after ``timeout``).
+    ``host`` is the address gloo binds this rank to (``None``: what the host name resolves
+    to); ranks on several machines pass their node's address.
     """
 
     def __init__(
@@ -78,6 +80,7 @@ class ProcessGroupCollectives:
         world_size: int,
         device: torch.device,
         timeout: timedelta,
+        host: str | None = None,
     ) -> None:
         self.rank = rank
         self.world_size = world_size
@@ -93,6 +96,12 @@ class ProcessGroupCollectives:
             options = ProcessGroupNCCL.Options()
             options._timeout = timeout
             backend = ProcessGroupNCCL(store, rank, world_size, options)
+        elif host is not None:
+            options = ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+            options._timeout = timeout
+            options._devices = [ProcessGroupGloo.create_device(hostname=host)]
+            options._threads = 2  # what the constructor without options uses for one device
+            backend = ProcessGroupGloo(store, rank, world_size, options)
         else:
             backend = ProcessGroupGloo(store, rank, world_size, timeout)
         self._backend: Backend | None = backend

@@ -1,4 +1,5 @@
-"""The tensor-parallel group a model is built for, passed explicitly to every layer."""
+"""The group a model is built for, passed explicitly to every layer: this rank's place in its
+tensor-parallel group and, with pipeline parallelism, the stage it runs."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from typing import Protocol
 
 import torch
 import torch.distributed as dist
+
+from pagedinfer.adapters.distributed.pipeline import PipelineStage
 
 __all__ = ["SINGLE_PROCESS", "Collectives", "ParallelContext"]
 
@@ -30,16 +33,23 @@ class ParallelContext:
     ``group`` carries the engine's own collectives, so that several tensor-parallel engines
     can live in one process; without it, ``torch.distributed``'s default group is used
     (a process launched by ``torchrun`` or ``init_process_group``).
+
+    With pipeline parallelism ``stage`` says which layers this rank's model holds (``None``:
+    the whole model) and ``everyone`` is a group of every rank of every stage (gloo, CPU
+    tensors), over which :meth:`min_over_ranks` agrees on the KV-cache size: the scheduler has
+    one block pool, so every stage must hold the same number of blocks.
     """
 
     rank: int = 0
     world_size: int = 1
     group: Collectives | None = field(default=None, compare=False, repr=False)
+    stage: PipelineStage | None = None
+    everyone: Collectives | None = field(default=None, compare=False, repr=False)
 
     @property
     def is_driver(self) -> bool:
-        """Rank 0 samples and talks to the scheduler; other ranks mirror its compute."""
-        return self.rank == 0
+        """Rank 0 of the last stage samples; other ranks mirror its compute."""
+        return self.rank == 0 and (self.stage is None or self.stage.is_last)
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum ``tensor`` over the group, in place."""
@@ -52,6 +62,10 @@ class ParallelContext:
 
     def min_over_ranks(self, value: int, device: torch.device) -> int:
         """The smallest ``value`` any rank holds (every rank must call it)."""
+        if self.everyone is not None:
+            agreed = torch.tensor([value], dtype=torch.int64)
+            self.everyone.all_reduce(agreed, minimum=True)
+            return int(agreed.item())
         if self.world_size == 1:
             return value
         agreed = torch.tensor([value], dtype=torch.int64, device=device)

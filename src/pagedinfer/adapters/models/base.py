@@ -18,6 +18,7 @@ from torch import nn
 
 from pagedinfer.adapters.attention.base import AttentionBackend, AttentionMetadata
 from pagedinfer.adapters.distributed.parallel import ParallelContext
+from pagedinfer.adapters.distributed.pipeline import IntermediateTensors
 from pagedinfer.adapters.layers.attention import PagedAttention
 from pagedinfer.adapters.layers.linear import ShardId
 from pagedinfer.adapters.models.config import ModelConfig
@@ -110,6 +111,18 @@ class CausalLM(nn.Module):
     ) -> torch.Tensor:
         """``input_ids [T]``, ``positions [T]`` -> final hidden states ``[T, hidden]``."""
         raise NotImplementedError
+
+    def forward_stage(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        intermediate: IntermediateTensors | None,
+    ) -> torch.Tensor | IntermediateTensors:
+        """One pipeline stage (``build.parallel.stage``): the first stage embeds
+        ``input_ids``, the others continue from the previous stage's ``intermediate``; the
+        last stage returns the final hidden states, the others their intermediate tensors."""
+        raise NotImplementedError(f"{type(self).__name__} cannot run as a pipeline stage")
 
     def compute_logits(self, hidden_rows: torch.Tensor) -> torch.Tensor | None:
         """``[n, hidden]`` -> logits ``[n, vocab]`` on the driver rank, None on the others."""

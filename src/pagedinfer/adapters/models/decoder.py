@@ -19,6 +19,13 @@ The residual stream is carried beside the hidden states: each norm adds the resi
 normalises in one call (:meth:`RMSNorm.add_and_norm`), the same sums in the same order as
 transformers.
 
+With pipeline parallelism (``BuildContext.parallel.stage``) a model holds only its stage's
+decoder layers (the others are :class:`AbsentLayer` placeholders without parameters, so
+parameter names stay the checkpoint's), the embedding on the first stage and the final norm
+and LM head on the last (the embedding too when the LM head is tied to it);
+:meth:`DecoderForCausalLM.forward_stage` runs one stage and :meth:`is_ignored_weight` skips
+the checkpoint tensors of the other stages.
+
 On the Triton and flash paths (``BuildContext.fused_kernels``) every layer runs fused Triton
 kernels, so a decode step launches 9 kernels per layer (10 when decode attention splits the
 KV): add + RMSNorm, the QKV GEMM, q/k RMSNorm + RoPE + KV store (one kernel), attention, the
@@ -28,6 +35,7 @@ CPU) runs the same layers with their torch twins.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -35,6 +43,7 @@ import torch
 from torch import nn
 
 from pagedinfer.adapters.attention.base import AttentionMetadata
+from pagedinfer.adapters.distributed.pipeline import IntermediateTensors, PipelineStage
 from pagedinfer.adapters.layers.attention import PagedAttention
 from pagedinfer.adapters.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from pagedinfer.adapters.layers.linear import QKVParallelLinear, RowParallelLinear
@@ -45,7 +54,9 @@ from pagedinfer.adapters.models.base import BuildContext, CausalLM, WeightMappin
 from pagedinfer.adapters.models.config import ModelConfig
 from pagedinfer.adapters.quantization import linear_method
 
-__all__ = ["LLAMA_STYLE_WEIGHTS", "DecoderForCausalLM", "DecoderSwitches"]
+__all__ = ["LLAMA_STYLE_WEIGHTS", "AbsentLayer", "DecoderForCausalLM", "DecoderSwitches"]
+
+_LAYER_TENSOR = re.compile(r"^model\.layers\.(\d+)\.")
 
 LLAMA_STYLE_WEIGHTS = WeightMapping(
     packed={
@@ -179,20 +190,40 @@ class DecoderLayer(nn.Module):
         return out, residual
 
 
+class AbsentLayer(nn.Module):
+    """A decoder layer another pipeline stage runs: no parameters, never called."""
+
+    def forward(self, *args: object) -> None:
+        raise AssertionError("a pipeline stage ran a decoder layer it does not hold")
+
+
 class DecoderModel(nn.Module):
-    """Embedding, the decoder layers and the final norm (Hugging Face's ``model.*``)."""
+    """Embedding, the decoder layers and the final norm (Hugging Face's ``model.*``).
+
+    A pipeline stage (``stage``) holds the embedding only where it embeds (the first stage)
+    or ties the LM head to it (the last), and the final norm only on the last stage.
+    """
 
     def __init__(
-        self, config: ModelConfig, layers: list[DecoderLayer], build: BuildContext
+        self,
+        config: ModelConfig,
+        layers: list[DecoderLayer | AbsentLayer],
+        build: BuildContext,
+        stage: PipelineStage | None = None,
     ) -> None:
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(
-            config.vocab_size,
-            config.hidden_size,
-            parallel=build.parallel,
-            dtype=build.dtype,
-            device=build.device,
-        )
+        self.stage = stage
+        first = stage is None or stage.is_first
+        last = stage is None or stage.is_last
+        self.embed_tokens: VocabParallelEmbedding | None = None
+        if first or (last and config.tie_word_embeddings):
+            self.embed_tokens = VocabParallelEmbedding(
+                config.vocab_size,
+                config.hidden_size,
+                parallel=build.parallel,
+                dtype=build.dtype,
+                device=build.device,
+            )
         self.rotary_emb = RotaryEmbedding(
             config.head_dim,
             config.max_context_len,
@@ -202,23 +233,46 @@ class DecoderModel(nn.Module):
         )
         self.layers = nn.ModuleList(layers)
         self.fused = build.fused_kernels
-        self.norm = RMSNorm(
-            config.hidden_size,
-            config.rms_norm_eps,
-            dtype=build.dtype,
-            device=build.device,
-            fused=self.fused,
-        )
+        self.norm: RMSNorm | None = None
+        if last:
+            self.norm = RMSNorm(
+                config.hidden_size,
+                config.rms_norm_eps,
+                dtype=build.dtype,
+                device=build.device,
+                fused=self.fused,
+            )
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
-        rope = self.rotary_emb.step(positions, fused=self.fused)  # once, for every layer
+        out = self.forward_stage(input_ids, positions, meta, None)
+        assert isinstance(out, torch.Tensor), "the whole model ends in hidden states"
+        return out
+
+    def forward_stage(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        intermediate: IntermediateTensors | None,
+    ) -> torch.Tensor | IntermediateTensors:
+        """Embed (or continue from ``intermediate``), run this stage's layers, then the final
+        norm (the last stage) or hand over hidden states and residual (the others)."""
+        stage = self.stage
         residual: torch.Tensor | None = None
-        for layer in self.layers:
+        if intermediate is None:
+            assert self.embed_tokens is not None, "only the first stage embeds"
+            hidden = self.embed_tokens(input_ids)
+        else:
+            hidden, residual = intermediate.hidden, intermediate.residual
+        rope = self.rotary_emb.step(positions, fused=self.fused)  # once, for every layer
+        layers = self.layers if stage is None else self.layers[stage.start : stage.end]
+        for layer in layers:
             hidden, residual = layer(hidden, residual, rope, meta)
-        assert residual is not None, "a model has at least one layer"
+        assert residual is not None, "a stage has at least one layer"
+        if self.norm is None:
+            return IntermediateTensors(hidden, residual)
         normed, _ = self.norm.add_and_norm(hidden, residual)
         return normed
 
@@ -253,7 +307,9 @@ class DecoderForCausalLM(CausalLM):
     def __init__(self, config: ModelConfig, build: BuildContext) -> None:
         super().__init__(config, build)
         switches = self.switches(config)
-        layers = [
+        stage = self.stage = build.parallel.stage
+        held = range(config.num_hidden_layers) if stage is None else stage.layers
+        layers: list[DecoderLayer | AbsentLayer] = [
             DecoderLayer(
                 config,
                 switches,
@@ -261,18 +317,23 @@ class DecoderForCausalLM(CausalLM):
                 build,
                 prefix=f"model.layers.{index}",
             )
+            if index in held
+            else AbsentLayer()
             for index in range(config.num_hidden_layers)
         ]
-        self.model = DecoderModel(config, layers, build)
-        self.lm_head = ParallelLMHead(
-            config.vocab_size,
-            config.hidden_size,
-            parallel=build.parallel,
-            dtype=build.dtype,
-            device=build.device,
-        )
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        self.model = DecoderModel(config, layers, build, stage)
+        self.lm_head: ParallelLMHead | None = None
+        if stage is None or stage.is_last:
+            self.lm_head = ParallelLMHead(
+                config.vocab_size,
+                config.hidden_size,
+                parallel=build.parallel,
+                dtype=build.dtype,
+                device=build.device,
+            )
+            if config.tie_word_embeddings:
+                assert self.model.embed_tokens is not None
+                self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
@@ -280,7 +341,17 @@ class DecoderForCausalLM(CausalLM):
         hidden: torch.Tensor = self.model(input_ids, positions, meta)
         return hidden
 
+    def forward_stage(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        intermediate: IntermediateTensors | None,
+    ) -> torch.Tensor | IntermediateTensors:
+        return self.model.forward_stage(input_ids, positions, meta, intermediate)
+
     def compute_logits(self, hidden_rows: torch.Tensor) -> torch.Tensor | None:
+        assert self.lm_head is not None, "only the last pipeline stage computes logits"
         logits: torch.Tensor | None = self.lm_head(hidden_rows)
         return logits
 
@@ -289,4 +360,17 @@ class DecoderForCausalLM(CausalLM):
         # old ones store the rotary inverse frequencies, which we compute ourselves.
         if name == "lm_head.weight" and self.config.tie_word_embeddings:
             return True
-        return name.endswith("rotary_emb.inv_freq")
+        if name.endswith("rotary_emb.inv_freq"):
+            return True
+        stage = self.stage
+        if stage is None:
+            return False
+        # A pipeline stage skips what other stages hold.
+        layer = _LAYER_TENSOR.match(name)
+        if layer is not None:
+            return int(layer[1]) not in stage.layers
+        if name.startswith("model.embed_tokens."):
+            return self.model.embed_tokens is None
+        if name.startswith(("model.norm.", "lm_head.")):
+            return not stage.is_last
+        return False
