@@ -148,3 +148,40 @@ def test_rows_are_reused_and_tables_grow_without_losing_state() -> None:
     processors.add(3, SamplingParams(repetition_penalty=2.0), prompt_token_ids=[5])
     assert processors.capacity == 4 and len(processors) == 3
     assert processed(processors, logits[:1], [3], [0]).tolist() == [[1, 1, 1, 1, 1, 0.5]]
+
+
+def test_integer_biases_are_added_as_floats() -> None:
+    """JSON clients send ``{"50256": -100}``: integer biases, as the API allows."""
+    processors = LogitsProcessors(6, CPU)
+    processors.add(0, SamplingParams(logit_bias={1: 3, 4: -100}))
+    processors.add(1, SamplingParams(allowed_token_ids=[0, 2], logit_bias={2: 1}))
+    out = processed(processors, torch.zeros(2, 6), [0, 1], [0, 0])
+    inf = math.inf
+    assert out.tolist() == [[0, 3, 0, 0, -100, 0], [0, -inf, 1, -inf, -inf, -inf]]
+
+
+def test_every_table_and_index_stays_on_the_processors_device() -> None:
+    """On the meta device (shapes only), standing in for CUDA: a table, an index or a source
+    tensor created on the host instead of ``device`` fails the op that mixes them. Every
+    feature, a table that grows, and a step with an unprocessed row."""
+    meta = torch.device("meta")
+    vocab = 16
+    processors = LogitsProcessors(vocab, meta, [EOS], initial_rows=1)
+    processors.add(0, SamplingParams(logit_bias={3: 1.0}, allowed_token_ids=[1, 3], min_p=0.1))
+    processors.add(
+        1, SamplingParams(repetition_penalty=1.5, presence_penalty=0.5, min_tokens=4), [1, 2], [4]
+    )
+    processors.add(2, SamplingParams(frequency_penalty=0.5, logit_bias={5: -1.0}), [7], [8, 8])
+    assert processors.capacity == 4
+    step = processors.plan([0, 9, 1, 2], lambda row: 1)
+    assert step is not None and step.held_back is not None and step.batch_rows is not None
+    for tensor in (step.batch_rows, step.table_rows, *step.held_back):
+        assert tensor.device == meta
+    logits = torch.empty(4, vocab, device=meta)
+    processors.apply(logits, step)
+    processors.apply_min_p(logits, step)
+    processors.record(step, torch.zeros(4, dtype=torch.int64, device=meta))
+    every = processors.plan([2, 1, 0], lambda row: 9)
+    assert every is not None and every.batch_rows is None
+    processors.apply(logits[:3], every)
+    assert logits.device == meta

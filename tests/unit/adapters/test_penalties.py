@@ -86,7 +86,12 @@ def test_repetition_penalty_counts_prompt_tokens_and_the_rest_only_output_tokens
     assert logits.tolist() == [[1.0, -4.0, -1.0, 2.0]]
 
 
-def test_counts_kept_incrementally_equal_counts_from_the_history() -> None:
+@pytest.mark.parametrize("plain_keys", [(), (100, 101)], ids=["all processed", "plain rows"])
+def test_counts_kept_incrementally_equal_counts_from_the_history(
+    plain_keys: tuple[int, ...],
+) -> None:
+    """With ``plain_keys``, requests without penalties share the steps: their rows are left
+    alone and their samples are not counted for anyone."""
     vocab, rows, steps = 50, 6, 25
     rng = random.Random(0)
     processors = LogitsProcessors(vocab, CPU, initial_rows=1)  # grows while requests arrive
@@ -100,13 +105,17 @@ def test_counts_kept_incrementally_equal_counts_from_the_history() -> None:
     generator = torch.Generator().manual_seed(1)
     for step_index in range(steps):
         # A different subset of the requests, in a different order, each step.
-        batch = rng.sample(keys, rng.randint(1, rows))
+        batch = rng.sample(keys, rng.randint(1, rows)) + list(plain_keys)
+        rng.shuffle(batch)
         logits = torch.randn(len(batch), vocab, generator=generator) * 3
-        step = processors.plan(batch, after([len(histories[k][1]) for k in batch]))
+        step = processors.plan(batch, after([len(histories.get(k, ((), []))[1]) for k in batch]))
         assert step is not None
         processed = logits.clone()
         processors.apply(processed, step)
         for i, key in enumerate(batch):
+            if key in plain_keys:
+                assert torch.equal(processed[i], logits[i])
+                continue
             prompt, output = histories[key]
             torch.testing.assert_close(
                 processed[i], reference(logits[i], prompt, output, params), msg=f"step {step_index}"
@@ -114,7 +123,8 @@ def test_counts_kept_incrementally_equal_counts_from_the_history() -> None:
         sampled = torch.randint(0, vocab, (len(batch),), generator=generator)
         processors.record(step, sampled)
         for key, token in zip(batch, sampled.tolist(), strict=True):
-            histories[key][1].append(token)
+            if key not in plain_keys:
+                histories[key][1].append(token)
 
 
 def test_masked_logits_stay_masked_and_nothing_becomes_nan() -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from pagedinfer.domain import SamplingParams
-from pagedinfer.domain.sampling import FLOAT32_MAX, MAX_SEED
+from pagedinfer.domain.sampling import FLOAT32_MAX, MAX_SEED, LogitBias
 from pagedinfer.errors import InvalidSamplingParamsError
 
 REPETITION_RANGE = (
@@ -317,3 +317,41 @@ def test_minus_one_switches_top_k_off_as_zero() -> None:
 def test_one_stop_string_is_a_sequence_of_one() -> None:
     assert SamplingParams(stop="ab").stop == ("ab",)
     assert SamplingParams(stop=["ab", "c"]).stop == ("ab", "c")
+
+
+@pytest.mark.parametrize(("length", "cut"), [(200, False), (201, True)])
+def test_a_value_is_shown_whole_up_to_200_characters(length: int, cut: bool) -> None:
+    stop = ("", "x" * (length - 8))  # repr: ('', 'xx...x')
+    shown = repr(stop)
+    assert len(shown) == length
+    with pytest.raises(InvalidSamplingParamsError) as info:
+        SamplingParams(stop=stop)
+    if cut:
+        shown = f"{shown[:160]}... ({length} characters)"
+    assert str(info.value) == (
+        f"SamplingParams.stop={shown} is invalid: expected a string or a sequence of non-empty "
+        "strings."
+    )
+
+
+@pytest.mark.parametrize("entries", [8, 9])
+def test_a_logit_bias_is_shown_whole_up_to_8_entries(entries: int) -> None:
+    bias = {token: 0.5 for token in range(entries - 1)} | {entries: 1e11}
+    shown = repr(bias) if entries <= 8 else f"'<{entries} entries>'"
+    with pytest.raises(InvalidSamplingParamsError) as info:
+        SamplingParams(logit_bias=bias)
+    assert str(info.value) == (
+        f"SamplingParams.logit_bias={shown} is invalid: expected biases in [-1e+10, 1e+10] "
+        f"(token {entries} has 100000000000.0; larger biases overflow the sampler's float32 "
+        "logits)."
+    )
+
+
+def test_a_logit_bias_shows_and_hashes_as_its_entries() -> None:
+    bias = LogitBias({3: 0.5, 1: -2.0})
+    assert repr(bias) == "{3: 0.5, 1: -2.0}"
+    assert repr(SamplingParams(logit_bias={3: 0.5})).count("logit_bias={3: 0.5}") == 1
+    # Equal biases hash alike; these different ones (hashes of ints and floats are fixed in
+    # Python) hash apart, so params that differ only in their bias spread in a dict.
+    assert hash(bias) == hash(LogitBias({1: -2.0, 3: 0.5}))
+    assert len({hash(LogitBias({token: 1.0})) for token in range(8)}) == 8

@@ -156,3 +156,93 @@ def test_completion_text_within_min_tokens_and_at_the_end() -> None:
     assert not ending.append([ord("x"), 0xE2, 0x9C])  # an unfinished "✓"
     assert ending.flush()  # the request ended: the held-back U+FFFD is final text
     assert (ending.text, ending.matched) == ("x", "\ufffd")
+
+
+# ------------------------------------------------- more rules, pinned by mutation testing
+def test_the_first_occurrence_of_a_stop_in_a_delta_wins() -> None:
+    matcher = StopStringMatcher(["a"])
+    assert matcher.feed("xayaz")
+    assert (matcher.text, matcher.matched) == ("x", "a")
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_a_stop_at_the_very_start_of_the_text_matches(include: bool) -> None:
+    matcher = StopStringMatcher(["ab"], include_stop_str=include)
+    assert matcher.feed("abc")
+    assert (matcher.text, matcher.matched) == ("ab" if include else "", "ab")
+
+
+def test_one_append_returns_the_text_before_an_unfinished_character() -> None:
+    detokenizer = IncrementalDetokenizer(TOKENIZER, [])
+    assert detokenizer.append([*ids("ab"), 0xE2]) == "ab"  # "✓" is E2 9C 93
+    assert detokenizer.append([0x9C, 0x93, ord("c")]) == "✓c"
+
+
+def test_appends_that_each_end_in_an_unfinished_character_return_each_byte_once() -> None:
+    detokenizer = IncrementalDetokenizer(TOKENIZER, [])
+    # E2 then b: an invalid byte (final), so each append returns all but the last E2.
+    deltas = [detokenizer.append(chunk) for chunk in ([ord("a"), 0xE2], [ord("b"), 0xE2], [99])]
+    assert deltas == ["a", "\ufffdb", "\ufffdc"]
+    assert detokenizer.flush() == ""
+
+
+def test_flush_returns_the_held_back_character_once() -> None:
+    detokenizer = IncrementalDetokenizer(TOKENIZER, [])
+    assert detokenizer.append([ord("a"), 0xE2]) == "a"
+    assert detokenizer.flush() == "\ufffd"
+    assert detokenizer.flush() == ""
+
+
+def test_special_tokens_are_skipped_by_default_on_every_path() -> None:
+    completion = [*ids("ok"), 256, *ids("!")]
+    assert IncrementalDetokenizer(TOKENIZER, []).append(completion) == "ok!"
+    shown = IncrementalDetokenizer(TOKENIZER, [], skip_special_tokens=False)
+    assert shown.append(completion) == "ok<eos>!"
+    text = CompletionText(TOKENIZER, ids("p"), [])
+    assert not text.append(completion)
+    assert text.text == "ok!"
+    text = CompletionText(TOKENIZER, ids("p"), [], skip_special_tokens=False)
+    assert not text.append(completion)
+    assert text.text == "ok<eos>!"
+
+
+def test_completion_text_keeps_the_stop_string_when_asked() -> None:
+    text = CompletionText(TOKENIZER, ids("p"), ["lo"], include_stop_str=True)
+    assert text.stopped is False
+    assert text.append(ids("hello world"))
+    assert (text.text, text.matched, text.stopped) == ("hello", "lo", True)
+
+
+class PieceTokenizer:
+    """SentencePiece-like: ``"▁w"`` is a word after a space, and a string's first piece loses
+    its space (``decode([HELLO]) == "Hello"``, but ``" Hello"`` after other text). Records the
+    length of every decoded id list."""
+
+    PIECES = ("▁Hi", "▁Hello", "▁world", "!", "▁again")
+
+    def __init__(self) -> None:
+        self.lengths: list[int] = []
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        self.lengths.append(len(token_ids))
+        text = "".join(self.PIECES[token] for token in token_ids).replace("▁", " ")
+        return text.removeprefix(" ")
+
+
+HI, HELLO, WORLD, BANG, AGAIN = range(5)
+
+
+def test_a_first_word_keeps_its_space_after_a_short_prompt() -> None:
+    assert PieceTokenizer().decode([HELLO]) == "Hello"
+    detokenizer = IncrementalDetokenizer(PieceTokenizer(), [HI, BANG])
+    assert detokenizer.append([HELLO]) == " Hello"
+    assert decode_completion(PieceTokenizer(), [HI, BANG, HI], [HELLO, WORLD]) == " Hello world"
+
+
+def test_each_append_decodes_a_short_window_however_long_the_stream() -> None:
+    tokenizer = PieceTokenizer()
+    words = [HELLO, WORLD, AGAIN] * 70  # the window's token list is trimmed past 64 tokens
+    detokenizer = IncrementalDetokenizer(tokenizer, [HI] * 12)
+    streamed = "".join(detokenizer.append([token]) for token in words) + detokenizer.flush()
+    assert streamed == " " + PieceTokenizer().decode(words)
+    assert max(tokenizer.lengths) <= 6  # the 5 prompt tokens of context and the new one
