@@ -1,4 +1,5 @@
-"""Registers the ``tensor_parallel`` marker: ``pytest -m tensor_parallel`` runs the TP tests."""
+"""Registers the ``tensor_parallel`` and ``ray`` markers: ``pytest -m tensor_parallel`` runs the
+TP tests, ``pytest -m ray`` the ones on a local Ray cluster."""
 
 from __future__ import annotations
 
@@ -10,3 +11,4 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "tensor_parallel: spawns tensor-parallel worker processes (gloo on the CPU)",
     )
+    config.addinivalue_line("markers", "ray: starts a local Ray cluster")

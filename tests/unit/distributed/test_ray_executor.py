@@ -1,0 +1,315 @@
+"""``distributed_executor_backend="ray"`` on a local two-node Ray cluster (gloo on the CPU).
+
+One ``ray.cluster_utils.Cluster`` for the module: a head and a worker node, both on
+127.0.0.1, two CPUs each (so one tensor-parallel group of two fills a node). Every engine
+is checked token for token against one in-process TP=1 engine, on greedy and seeded
+requests whose prompts share a prefix (prefix-cache hits) and outgrow a 12-block cache
+(preemption). Engines are few (each starts Ray actors that import torch): TP=2 spread over
+the two nodes, PP=2 over the two nodes, TP=2 x PP=2 (one stage per node), one killed
+mid-generation; placements that cannot happen start no actor.
+
+Skipped when Ray is not installed; ``pytest -m ray`` runs them alone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from pagedinfer import Engine, SamplingParams
+from pagedinfer.errors import ConfigurationError, WorkerDiedError
+
+from .tp_helpers import shared_prefix_prompts
+
+ray = pytest.importorskip("ray")
+cluster_utils = pytest.importorskip("ray.cluster_utils")
+
+from pagedinfer.adapters.distributed import ray_executor  # noqa: E402 (after the skip)
+from pagedinfer.adapters.distributed.ray_executor import RayExecutor  # noqa: E402
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+MAX_TOKENS = 8
+GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+SEEDED = [
+    SamplingParams(temperature=0.9, top_k=40, seed=100 + i, max_tokens=MAX_TOKENS, ignore_eos=True)
+    for i in range(5)
+]
+# The TP tests' settings: prompts of up to 82 tokens chunk (48 per step), share two cached
+# prefix blocks, and 5 of them preempt each other in 12 blocks of 16 tokens.
+SETTINGS: dict[str, Any] = {
+    "device": "cpu",
+    "kv_block_size": 16,
+    "max_model_len": 128,
+    "max_num_seqs": 4,
+    "max_num_batched_tokens": 48,
+    "num_kv_blocks": 12,
+    "enable_prefix_caching": True,
+    "worker_timeout_s": 30.0,
+}
+PROMPTS = shared_prefix_prompts(seed=7, count=5)
+NODE_CPUS = 2
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    """Head + one worker node on 127.0.0.1; this process connected to it."""
+    assert not ray.is_initialized(), "another test left a Ray connection open"
+    with pytest.MonkeyPatch.context() as patch:
+        # Ray replaces 127.0.0.1 in an address by the host's "reachable" address unless it
+        # believes multi-node clusters are off; the nodes listen on 127.0.0.1 only.
+        patch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        patch.setattr(ray._private.ray_constants, "ENABLE_RAY_CLUSTER", False)
+        node = {
+            "num_cpus": NODE_CPUS,
+            "node_ip_address": "127.0.0.1",
+            "object_store_memory": 80 * 1024**2,
+        }
+        local = cluster_utils.Cluster(
+            initialize_head=True, head_node_args={**node, "include_dashboard": False}
+        )
+        try:
+            local.add_node(**node)
+            local.wait_for_nodes()
+            ray.init(address=local.address, log_to_driver=False)
+            yield local
+        finally:
+            ray.shutdown()
+            local.shutdown()
+
+
+@pytest.fixture(scope="module")
+def checkpoint(make_checkpoint: Callable[..., Path]) -> Path:
+    return make_checkpoint("tiny")  # 2 layers, 4 query heads, 2 KV heads, tied embeddings
+
+
+@pytest.fixture(scope="module")
+def expected(checkpoint: Path) -> dict[str, list[list[int]]]:
+    """The TP=1 engine's greedy and seeded tokens (checked against transformers elsewhere)."""
+    with Engine(checkpoint, **SETTINGS) as engine:
+        return _run(engine)
+
+
+def _run(engine: Engine) -> dict[str, list[list[int]]]:
+    greedy = engine.generate(PROMPTS, GREEDY, use_tqdm=False)
+    seeded = engine.generate(PROMPTS, SEEDED, use_tqdm=False)
+    stats = engine.stats()
+    return {
+        "greedy": [output.outputs[0].token_ids for output in greedy],
+        "seeded": [output.outputs[0].token_ids for output in seeded],
+        "preempted": [int(stats.num_preemptions > 0)],
+        "cached": [int(any(o.num_cached_tokens > 0 for o in (*greedy, *seeded)))],
+    }
+
+
+def _spread_over_nodes(
+    patch: pytest.MonkeyPatch, bundles: int, strategy: str = "STRICT_SPREAD"
+) -> Any:
+    """Make the next Engine run its ranks in a placement group of ``bundles`` CPUs spread over
+    the nodes (as a caller that places the engine itself would); returns the group."""
+    from ray.util.placement_group import placement_group
+
+    group = placement_group([{"CPU": 1}] * bundles, strategy=strategy)
+    assert group.wait(timeout_seconds=30)
+
+    def create(config: Any, *, grammars: Any = None) -> RayExecutor:
+        return RayExecutor(config, grammars=grammars, placement_group=group)
+
+    patch.setattr("pagedinfer.engine.engine.create_executor", create)
+    return group
+
+
+def _check_same_tokens(got: dict[str, list[list[int]]], want: dict[str, list[list[int]]]) -> None:
+    assert want["preempted"] == [1] and want["cached"] == [1], "the workload lost its point"
+    assert got["greedy"] == want["greedy"]
+    assert got["seeded"] == want["seeded"]
+
+
+def test_tensor_parallel_across_two_nodes_matches_one_rank(
+    cluster: Any, checkpoint: Path, expected: dict[str, list[list[int]]]
+) -> None:
+    with pytest.MonkeyPatch.context() as patch:
+        group = _spread_over_nodes(patch, 2)
+        engine = Engine(
+            checkpoint, tensor_parallel_size=2, distributed_executor_backend="ray", **SETTINGS
+        )
+    try:
+        executor = engine._executor
+        assert isinstance(executor, RayExecutor)
+        assert len(set(executor.actor_node_ids)) == 2, "the ranks share a node"
+        assert executor.placement_groups == []  # the caller's group, not its own
+        _check_same_tokens(_run(engine), expected)
+    finally:
+        engine.close()
+        ray.util.remove_placement_group(group)
+
+
+def test_pipeline_parallel_across_two_nodes_matches_one_rank(
+    cluster: Any, checkpoint: Path, expected: dict[str, list[list[int]]]
+) -> None:
+    with pytest.MonkeyPatch.context() as patch:
+        group = _spread_over_nodes(patch, 2)
+        engine = Engine(
+            checkpoint, pipeline_parallel_size=2, distributed_executor_backend="ray", **SETTINGS
+        )
+    try:
+        executor = engine._executor
+        assert isinstance(executor, RayExecutor)
+        assert len(set(executor.actor_node_ids)) == 2, "the stages share a node"
+        _check_same_tokens(_run(engine), expected)
+    finally:
+        engine.close()
+        ray.util.remove_placement_group(group)
+
+
+def test_tensor_times_pipeline_parallel_matches_one_rank(
+    cluster: Any, checkpoint: Path, expected: dict[str, list[list[int]]]
+) -> None:
+    """TP=2 x PP=2 through the executor's own placement groups: one STRICT_PACK group per
+    stage, and each fills a node, so the stage boundary crosses nodes."""
+    engine = Engine(
+        checkpoint,
+        tensor_parallel_size=2,
+        pipeline_parallel_size=2,
+        distributed_executor_backend="ray",
+        **SETTINGS,
+    )
+    executor = engine._executor
+    assert isinstance(executor, RayExecutor)
+    groups = executor.placement_groups
+    try:
+        nodes = executor.actor_node_ids
+        assert nodes[0] == nodes[1] and nodes[2] == nodes[3], "a TP group spans nodes"
+        assert nodes[0] != nodes[2], "both stages on one node"
+        assert len(groups) == 2
+        _check_same_tokens(_run(engine), expected)
+    finally:
+        engine.close()
+    for group in groups:
+        assert ray.util.placement_group_table(group)["state"] == "REMOVED"
+
+
+def test_an_actor_killed_mid_generation_raises_and_leaves_nothing(
+    cluster: Any, checkpoint: Path
+) -> None:
+    engine = Engine(
+        checkpoint, tensor_parallel_size=2, distributed_executor_backend="ray", **SETTINGS
+    )
+    executor = engine._executor
+    assert isinstance(executor, RayExecutor)
+    actors, groups, pids = executor.actors, executor.placement_groups, executor.actor_pids
+    assert len(set(executor.actor_node_ids)) == 1, "a TP group is STRICT_PACK"
+    try:
+        for prompt in PROMPTS[:2]:
+            engine.add_request(prompt, GREEDY)
+        engine.step()
+        engine.step()
+        assert engine.has_unfinished_requests()
+        os.kill(pids[1], signal.SIGKILL)
+        started = time.monotonic()
+        with pytest.raises(WorkerDiedError, match=r"rank 1 .*died"):
+            while engine.has_unfinished_requests():
+                engine.step()
+        assert time.monotonic() - started < SETTINGS["worker_timeout_s"]
+    finally:
+        engine.close()
+    # Nothing is left: the placement group is removed and no rank's process runs.
+    assert ray.util.placement_group_table(groups[0])["state"] == "REMOVED"
+    for actor in actors:
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(actor.pid.remote(), timeout=30)
+    deadline = time.monotonic() + 30
+    while any(_is_running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_is_running(pid) for pid in pids)
+
+
+def test_a_placement_no_node_can_hold_is_refused_at_once(
+    cluster: Any, make_checkpoint: Callable[..., Path]
+) -> None:
+    """TP=4 divides this model (4 KV heads) but needs 4 CPUs on one node; nodes have 2."""
+    checkpoint = make_checkpoint("tiny", num_key_value_heads=4)
+    tables_before = len(ray.util.placement_group_table())
+    started = time.monotonic()
+    with pytest.raises(ConfigurationError, match=r"cannot place tensor_parallel_size=4 .*CPU 2"):
+        Engine(checkpoint, tensor_parallel_size=4, distributed_executor_backend="ray", **SETTINGS)
+    assert time.monotonic() - started < 10
+    assert len(ray.util.placement_group_table()) == tables_before  # no group was created
+
+
+def test_a_placement_that_stays_busy_gives_up_after_the_timeout(
+    cluster: Any, checkpoint: Path
+) -> None:
+    """Feasible, but another placement group holds every CPU: the executor waits at most
+    ``placement_timeout_s``, then removes its group and says what is free."""
+    from ray.util.placement_group import placement_group
+
+    holder = placement_group([{"CPU": NODE_CPUS}] * 2, strategy="STRICT_SPREAD")
+    assert holder.wait(timeout_seconds=30)
+    engine = Engine(checkpoint, **SETTINGS)  # only for its resolved RunnerConfig
+    config = _runner_config(engine, tensor_parallel_size=2)
+    engine.close()
+    try:
+        started = time.monotonic()
+        with pytest.raises(ConfigurationError, match=r"did not place .* within 2 s"):
+            RayExecutor(config, placement_timeout_s=2.0)
+        assert time.monotonic() - started < 10
+        states = [table["state"] for table in ray.util.placement_group_table().values()]
+        assert states.count("PENDING") == 0, "the executor left its group waiting"
+    finally:
+        ray.util.remove_placement_group(holder)
+
+
+def test_splits_the_model_cannot_take_are_refused_before_any_actor(
+    checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No cluster needed: the checks run before Ray is imported."""
+
+    def no_ray() -> Any:
+        raise AssertionError("Ray was reached")
+
+    monkeypatch.setattr(ray_executor, "import_ray", no_ray)
+    with pytest.raises(ConfigurationError, match=r"pipeline_parallel_size=3 exceeds .*=2"):
+        Engine(checkpoint, pipeline_parallel_size=3, distributed_executor_backend="ray", **SETTINGS)
+    with pytest.raises(ConfigurationError, match=r"num_key_value_heads"):
+        Engine(
+            checkpoint,
+            tensor_parallel_size=4,
+            pipeline_parallel_size=2,
+            distributed_executor_backend="ray",
+            **SETTINGS,
+        )
+    with pytest.raises(ConfigurationError, match=r"needs distributed_executor_backend='ray'"):
+        Engine(checkpoint, pipeline_parallel_size=2, **SETTINGS)
+
+
+def _runner_config(engine: Engine, **changes: Any) -> Any:
+    from dataclasses import replace
+
+    from pagedinfer.adapters.runner_config import RunnerConfig
+
+    base = RunnerConfig(
+        model_path=engine.config.model_path,
+        device=engine.device,
+        dtype=engine.dtype,
+        block_size=engine.config.kv_block_size,
+        attention_backend=engine.attention_backend,
+        max_model_len=engine.max_model_len,
+        num_kv_blocks=engine.config.num_kv_blocks,
+        distributed_executor_backend="ray",
+    )
+    return replace(base, **changes)
+
+
+def _is_running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
