@@ -8,7 +8,7 @@ A vLLM script runs with ``from pagedinfer import LLM, SamplingParams`` in place 
   ``tensor_parallel_size``, ``block_size`` as ``kv_block_size``, ...), and so are the Engine's
   own (``num_threads``, ``attention_backend``, ...);
 * those that select something pagedinfer does not have (quantization, LoRA, multimodal
-  inputs, pipeline parallelism, downloads, ...) are accepted at the value that means "off"
+  inputs, downloads, ...) are accepted at the value that means "off"
   and raise :class:`~pagedinfer.errors.ConfigurationError` naming the argument and why
   otherwise;
 * those that only tune machinery pagedinfer does not have (``swap_space``,
@@ -161,18 +161,10 @@ VLLM_ARGUMENTS: dict[str, _VllmArgument] = {
         "prompts longer than max_num_batched_tokens are always prefilled in chunks; set "
         "max_num_batched_tokens >= max_model_len and none is",
     ),
-    "pipeline_parallel_size": _VllmArgument(
-        _is(1), "there is no pipeline parallelism: use tensor_parallel_size"
-    ),
     "data_parallel_size": _VllmArgument(
         _is(1), "one LLM is one engine: for data parallelism use pagedinfer.ray"
     ),
     "enable_expert_parallel": _VllmArgument(_is(False), "experts are split by tensor parallelism"),
-    "distributed_executor_backend": _VllmArgument(
-        _is(None, "mp"),
-        "tensor-parallel ranks are processes pagedinfer starts itself ('mp'); for Ray use "
-        "pagedinfer.ray",
-    ),
 }
 """vLLM arguments without an Engine equivalent, and what ``LLM`` does with each."""
 
@@ -328,6 +320,8 @@ def _engine_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
             raise ConfigurationError(f"LLM({name}={value!r}) is not supported: {argument.why}.")
     if "enable_prefix_caching" in engine and engine["enable_prefix_caching"] is None:
         engine["enable_prefix_caching"] = True  # vLLM's None: the default
+    if engine.get("distributed_executor_backend", "mp") is None:
+        engine["distributed_executor_backend"] = "mp"  # vLLM's None: its choice, ours is mp
     policy = engine.get("scheduling_policy")
     if policy is not None:
         if policy not in _SCHEDULING_POLICIES:

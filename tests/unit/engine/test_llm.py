@@ -142,6 +142,17 @@ def test_request_options_pagedinfer_lacks_are_refused_by_name(
     llm.generate("x", None, False, None, [0])  # priority 0 is first come, first served
 
 
+def test_parallelism_arguments_reach_the_engine(checkpoint: Path) -> None:
+    """vLLM's distributed_executor_backend (None: the default, "mp") and
+    pipeline_parallel_size are Engine arguments: pipeline parallelism needs Ray."""
+    with LLM(str(checkpoint), distributed_executor_backend=None, **SMALL) as llm:
+        assert llm.config.distributed_executor_backend == "mp"
+    with pytest.raises(ConfigurationError, match="needs distributed_executor_backend='ray'"):
+        LLM(str(checkpoint), pipeline_parallel_size=2, **SMALL)
+    with pytest.raises(ConfigurationError, match=r"expected 'mp' .* or 'ray'"):
+        LLM(str(checkpoint), distributed_executor_backend="external_launcher", **SMALL)
+
+
 @pytest.mark.parametrize(
     ("argument", "value", "needle"),
     [
@@ -149,7 +160,6 @@ def test_request_options_pagedinfer_lacks_are_refused_by_name(
         ("revision", "main", "hf download REPO --revision REV"),
         ("download_dir", "/tmp", "never downloads"),
         ("enable_lora", True, "LoRA"),
-        ("pipeline_parallel_size", 2, "tensor_parallel_size"),
         ("data_parallel_size", 2, "pagedinfer.ray"),
         ("tokenizer_mode", "mistral", "AutoTokenizer"),
         ("cpu_offload_gb", 4, "not offloaded"),
@@ -245,10 +255,8 @@ VLLM_DEFAULTS: dict[str, object] = {
     "enable_lora": False,
     "enable_sleep_mode": False,
     "enable_chunked_prefill": None,
-    "pipeline_parallel_size": 1,
     "data_parallel_size": 1,
     "enable_expert_parallel": False,
-    "distributed_executor_backend": None,
 }
 
 
