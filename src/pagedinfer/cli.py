@@ -182,6 +182,21 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="ranks to split the model across",
     )
     group.add_argument(
+        "--pipeline-parallel-size",
+        "-pp",
+        type=int,
+        metavar="N",
+        default=1,
+        help="stages to split the decoder layers into (needs --distributed-executor-backend ray)",
+    )
+    group.add_argument(
+        "--distributed-executor-backend",
+        choices=("mp", "ray"),
+        default="mp",
+        help="mp: worker processes on this machine; ray: Ray actors on the cluster this "
+        "process connects to (RAY_ADDRESS, or a local one), across nodes (docs/scaling.md)",
+    )
+    group.add_argument(
         "--attention-backend", default="auto", metavar="NAME", help="auto, torch, triton or flash"
     )
     group.add_argument(
@@ -544,6 +559,8 @@ def _engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
         "num_kv_blocks": args.num_kv_blocks,
         "gpu_memory_utilization": args.gpu_memory_utilization,
         "tensor_parallel_size": args.tensor_parallel_size,
+        "pipeline_parallel_size": args.pipeline_parallel_size,
+        "distributed_executor_backend": args.distributed_executor_backend,
         "attention_backend": args.attention_backend,
         "kv_cache_dtype": args.kv_cache_dtype,
         "enforce_eager": args.enforce_eager,

@@ -218,3 +218,20 @@ def test_prefix_caching_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     ):
         assert main(["generate", "m", "--prompt", "x", *flags]) == 0
         assert cli._engine_kwargs(seen[-1])["enable_prefix_caching"] is enabled, flags
+
+
+@pytest.mark.parametrize("command", ["generate", "serve"])
+def test_parallelism_flags_reach_the_engine(command: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pagedinfer import cli
+
+    seen: list[object] = []
+    monkeypatch.setitem(cli._COMMANDS, command, lambda args: seen.append(args) or 0)
+    prompt = ["--prompt", "x"] if command == "generate" else []
+    assert main([command, "m", *prompt]) == 0
+    kwargs = cli._engine_kwargs(seen[-1])
+    assert (kwargs["distributed_executor_backend"], kwargs["pipeline_parallel_size"]) == ("mp", 1)
+    flags = ["--distributed-executor-backend", "ray", "-pp", "2", "-tp", "2"]
+    assert main([command, "m", *prompt, *flags]) == 0
+    kwargs = cli._engine_kwargs(seen[-1])
+    assert kwargs["distributed_executor_backend"] == "ray"
+    assert (kwargs["pipeline_parallel_size"], kwargs["tensor_parallel_size"]) == (2, 2)
