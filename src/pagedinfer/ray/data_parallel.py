@@ -95,8 +95,10 @@ def generate(
     ``model`` is a checkpoint directory that every node can read. ``engine_kwargs`` are
     ``Engine``'s keyword arguments. Each replica reserves ``num_gpus_per_replica`` GPUs;
     the default is the engine's ``tensor_parallel_size`` when the cluster has GPUs and the
-    engine's device is not the CPU, else 0. ``batch_size`` rows go to an engine at a time
-    (default: the prompts split evenly over the replicas, at most ``DEFAULT_BATCH_SIZE``).
+    engine's device is not the CPU, else 0 (and 0 with ``distributed_executor_backend="ray"``:
+    the engine's ranks are Ray actors in placement groups of their own, on any nodes).
+    ``batch_size`` rows go to an engine at a time (default: the prompts split evenly over the
+    replicas, at most ``DEFAULT_BATCH_SIZE``).
     Uses the Ray cluster this process is connected to, or starts a local one (``ray.init``).
     """
     if not isinstance(num_replicas, int) or isinstance(num_replicas, bool) or num_replicas < 1:
@@ -162,9 +164,10 @@ def _map(
 
 
 def _default_gpus_per_replica(engine_kwargs: Mapping[str, Any]) -> float:
-    """The engine's ``tensor_parallel_size`` on a GPU cluster; 0 for CPU engines."""
+    """The engine's ``tensor_parallel_size`` on a GPU cluster; 0 for CPU engines and for
+    engines on the Ray executor (their rank actors reserve their own GPUs)."""
     device = str(engine_kwargs.get("device", "auto"))
-    if device.startswith("cpu"):
+    if device.startswith("cpu") or engine_kwargs.get("distributed_executor_backend") == "ray":
         return 0
     if device == "auto":
         if not ray.is_initialized():

@@ -44,6 +44,12 @@ class EnginePredictor:
     With ``tensor_parallel_size=N`` the actor must reserve N GPUs (``num_gpus=N``): Ray then
     makes exactly those visible to the actor, the engine's rank 0 runs in the actor and
     ranks 1..N-1 are processes it spawns on the same node, each on one of them.
+
+    With ``engine_kwargs={"distributed_executor_backend": "ray", ...}`` the replica's engine
+    is multi-node: every rank (``tensor_parallel_size x pipeline_parallel_size``) is a Ray
+    actor placed by the engine's own placement groups (one per pipeline stage), and the
+    replica actor reserves no GPU for them (``num_gpus=0``). The rank actors and their
+    placement groups belong to the replica: if it dies, Ray ends them with it.
     """
 
     def __init__(
@@ -69,7 +75,8 @@ class EnginePredictor:
 
     def close(self) -> None:
         """Release the engine (and its tensor-parallel workers). Ray ends actors without
-        calling this; the workers notice their parent is gone and exit by themselves."""
+        calling this; the workers notice their parent is gone and exit by themselves (rank
+        actors of the Ray executor are ended by Ray with their owner)."""
         self.engine.close()
 
 

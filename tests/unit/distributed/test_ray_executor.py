@@ -313,3 +313,37 @@ def _is_running(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_a_ray_data_replica_runs_a_multi_node_engine(
+    cluster: Any, checkpoint: Path, expected: dict[str, list[list[int]]]
+) -> None:
+    """``pagedinfer.ray.generate`` with a TP=2 engine on the Ray executor per replica: the
+    replica reserves no GPU for it and its tokens are one rank's."""
+    from pagedinfer.ray import generate
+    from pagedinfer.ray.data_parallel import _default_gpus_per_replica
+
+    engine_kwargs = {
+        **SETTINGS,
+        "device": "auto",  # resolves to the CPU here, like any replica without a GPU
+        "tensor_parallel_size": 2,
+        "distributed_executor_backend": "ray",
+    }
+    assert _default_gpus_per_replica(engine_kwargs) == 0
+    # On GPUs too: the rank actors reserve theirs; the replica would only hold them idle.
+    assert _default_gpus_per_replica({**engine_kwargs, "device": "cuda"}) == 0
+    assert (
+        _default_gpus_per_replica(
+            {
+                **engine_kwargs,
+                "device": "cuda",
+                "tensor_parallel_size": 2,
+                "distributed_executor_backend": "mp",
+            }
+        )
+        == 2
+    )
+    results = generate(
+        PROMPTS, checkpoint, GREEDY, num_replicas=1, engine_kwargs=engine_kwargs, batch_size=8
+    )
+    assert [result.generated_token_ids for result in results] == expected["greedy"]
