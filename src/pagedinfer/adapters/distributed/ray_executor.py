@@ -214,6 +214,14 @@ class RayExecutor:
         """The placement groups this executor created (empty when it used the caller's)."""
         return list(self._released.owned_groups)
 
+    def busy_seconds(self) -> list[float]:
+        """Seconds each rank spent inside its steps since start-up (global rank order): with
+        pipeline parallelism, a stage's share of the wall time of the steps is its
+        utilization, and the rest is the pipeline bubble (docs/scaling.md)."""
+        actors = self._released.actors
+        busy = self._wait_all([a.busy.remote() for a in actors], self._step_timeout_s, "busy")
+        return [float(seconds) for _, seconds in busy]
+
     # ------------------------------------------------------------------ steps
     def execute(self, plan: BatchPlan) -> StepOutput:
         """Run one step on every rank; return the sampling rank's output."""

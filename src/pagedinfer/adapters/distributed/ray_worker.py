@@ -19,6 +19,7 @@ whatever node they were made.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -88,6 +89,8 @@ class RayWorker:
         self._store: TCPStore | None = None
         self._groups: list[ProcessGroupCollectives] = []
         self._runner: ModelRunner | None = None
+        self._busy_s = 0.0  # time spent inside execute (the bubble is the rest of a step)
+        self._steps = 0
 
     def node_ip(self) -> str:
         """The address other nodes reach this actor's node at."""
@@ -163,10 +166,19 @@ class RayWorker:
         runner = self._runner
         if runner is None:
             raise EngineClosedError("the Ray worker was used before start() or after close()")
-        if isinstance(runner, StageRunner):
-            return runner.execute_stage(plan, intermediate)
-        output = runner.execute(plan)
-        return output if runner.parallel.is_driver else None
+        started = time.perf_counter()
+        try:
+            if isinstance(runner, StageRunner):
+                return runner.execute_stage(plan, intermediate)
+            output = runner.execute(plan)
+            return output if runner.parallel.is_driver else None
+        finally:
+            self._busy_s += time.perf_counter() - started
+            self._steps += 1
+
+    def busy(self) -> tuple[int, float]:
+        """``(steps run, seconds spent running them)`` since start-up."""
+        return self._steps, self._busy_s
 
     def close(self) -> None:
         """Free the runner and the groups (the executor kills the actor afterwards)."""
