@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 import torch
 
 from pagedinfer.adapters.sampling.batch import NO_SEED, SamplingBatch
-from pagedinfer.adapters.sampling.logits_processors import ProcessingStep
-from pagedinfer.adapters.sampling.sampler import Sampler, uses_fused_race
+from pagedinfer.adapters.sampling.logits_processors import LogitsProcessors, ProcessingStep
+from pagedinfer.adapters.sampling.sampler import Sampler, filtered_logits, uses_fused_race
+from pagedinfer.domain import SamplingParams
+from pagedinfer.domain.sampling import GREEDY_TEMPERATURE_EPSILON
 
 CPU = torch.device("cpu")
 
@@ -210,3 +213,53 @@ def test_the_fused_race_runs_only_for_temperature_only_steps_on_cuda() -> None:
     assert not uses_fused_race(cuda, batch(3, temperature=0.0), None)  # all greedy: argmax
     assert not uses_fused_race(cuda, batch(3, temperature=0.7, top_k=[0, 5, 0]), None)
     assert not uses_fused_race(cuda, batch(3, temperature=0.7, top_p=[1.0, 1.0, 0.9]), None)
+
+
+def test_the_race_path_keys_unseeded_rows_with_the_samplers_own_random() -> None:
+    """``Sampler.race`` (the CUDA fast path; here the kernel under Triton's interpreter): the
+    unseeded rows' noise is keyed by one ``random.Random(seed).getrandbits(63)`` per step
+    (seed 0 by default), greedy rows (temperature below the epsilon) are argmax."""
+    from pagedinfer.adapters.kernels.race_sample import race_sample
+
+    rows, vocab = 12, 40
+    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(3))
+    temperatures = [0.0, GREEDY_TEMPERATURE_EPSILON / 10] + [1.0] * (rows - 3) + [0.7]
+    sampling = batch(
+        rows, temperature=temperatures, seeds=[None] * (rows - 1) + [11], steps=[0] * rows
+    )
+    assert sampling.temperatures is not None and sampling.seeds is not None
+    sampler = Sampler(CPU)
+    assert sampler.device == CPU
+    keys = random.Random(0)
+    for _ in range(2):  # a new key each step
+        expected = race_sample(
+            logits,
+            sampling.temperatures,
+            sampling.seeds,
+            sampling.sample_steps,
+            step_key=keys.getrandbits(63),
+            greedy_epsilon=GREEDY_TEMPERATURE_EPSILON,
+        )
+        tokens = sampler.race(logits, sampling)
+        assert torch.equal(tokens, expected)
+        assert torch.equal(tokens[:2], logits[:2].argmax(dim=-1))
+
+
+def test_the_default_seed_is_zero() -> None:
+    logits = torch.zeros(64, 30)
+    sampling = batch(64)
+    first = Sampler(CPU)(logits, sampling)
+    assert torch.equal(first, Sampler(CPU, seed=0)(logits, sampling))
+    assert not torch.equal(first, Sampler(CPU, seed=1)(logits, sampling))
+
+
+def test_filtered_logits_are_processed_then_tempered() -> None:
+    processors = LogitsProcessors(6, CPU)
+    processors.add(0, SamplingParams(allowed_token_ids=[1, 4], logit_bias={4: 2.0}))
+    step = processors.plan([0, 1], lambda row: 0)
+    inf = math.inf
+    expected_first = [-inf, 0.0, -inf, -inf, 4.0, -inf]  # bias 2 / temperature 0.5
+    out = filtered_logits(torch.zeros(2, 6), batch(2, temperature=[0.5, 1.0]), processors, step)
+    assert out.tolist() == [expected_first, [0.0] * 6]
+    greedy = filtered_logits(torch.zeros(2, 6), batch(2, temperature=0.0), processors, step)
+    assert greedy.tolist() == [[-inf, 0.0, -inf, -inf, 2.0, -inf], [0.0] * 6]
