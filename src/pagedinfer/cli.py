@@ -247,6 +247,13 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="share the KV blocks of common prompt prefixes between requests (on by default)",
     )
     group.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="plan each step while the previous one runs (one step in flight); default: "
+        "where measured faster (docs/api.md)",
+    )
+    group.add_argument(
         "--no-prefix-caching",
         dest="enable_prefix_caching",
         action="store_false",
@@ -565,6 +572,7 @@ def _engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
         "kv_cache_dtype": args.kv_cache_dtype,
         "enforce_eager": args.enforce_eager,
         "enable_prefix_caching": args.enable_prefix_caching,
+        "async_scheduling": args.async_scheduling,
         "seed": args.seed,
         "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
         "num_threads": args.num_threads,

@@ -66,6 +66,15 @@ ENGINE_OPTIONS: dict[str, Any] = {
     "max_num_batched_tokens": 16,  # prompts up to 24 tokens: chunked prefill
     "max_num_seqs": 4,
 }
+# The same machine with one step in flight (async scheduling): fewer examples, the rules and
+# invariants unchanged (a step planned ahead must not change any output).
+ASYNC_SETTINGS = sized(
+    {
+        "ci": {"max_examples": 30, "stateful_step_count": 30},
+        "quick": {"max_examples": 5, "stateful_step_count": 15},
+        "thorough": {"max_examples": 500, "stateful_step_count": 60},
+    }
+)
 
 
 @dataclass
@@ -77,6 +86,7 @@ class Setup:
     vocab: Vocab
     engine: Engine | None = None
     checker: Checker | None = None
+    options: dict[str, Any] = field(default_factory=lambda: dict(ENGINE_OPTIONS))
 
     def ready(self) -> tuple[Engine, Checker]:
         """The engine under test; a new one if a failed example killed the previous one (so
@@ -84,7 +94,7 @@ class Setup:
         if self.engine is None or self.engine.is_dead:
             if self.engine is not None:
                 self.engine.close()
-            self.engine = Engine(self.checkpoint, **ENGINE_OPTIONS)
+            self.engine = Engine(self.checkpoint, **self.options)
             self.checker = Checker(self.engine, self.reference)
         assert self.checker is not None
         return self.engine, self.checker
@@ -361,3 +371,18 @@ def machine_for(setup: Setup) -> type[EngineMachine]:
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_engine_state_machine(machine_setup: Setup) -> None:
     run_state_machine_as_test(machine_for(machine_setup), settings=SETTINGS)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_engine_state_machine_async_scheduling(machine_setup: Setup) -> None:
+    setup = Setup(
+        machine_setup.checkpoint,
+        machine_setup.reference,
+        machine_setup.vocab,
+        options={**ENGINE_OPTIONS, "async_scheduling": True},
+    )
+    try:
+        run_state_machine_as_test(machine_for(setup), settings=ASYNC_SETTINGS)
+    finally:
+        if setup.engine is not None:
+            setup.engine.close()

@@ -23,6 +23,7 @@ to attention layer ``i`` with its cache views.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 from array import array
@@ -104,7 +105,15 @@ class ModelRunner:
     pool must have exactly that many blocks. With tensor parallelism every rank runs
     :meth:`execute` on the same plan; rank 0 returns the sampled ids (and logprobs), the
     others an empty :class:`StepOutput`.
+
+    A plan made ahead of the previous step's tokens (async scheduling: ``carried_rows``) gets
+    those rows' input ids from the previous step's sampled ids on the device; the previous
+    plan must be the one this runner ran last (:attr:`reads_carried_tokens`).
     """
+
+    # Executors that say so run plans with carried rows themselves; the engine fills in the
+    # carried tokens on the host for the others (it waits for the previous step's ids).
+    reads_carried_tokens = True
 
     def __init__(
         self,
@@ -160,6 +169,9 @@ class ModelRunner:
             self.device, sampled=parallel.is_driver, zero_copy=self.device.type == "cpu"
         )
         self._closed = False
+        # The latest step's sampled ids on the device, by its plan's step_id: the inputs of
+        # the rows a plan made ahead of that step carries (BatchPlan.carried_rows).
+        self._last_sampled: tuple[int, torch.Tensor] | None = None
         # Decode steps go through graph_runner when it is set; the warm-up pass that sizes
         # the cache runs eagerly, and graphs are captured once the cache is bound.
         self.graph_runner: DecodeGraphRunner | None = None
@@ -183,6 +195,8 @@ class ModelRunner:
         inputs = self.prepare(plan)
         table = self.sampling_table
         with torch.inference_mode():
+            if plan.carried_rows:
+                inputs = self._carry_tokens(plan, inputs)
             if table is not None and inputs.table_rows is not None:
                 table.write_rows(*inputs.table_rows)
             if plan.block_copies:  # forks' copies of a prompt's last block, before they run
@@ -199,6 +213,25 @@ class ModelRunner:
             if logits is None or table is None:
                 return EMPTY_STEP_OUTPUT
             return self._sample(plan, inputs, logits, table, prompt_chunks, grammar)
+
+    def _carry_tokens(self, plan: BatchPlan, inputs: StepInputs) -> StepInputs:
+        """A plan made ahead of the previous one's tokens (async scheduling): its carried
+        rows' input ids are that step's sampled ids, taken from where they are (the device),
+        so the host waits for nothing. Runs after the plan's tensors are in place."""
+        last = self._last_sampled
+        if last is None or last[0] != plan.step_id - 1:
+            raise RuntimeError(
+                f"plan {plan.step_id} carries tokens sampled by plan {plan.step_id - 1}, which "
+                "this runner did not run last (it failed, or ran on another executor): run "
+                "the plan that Scheduler.schedule() returns instead."
+            )
+        rows = _index_tensor(plan.carried_rows, self.device)
+        samples = _index_tensor(plan.carried_samples, self.device)
+        input_ids = inputs.input_ids
+        if self.packer.zero_copy:  # a view of the plan's own array: never written
+            input_ids = input_ids.clone()
+        input_ids.index_copy_(0, rows, last[1].index_select(0, samples))
+        return dataclasses.replace(inputs, input_ids=input_ids)
 
     def _grammar_step(self, plan: BatchPlan) -> GrammarStep | None:
         """The constrained rows' token bitmask on the device, or None (no such row)."""
@@ -235,6 +268,7 @@ class ModelRunner:
         sample_positions = inputs.sample_positions() if table.any_seeded else None
         batch = table.rows(inputs.sample_slots, sample_positions)
         token_ids = self.sampler(logits, batch, processors, processing)
+        self._last_sampled = (plan.step_id, token_ids)  # what a plan made ahead carries
         if processing is not None:
             processors.record(processing, token_ids)
         logprobs: list[TokenLogprobs | None] | None = None
@@ -562,3 +596,9 @@ class ModelRunner:
         return capture_decode_graphs(
             self.model, self.backend, layout=layout, static=static, device=self.device
         )
+
+
+def _index_tensor(values: array[int], device: torch.device) -> torch.Tensor:
+    """An int64 index tensor of ``values`` on ``device``."""
+    host = torch.frombuffer(values, dtype=torch.int64)
+    return host if device.type == "cpu" else host.to(device, non_blocking=False)

@@ -74,6 +74,18 @@ number of the latest plan recorded before this one was made (0: none). Before ru
 came from later ones: they were never recorded (a failed step, or ``P`` itself on a re-run).
 An executor whose state depends only on the plan (KV, the sampling table) needs none of this.
 
+Plans made ahead (async scheduling)
+-----------------------------------
+A caller may plan step N+1 before step N's tokens are back (:meth:`Scheduler.schedule_ahead`,
+then ``postprocess(N)``, then ``postprocess(N + 1)``). Such a plan's decode rows named by
+``plan.carried_rows`` hold ``PENDING_TOKEN`` in ``input_ids``: their input is sample
+``plan.carried_samples[i]`` of plan ``plan.step_id - 1``, which the executor must write in
+before the forward (from its device, where the previous step left it), and it must run plans
+in the order they were made. An executor that cannot leaves it to its caller: the engine then
+fills the tokens in on the host once the previous step returned (``reads_carried_tokens``,
+see ``ModelRunner``). A row of a sequence that finished at step N is still computed in step
+N+1; the scheduler discards its token.
+
 Threads: the scheduler is not thread-safe (one thread at a time, or a lock around it, as the
 engine does); ``execute`` may run without that lock, since it only reads the plan.
 """

@@ -27,6 +27,7 @@ __all__ = [
     "EngineConfig",
     "available_cpus",
     "default_num_threads",
+    "resolve_async_scheduling",
     "resolve_device",
     "resolve_dtype",
     "resolve_max_model_len",
@@ -84,6 +85,7 @@ class EngineConfig:
     skip_tokenizer_init: bool = False
     pipeline_parallel_size: int = 1
     distributed_executor_backend: str = "mp"  # "mp" or "ray"
+    async_scheduling: bool | None = None  # None: resolve_async_scheduling's default
 
     @property
     def request_limits(self) -> RequestLimits:
@@ -171,6 +173,17 @@ class EngineConfig:
                 f"tokenizer={self.tokenizer!r} and skip_tokenizer_init=True contradict each "
                 "other: pass one of them."
             )
+        if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
+            raise ConfigurationError(
+                f"async_scheduling={self.async_scheduling!r} must be True, False or None "
+                "(None: the default for the device)."
+            )
+        if self.async_scheduling and self.pipeline_parallel_size > 1:
+            raise ConfigurationError(
+                f"async_scheduling=True cannot run with pipeline_parallel_size="
+                f"{self.pipeline_parallel_size}: the stages already overlap steps. Pass "
+                "async_scheduling=False (or leave it out)."
+            )
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ConfigurationError(f"seed={self.seed!r} must be an integer.")
         if self.scheduling_policy not in SCHEDULING_POLICIES:
@@ -188,6 +201,19 @@ def resolve_max_model_len(requested: int | None, context_len: int, window: int |
     if requested is not None:
         return requested
     return min(DEFAULT_MAX_MODEL_LEN, context_len, window or context_len)
+
+
+# Where async scheduling is on when async_scheduling=None: the device types on which it was
+# measured faster (docs/benchmarks.md, "Async scheduling").
+ASYNC_SCHEDULING_BY_DEFAULT: frozenset[str] = frozenset()
+
+
+def resolve_async_scheduling(config: EngineConfig, device: torch.device) -> bool:
+    """Whether steps are planned one ahead: ``config.async_scheduling``, or when ``None`` on
+    the devices where it was measured faster (never with pipeline parallelism)."""
+    if config.async_scheduling is not None:
+        return config.async_scheduling
+    return config.pipeline_parallel_size == 1 and device.type in ASYNC_SCHEDULING_BY_DEFAULT
 
 
 def available_cpus() -> int:

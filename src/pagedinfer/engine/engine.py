@@ -27,8 +27,10 @@ import logging
 import os
 import threading
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -50,6 +52,7 @@ from pagedinfer.domain.step_output import StepOutput
 from pagedinfer.engine.chat import render_chat
 from pagedinfer.engine.config import (
     EngineConfig,
+    resolve_async_scheduling,
     resolve_device,
     resolve_dtype,
     resolve_max_model_len,
@@ -167,6 +170,7 @@ class Engine:
         skip_tokenizer_init: bool = False,
         pipeline_parallel_size: int = 1,
         distributed_executor_backend: str = "mp",
+        async_scheduling: bool | None = None,
     ) -> None:
         self._executor: ModelExecutor | None = None
         self._closed = True  # until construction succeeds
@@ -202,6 +206,7 @@ class Engine:
             skip_tokenizer_init=skip_tokenizer_init,
             pipeline_parallel_size=pipeline_parallel_size,
             distributed_executor_backend=distributed_executor_backend,
+            async_scheduling=async_scheduling,
         )
         self.config = config
         self.model_config = read_model_config(config.model_path)
@@ -215,6 +220,9 @@ class Engine:
             self.model_config.sliding_window,
         )
         self.model_config.check_max_model_len(self.max_model_len)
+        # One step in flight: the next step is planned and launched before this one's tokens
+        # are back (docs/architecture.md, "The step loop").
+        self.async_scheduling = resolve_async_scheduling(config, resolved_device)
         num_threads = resolve_num_threads(config.num_threads, config.tensor_parallel_size)
         self.attention_backend = resolve_backend_name(
             config.attention_backend,
@@ -309,6 +317,12 @@ class Engine:
         self._prefill_seconds = 0.0
         self._decode_seconds = 0.0
         self._last_step = (False, 0, 0.0)  # (is_prefill, tokens, seconds) of the latest step
+        # Async scheduling: steps launched and not recorded yet, oldest first (at most two:
+        # the one the host waits for and the one planned ahead of it), run in order by one
+        # worker thread; and the requests with structured outputs, which plan no step ahead.
+        self._flights: deque[_Flight] = deque()
+        self._worker: ThreadPoolExecutor | None = None
+        self._structured: set[int] = set()
         self._closed = False
 
     # ------------------------------------------------------------------ requests
@@ -491,6 +505,8 @@ class Engine:
         self._stepping = True
         try:
             self._catch_up()
+            if self.async_scheduling:
+                return self._step_ahead()
             plan = self.scheduler.schedule()
             if plan is None:
                 return False
@@ -508,6 +524,64 @@ class Engine:
         finally:
             self._stepping = False
             self._changed.notify_all()
+
+    def _step_ahead(self) -> bool:
+        """:meth:`_step` with one step in flight (async scheduling): launch a step if none
+        is in flight, plan and launch the next one before the oldest one's tokens are known
+        (``Scheduler.schedule_ahead``), then wait for the oldest and record it. The worker
+        thread runs the steps in launch order while this thread plans and records."""
+        flights = self._flights
+        scheduler = self.scheduler
+        if not flights:
+            plan = scheduler.schedule()
+            if plan is None:
+                return False
+            flights.append(self._launch(plan, None))
+        if len(flights) == 1 and not self._structured:
+            ahead = scheduler.schedule_ahead()
+            if ahead is not None:
+                flights.append(self._launch(ahead, flights[0]))
+        flight = flights[0]
+        try:
+            with self._lock_released():
+                output, seconds = flight.future.result()
+        except EngineClosedError:
+            raise
+        except Exception as error:
+            # The step planned ahead read this one's tokens: it is dropped too, and the next
+            # schedule() plans again what neither recorded (Scheduler.schedule_ahead).
+            for dropped in flights:
+                dropped.future.cancel()
+            flights.clear()
+            self._steps_done += 1
+            self._fail_step(flight.plan, error)
+        flights.popleft()
+        self._failures.succeeded()
+        self._steps_done += 1
+        self._record(flight.plan, output, seconds)
+        return True
+
+    def _launch(self, plan: BatchPlan, previous: _Flight | None) -> _Flight:
+        """Queue ``plan`` on the worker thread (after ``previous``, whose sampled tokens it
+        carries if it was planned ahead of them)."""
+        executor = self._executor
+        assert executor is not None
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pagedinfer-step")
+        host_carry = bool(plan.carried_rows) and not getattr(
+            executor, "reads_carried_tokens", False
+        )
+
+        def run() -> tuple[StepOutput, float]:
+            started = time.perf_counter()
+            ready = plan
+            if host_carry:  # the executor cannot read them on its device: fill them in here
+                assert previous is not None
+                ready = _with_carried_tokens(plan, previous.future.result()[0])
+            output = executor.execute(ready)
+            return output, time.perf_counter() - started
+
+        return _Flight(plan, self._worker.submit(run))
 
     def _fail_step(self, plan: BatchPlan, error: Exception) -> NoReturn:
         """The executor raised ``error`` running ``plan``: end the requests with a row in it
@@ -652,6 +726,7 @@ class Engine:
             for completion in request.completions:
                 del self._completions[completion.seq.seq_id]
             self._num_finished += 1
+            self._structured.discard(request.request_id)
             if request.follows_steps:
                 self._num_following -= 1
 
@@ -904,7 +979,11 @@ class Engine:
             for request_id in list(self._requests):
                 self._abort(request_id)
             executor, self._executor = self._executor, None
+            worker, self._worker = self._worker, None
+            self._flights.clear()
             self._changed.notify_all()
+        if worker is not None:
+            worker.shutdown(wait=True)  # a step still in flight ends before the executor
         if executor is not None:
             executor.close()
 
@@ -1006,6 +1085,8 @@ class Engine:
             request.completions.append(completion)
             self._completions[seq.seq_id] = completion
         self._requests[request_id] = request
+        if params.structured_outputs is not None:
+            self._structured.add(request_id)
         if request.follows_steps:
             self._num_following += 1
         sink.num_unfinished += 1
@@ -1027,6 +1108,26 @@ class Engine:
                 self._abort(request.request_id)
             raise
         return requests
+
+
+@dataclass(frozen=True, slots=True)
+class _Flight:
+    """A step launched on the worker thread and not recorded yet."""
+
+    plan: BatchPlan
+    future: Future[tuple[StepOutput, float]]
+
+
+def _with_carried_tokens(plan: BatchPlan, previous: StepOutput) -> BatchPlan:
+    """``plan`` with its carried rows' input ids filled in from the previous step's samples
+    (for executors that do not read them from their device)."""
+    input_ids = array("q", plan.input_ids)
+    sampled = previous.sampled_token_ids
+    for row, sample in zip(plan.carried_rows, plan.carried_samples, strict=True):
+        input_ids[row] = sampled[sample]
+    return dataclasses.replace(
+        plan, input_ids=input_ids, carried_rows=array("q"), carried_samples=array("q")
+    )
 
 
 def _tokenizer(config: EngineConfig) -> Any:

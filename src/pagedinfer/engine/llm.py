@@ -100,7 +100,6 @@ VLLM_ARGUMENTS: dict[str, _VllmArgument] = {
     "disable_sliding_window": _VllmArgument(
         _flag, "sliding windows are not implemented: max_model_len stays within the window"
     ),
-    "async_scheduling": _VllmArgument(_flag, "steps are scheduled one after the other"),
     "max_lora_rank": _VllmArgument(_anything, "LoRA is not supported (enable_lora)"),
     "max_loras": _VllmArgument(_anything, "LoRA is not supported (enable_lora)"),
     # Accepted only at the value that means "off".

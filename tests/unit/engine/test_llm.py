@@ -225,7 +225,6 @@ VLLM_DEFAULTS: dict[str, object] = {
     "disable_log_stats": True,
     "served_model_name": None,
     "disable_sliding_window": False,
-    "async_scheduling": None,
     "max_lora_rank": 16,
     "max_loras": 1,
     "task": "auto",
