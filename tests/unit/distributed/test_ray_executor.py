@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from pagedinfer import Engine, SamplingParams
-from pagedinfer.errors import ConfigurationError, WorkerDiedError
+from pagedinfer.errors import ConfigurationError, WorkerDiedError, WorkerTimeoutError
 
 from .tp_helpers import shared_prefix_prompts
 
@@ -72,8 +72,11 @@ def cluster() -> Iterator[Any]:
             "node_ip_address": "127.0.0.1",
             "object_store_memory": 80 * 1024**2,
         }
+        # A lost node is noticed in about 2 s instead of Ray's default 15 s or more.
+        health = {"health_check_period_ms": 500, "health_check_failure_threshold": 4}
         local = cluster_utils.Cluster(
-            initialize_head=True, head_node_args={**node, "include_dashboard": False}
+            initialize_head=True,
+            head_node_args={**node, "include_dashboard": False, "_system_config": health},
         )
         try:
             local.add_node(**node)
@@ -225,10 +228,35 @@ def test_an_actor_killed_mid_generation_raises_and_leaves_nothing(
     for actor in actors:
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(actor.pid.remote(), timeout=30)
-    deadline = time.monotonic() + 30
-    while any(_is_running(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(_is_running(pid) for pid in pids)
+    _assert_gone(pids)
+
+
+def test_a_stalled_rank_times_out_and_is_named(
+    cluster: Any, checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rank that stops answering (SIGSTOP: a hung process) fails the step after
+    ``worker_timeout_s`` (plus the grace for a death to show) with WorkerTimeoutError."""
+    timeout_s = 3.0
+    settings = {**SETTINGS, "worker_timeout_s": timeout_s}
+    grace_s = 1.0  # how long the executor waits for a death to show before calling it a stall
+    monkeypatch.setattr(ray_executor, "DEATH_GRACE_S", grace_s)
+    engine = Engine(
+        checkpoint, tensor_parallel_size=2, distributed_executor_backend="ray", **settings
+    )
+    executor = engine._executor
+    assert isinstance(executor, RayExecutor)
+    pids = executor.actor_pids
+    try:
+        engine.generate(PROMPTS[:1], GREEDY, use_tqdm=False)
+        os.kill(pids[1], signal.SIGSTOP)
+        started = time.monotonic()
+        with pytest.raises(WorkerTimeoutError, match=r"rank\(s\) 1 \(stage 0"):
+            engine.generate(PROMPTS[:1], GREEDY, use_tqdm=False)
+        elapsed = time.monotonic() - started
+        assert timeout_s <= elapsed < timeout_s + grace_s + 5
+    finally:
+        engine.close()
+    _assert_gone(pids)
 
 
 def test_a_placement_no_node_can_hold_is_refused_at_once(
@@ -347,3 +375,36 @@ def test_a_ray_data_replica_runs_a_multi_node_engine(
         PROMPTS, checkpoint, GREEDY, num_replicas=1, engine_kwargs=engine_kwargs, batch_size=8
     )
     assert [result.generated_token_ids for result in results] == expected["greedy"]
+
+
+def test_a_lost_node_raises_worker_died(
+    cluster: Any, checkpoint: Path, expected: dict[str, list[list[int]]]
+) -> None:
+    """PP=2 with a stage on each node; the worker node's raylet dies (a lost machine): the
+    next step raises WorkerDiedError. Last in the module: the cluster keeps one node."""
+    with pytest.MonkeyPatch.context() as patch:
+        group = _spread_over_nodes(patch, 2)
+        engine = Engine(
+            checkpoint, pipeline_parallel_size=2, distributed_executor_backend="ray", **SETTINGS
+        )
+    try:
+        executor = engine._executor
+        assert isinstance(executor, RayExecutor)
+        (worker_node,) = cluster.worker_nodes
+        assert worker_node.node_id in executor.actor_node_ids
+        engine.generate(PROMPTS[:1], GREEDY, use_tqdm=False)
+        cluster.remove_node(worker_node, allow_graceful=False)
+        started = time.monotonic()
+        with pytest.raises(WorkerDiedError, match=r"rank [01] .* died"):
+            engine.generate(PROMPTS[:1], GREEDY, use_tqdm=False)
+        assert time.monotonic() - started < SETTINGS["worker_timeout_s"]
+    finally:
+        engine.close()
+        ray.util.remove_placement_group(group)
+
+
+def _assert_gone(pids: list[int]) -> None:
+    deadline = time.monotonic() + 30
+    while any(_is_running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_is_running(pid) for pid in pids)

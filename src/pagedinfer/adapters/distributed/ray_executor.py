@@ -253,22 +253,23 @@ class RayExecutor:
             assert isinstance(output, StepOutput), output
             return output
         except BaseException as error:
-            died = self._failed_actor_error(error)
+            dead, silent = self._probe()
+            timed_out = isinstance(error, WorkerTimeoutError) or (
+                time.monotonic() - started >= self._step_timeout_s
+            )
+            died: WorkerDiedError | None = dead
+            if died is None and (timed_out or silent):
+                who = f"rank(s) {', '.join(self._describe_rank(r) for r in silent)}"
+                died = WorkerTimeoutError(
+                    f"a step did not finish within worker_timeout_s={self._step_timeout_s:g} s "
+                    f"on the Ray workers ({who if silent else 'every rank answers now'}); the "
+                    "engine cannot continue: close it and create a new Engine (raise "
+                    "worker_timeout_s for slower steps)."
+                )
             if died is None:
-                if isinstance(error, WorkerDiedError):
-                    died = error
-                elif time.monotonic() - started >= self._step_timeout_s:
-                    died = WorkerTimeoutError(
-                        f"a step did not finish within worker_timeout_s={self._step_timeout_s}"
-                        " s on the Ray workers; the engine cannot continue: close it and "
-                        "create a new Engine (raise worker_timeout_s for slower steps)."
-                    )
-                else:
-                    died = WorkerDiedError(
-                        f"the Ray workers were stopped after a step failed ({error}); the "
-                        "engine cannot continue: close it and create a new Engine."
-                    )
+                died = self._step_error(error)
             self._failure = (type(died), str(died))
+            self._released.healthy = False  # no graceful close: a rank may not answer
             self._finalizer()
             try:
                 raise died from error
@@ -440,12 +441,43 @@ class RayExecutor:
         return list(ray.get(refs))
 
     def _failed_actor_error(self, error: BaseException) -> WorkerDiedError | None:
-        """The error naming an actor that died, if one did (now or within a grace period)."""
+        """The error to raise for a failed start-up: a dead actor's, a worker's, or None
+        (raise ``error`` itself)."""
+        dead, _ = self._probe()
+        if dead is not None:
+            return dead
+        if isinstance(error, WorkerDiedError):
+            return error
+        if isinstance(error, self._ray.exceptions.RayTaskError):
+            return self._step_error(error)
+        return None
+
+    def _step_error(self, error: BaseException) -> WorkerDiedError:
+        if isinstance(error, WorkerDiedError):
+            return error
+        if isinstance(error, self._ray.exceptions.RayTaskError):
+            return WorkerDiedError(
+                f"a Ray worker failed: {_first_line(error)}; the engine cannot continue: "
+                "close it and create a new Engine."
+            )
+        return WorkerDiedError(
+            f"the Ray workers were stopped after a step failed ({error!r}); the engine "
+            "cannot continue: close it and create a new Engine."
+        )
+
+    def _describe_rank(self, rank: int) -> str:
+        stage, tp_rank = divmod(rank, self._tp)
+        node = self._nodes[rank][:8] if rank < len(self._nodes) else "?"
+        pid = self._pids[rank] if rank < len(self._pids) else "?"
+        return f"{rank} (stage {stage}, tensor-parallel rank {tp_rank}, pid {pid} on node {node})"
+
+    def _probe(self) -> tuple[WorkerDiedError | None, list[int]]:
+        """Ask every actor for its pid: ``(the error of the first that is dead, the ranks
+        that did not answer within DEATH_GRACE_S)``."""
         ray = self._ray
         actors = self._released.actors
         if not actors or not ray.is_initialized():
-            return None
-        exceptions = ray.exceptions
+            return None, []
         probes = {actor.pid.remote(): rank for rank, actor in enumerate(actors)}
         deadline = time.monotonic() + DEATH_GRACE_S
         pending = list(probes)
@@ -457,24 +489,15 @@ class RayExecutor:
                 break
             try:
                 ray.get(ready)
-            except exceptions.RayActorError as died:
-                rank = probes[ready[0]]
-                stage, tp_rank = divmod(rank, self._tp)
-                node = self._nodes[rank][:8] if rank < len(self._nodes) else "?"
-                pid = self._pids[rank] if rank < len(self._pids) else "?"
+            except ray.exceptions.RayActorError as died:
                 return WorkerDiedError(
-                    f"Ray worker rank {rank} (stage {stage}, tensor-parallel rank {tp_rank}, "
-                    f"pid {pid} on node {node}) died: {_first_line(died)}; the engine "
-                    "cannot continue: close it and create a new Engine."
-                )
+                    f"Ray worker rank {self._describe_rank(probes[ready[0]])} died: "
+                    f"{_first_line(died)}; the engine cannot continue: close it and create a "
+                    "new Engine."
+                ), []
             except Exception:
                 continue
-        if isinstance(error, exceptions.RayTaskError):
-            return WorkerDiedError(
-                f"a Ray worker failed a step: {_first_line(error)}; the engine cannot "
-                "continue: close it and create a new Engine."
-            )
-        return None
+        return None, sorted(probes[ref] for ref in pending)
 
 
 def _resources(resources: dict[str, Any]) -> str:
