@@ -377,6 +377,30 @@ def test_a_ray_data_replica_runs_a_multi_node_engine(
     assert [result.generated_token_ids for result in results] == expected["greedy"]
 
 
+def test_the_server_engine_drives_ray_ranks_from_its_thread(cluster: Any, checkpoint: Path) -> None:
+    """``pagedinfer serve --distributed-executor-backend ray`` builds an AsyncEngine with these
+    arguments: its background thread drives the Ray executor; tokens equal one rank's."""
+    import asyncio
+
+    from pagedinfer.engine.async_engine import AsyncEngine
+
+    prompt = PROMPTS[0]
+    with Engine(checkpoint, **SETTINGS) as engine:
+        (reference,) = engine.generate([prompt], GREEDY, use_tqdm=False)
+
+    async def serve() -> list[int]:
+        async with AsyncEngine(
+            checkpoint, tensor_parallel_size=2, distributed_executor_backend="ray", **SETTINGS
+        ) as engine:
+            final = None
+            async for output in engine.generate(prompt, GREEDY):
+                final = output
+            assert final is not None
+            return list(final.outputs[0].token_ids)
+
+    assert asyncio.run(serve()) == reference.outputs[0].token_ids
+
+
 def test_a_lost_node_raises_worker_died(
     cluster: Any, checkpoint: Path, expected: dict[str, list[list[int]]]
 ) -> None:
