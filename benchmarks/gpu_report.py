@@ -7,26 +7,40 @@ Sections, in the order they run:
 2. **GPU tests**: ``pytest -m gpu`` on a fast subset of ``tests/gpu`` (``--all-tests``: all of
    it), in a subprocess with a time limit; pass / fail counts and the failures.
 3. **Throughput**: nano-vLLM's workload (256 requests, prompt and output lengths U[100, 1024],
-   temperature 0.6, ``ignore_eos``, seed 0) on Qwen3-0.6B's shape with random bf16 weights, for
-   pagedinfer (triton backend, CUDA graphs) and transformers' ``generate_batch``, in this
-   process, one after the other.
-4. **HBM bound**: the least time the workload's decode steps can take at the measured copy
-   bandwidth, and pagedinfer's fraction of the throughput that bound allows (formula in
-   ``docs/benchmarks.md``)::
-
-       bytes = sum over decode steps of (K/V bytes of every running sequence's context
-               + the model's weight bytes)
-       bound_s = bytes / copy_bandwidth;   bound_tok_s = output_tokens / bound_s
-
-5. **Profile**: ``torch.profiler`` over one decode step (256 sequences, ~1k context, CUDA
+   temperature 0.6, ``ignore_eos``, seed 0) on Qwen3-0.6B's shape with random bf16 weights,
+   pagedinfer (triton backend, CUDA graphs), then the profile (4.) on the same engine.
+4. **Profile**: ``torch.profiler`` over one decode step (256 sequences, ~1k context, CUDA
    graphs, and again eagerly for the launch count), one mixed step (those decode rows and
    prompts that arrived meanwhile, eager) and one 16k-token prefill step: kernels
    per step, time in attention, GEMMs and the rest, and the decode kernel's achieved
    bandwidth (K/V bytes it must read over its time).
-6. **FP8 checkpoint**: the same workload on the same model quantized to block-wise FP8
+5. **Transformers, settings swept**: what a competent user would set, each on a probe of the
+   workload (the same requests, an eighth of the output lengths) in its own process with a
+   time limit: ``generate_batch`` (continuous batching) with CUDA graphs and async batching
+   at ``max_requests_per_batch`` 256 and 128, with compile level 1, and its defaults; padded
+   ``generate`` with a static cache (which transformers compiles). pagedinfer runs the probe
+   too. The fastest setting then runs the whole workload, if the budget (``--hf-budget``,
+   300 s) allows, else the comparison is on the probe, said so.
+6. **HBM bound**: the least time the workload's decode steps can take at the measured copy
+   bandwidth, and pagedinfer's fraction of the throughput that bound allows (formula in
+   ``docs/benchmarks.md``), counting the bytes a decode step really reads::
+
+       bytes = sum over decode steps of (K/V bytes of every running sequence's context
+               + every weight tensor but the input embedding (a tied LM head: that matrix)
+               + one input-embedding row per running sequence)
+       bound_s = bytes / copy_bandwidth;   bound_tok_s = output_tokens / bound_s
+
+   The copy bandwidth counts bytes read plus bytes written; the bound's traffic is reads.
+7. **FP8 KV cache**: the same workload with ``kv_cache_dtype="fp8"`` (e4m3, calibrated
+   per-layer scales), its KV capacity against the run above, and its own bound (the same
+   formula with one byte per K/V element).
+8. **FP8 checkpoint**: the same workload on the same model quantized to block-wise FP8
    (Qwen3-*-FP8's format: e4m3 weights, 128x128 block scales), against its own HBM bound:
    the same formula with the bytes the FP8 checkpoint holds (1-byte weights, float32 scales,
-   the bf16 embedding the tied LM head reads; the K/V cache as before).
+   the bf16 embedding and LM head).
+9. **Structured outputs**: ``benchmarks/structured.py``'s workload (64 requests, 128 tokens,
+   its small random model with a tokenizer) with 0 % and 50 % of the requests under a JSON
+   schema: throughput, mask time per step, schema compile times.
 
 Runs from a plain checkout with the Python already on the machine (no install, no network)::
 
@@ -204,12 +218,14 @@ class ModelFacts:
     num_layers: int
     num_kv_heads: int
     head_dim: int
-    dtype_bytes: int
-    weight_bytes: int  # every tensor of the checkpoint once (a tied LM head reads the embedding)
+    kv_dtype_bytes: int  # one element of the K/V cache (1 with kv_cache_dtype="fp8")
+    step_weight_bytes: int  # weights one decode step reads, the input embedding's rows aside
+    embedding_row_bytes: int  # one row of the input embedding (each decoded token reads one)
+    checkpoint_bytes: int  # every tensor of the checkpoint once
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_dtype_bytes
 
 
 _DTYPE_BYTES = {
@@ -218,9 +234,10 @@ _DTYPE_BYTES = {
 }  # fmt: skip
 
 
-def checkpoint_bytes(model_dir: Path) -> int:
-    """Bytes of every tensor in the checkpoint's safetensors files (read from their headers)."""
-    total = 0
+def tensor_bytes(model_dir: Path) -> dict[str, tuple[int, list[int]]]:
+    """Every tensor of the checkpoint's safetensors files: its bytes and shape (read from the
+    files' headers)."""
+    found: dict[str, tuple[int, list[int]]] = {}
     for path in sorted(model_dir.glob("*.safetensors")):
         with path.open("rb") as handle:
             (header_len,) = struct.unpack("<Q", handle.read(8))
@@ -231,19 +248,45 @@ def checkpoint_bytes(model_dir: Path) -> int:
             numel = 1
             for size in entry["shape"]:
                 numel *= size
-            total += numel * _DTYPE_BYTES[entry["dtype"]]
-    return total
+            found[name] = (numel * _DTYPE_BYTES[entry["dtype"]], list(entry["shape"]))
+    return found
 
 
-def model_facts(model_dir: Path, dtype: torch.dtype) -> ModelFacts:
+def checkpoint_bytes(model_dir: Path) -> int:
+    """Bytes of every tensor in the checkpoint's safetensors files."""
+    return sum(size for size, _ in tensor_bytes(model_dir).values())
+
+
+def decode_read_bytes(model_dir: Path) -> tuple[int, int]:
+    """What a decode step reads of the weights: ``(bytes every step reads, bytes of one input
+    embedding row)``. Every tensor is read whole except the input embedding, of which a step
+    reads one row per sequence; a tied LM head is that same matrix and reads it whole (an
+    untied one is its own tensor, ``lm_head.weight``). Quantized checkpoints count their
+    stored bytes (1-byte FP8 weights, their scales)."""
+    tensors = tensor_bytes(model_dir)
+    embedding = next((n for n in tensors if n.endswith("embed_tokens.weight")), None)
+    step = sum(size for name, (size, _) in tensors.items() if name != embedding)
+    if embedding is None:
+        return step, 0
+    size, shape = tensors[embedding]
+    if not any(name.endswith("lm_head.weight") for name in tensors):  # tied: the LM head
+        step += size
+    return step, size // shape[0]
+
+
+def model_facts(model_dir: Path, kv_dtype: torch.dtype) -> ModelFacts:
+    """``kv_dtype``: the K/V cache's element type (the model's, or float8)."""
     config = json.loads((model_dir / "config.json").read_text())
     heads = config["num_attention_heads"]
+    step, row = decode_read_bytes(model_dir)
     return ModelFacts(
         num_layers=config["num_hidden_layers"],
         num_kv_heads=config.get("num_key_value_heads", heads),
         head_dim=config.get("head_dim") or config["hidden_size"] // heads,
-        dtype_bytes=torch.empty(0, dtype=dtype).element_size(),
-        weight_bytes=checkpoint_bytes(model_dir),
+        kv_dtype_bytes=torch.empty(0, dtype=kv_dtype).element_size(),
+        step_weight_bytes=step,
+        embedding_row_bytes=row,
+        checkpoint_bytes=checkpoint_bytes(model_dir),
     )
 
 
@@ -254,16 +297,17 @@ def hbm_bound(
 
     All requests decode together from the first step (they all fit one batch), so there are
     ``max(output_len) - 1`` decode steps; request ``i`` reads contexts ``p_i + 1`` to
-    ``p_i + o_i - 1`` (its first token comes from prefill).
+    ``p_i + o_i - 1`` (its first token comes from prefill) and one embedding row per step.
     """
-    kv_tokens = 0
+    kv_tokens = decode_tokens = 0
     for prompt, out in zip(workload.prompts, workload.output_lens, strict=True):
         first, last = len(prompt) + 1, len(prompt) + out - 1
         if last >= first:
             kv_tokens += (first + last) * (last - first + 1) // 2
+            decode_tokens += last - first + 1
     steps = max(workload.output_lens) - 1
     kv_bytes = kv_tokens * facts.kv_bytes_per_token
-    weight_bytes = steps * facts.weight_bytes
+    weight_bytes = steps * facts.step_weight_bytes + decode_tokens * facts.embedding_row_bytes
     seconds = (kv_bytes + weight_bytes) / bandwidth
     return {
         "decode_steps": steps,
@@ -274,7 +318,35 @@ def hbm_bound(
     }
 
 
-def engine_for(model: str, args: argparse.Namespace, max_model_len: int) -> Engine:
+def bound_lines(
+    label: str, result: throughput.Result, bound: dict[str, float], facts: ModelFacts,
+    bandwidth: float,
+) -> list[str]:  # fmt: skip
+    """The bound's arithmetic and the run's share of it, in the report's words."""
+    share = result.throughput / bound["bound_tokens_per_s"]
+    return [
+        f"K/V read by all decode steps: {bound['kv_bytes'] / 1e12:.2f} TB "
+        f"({facts.kv_bytes_per_token / 1024:.0f} KiB per token of context); weights "
+        f"{facts.step_weight_bytes / 1e9:.2f} GB per step (of {facts.checkpoint_bytes / 1e9:.2f} "
+        f"GB in the checkpoint: the input embedding counts one {facts.embedding_row_bytes} B "
+        f"row per decoded token) x {bound['decode_steps']:.0f} steps = "
+        f"{bound['weight_bytes'] / 1e12:.2f} TB; at {bandwidth / 1e9:.0f} GB/s: "
+        f"{bound['bound_seconds']:.2f} s, **{bound['bound_tokens_per_s']:.0f} output tok/s**.",
+        "",
+        f"{label}: {result.throughput:.0f} output tok/s = **{share:.0%} of the bound**.",
+    ]
+
+
+BANDWIDTH_NOTE = (
+    "The bandwidth is a device-to-device copy's bytes read plus bytes written over its time; "
+    "the bound's traffic is reads only (K/V, weights), taken at that same rate. A device may "
+    "read faster than it copies, so the bound is an estimate, not a ceiling."
+)
+
+
+def engine_for(
+    model: str, args: argparse.Namespace, max_model_len: int, kv_cache_dtype: str = "auto"
+) -> Engine:
     return Engine(
         model,
         device=str(args.device),
@@ -287,6 +359,7 @@ def engine_for(model: str, args: argparse.Namespace, max_model_len: int) -> Engi
         enforce_eager=args.enforce_eager,
         gpu_memory_utilization=args.gpu_memory_utilization,
         scheduling_policy=args.scheduling_policy,
+        kv_cache_dtype=kv_cache_dtype,
     )
 
 
@@ -299,8 +372,18 @@ def engine_dtype(engine: Engine) -> torch.dtype:
     return next(iter(runner.model.parameters())).dtype  # type: ignore[union-attr]
 
 
+def engine_kv_dtype(engine: Engine) -> torch.dtype:
+    """The K/V cache's element type (float8 with ``kv_cache_dtype="fp8"``)."""
+    resolved = getattr(engine, "kv_cache_dtype", None)
+    return resolved if isinstance(resolved, torch.dtype) else engine_dtype(engine)
+
+
+def max_len_of(workload: throughput.Workload) -> int:
+    return max(len(p) for p in workload.prompts) + max(workload.output_lens) + 1
+
+
 def run_pagedinfer(
-    engine: Engine, workload: throughput.Workload, args: argparse.Namespace
+    engine: Engine, workload: throughput.Workload, args: argparse.Namespace, label: str = ""
 ) -> throughput.Result:
     engine.generate([[1, 2, 3]], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
     params = [
@@ -316,8 +399,14 @@ def run_pagedinfer(
         )
     graphs = "eager" if args.enforce_eager or args.device.type != "cuda" else "CUDA graphs"
     return throughput.Result(
-        f"pagedinfer ({engine.attention_backend}, {graphs})", produced, seconds[0]
+        f"pagedinfer ({engine.attention_backend}, {graphs}{label})", produced, seconds[0]
     )
+
+
+def versus(result: throughput.Result, dense: throughput.Result | None) -> str:
+    if dense is None:
+        return ""
+    return f" ({result.throughput / dense.throughput:.2f}x the unquantized run above)"
 
 
 def run_fp8_checkpoint(
@@ -337,31 +426,408 @@ def run_fp8_checkpoint(
     if not (target / "config.json").exists():
         print(f"writing a block-wise FP8 copy of {model} in {target} ...")
         write_quantized_checkpoint(model, target, "fp8", block=block)
-    max_len = max(len(p) for p in workload.prompts) + max(workload.output_lens) + 1
-    engine = engine_for(str(target), args, max_len)
+    engine = engine_for(str(target), args, max_len_of(workload))
     try:
-        facts = model_facts(target, engine_dtype(engine))
-        result = run_pagedinfer(engine, workload, args)
+        facts = model_facts(target, engine_kv_dtype(engine))
+        result = run_pagedinfer(engine, workload, args, ", FP8 weights")
     finally:
         engine.close()
         del engine
         throughput.release_memory(str(args.device))
     bound = hbm_bound(workload, facts, bandwidth)
-    share = result.throughput / bound["bound_tokens_per_s"]
     report.add(
         f"`{target.name}`: e4m3 weights with one float32 scale per {block[0]}x{block[1]} "
-        f"block (`quant_method: fp8`), {facts.weight_bytes / 1e9:.2f} GB of checkpoint read "
-        f"per decode step; {'the FP8 GEMM (W8A16)' if cuda else 'dequantized at load (CPU)'}.",
+        f"block (`quant_method: fp8`), the embedding and norms as they were; "
+        f"{'the FP8 GEMM (W8A16)' if cuda else 'dequantized at load (CPU)'}.",
         "",
-        f"- {result.name}: **{result.throughput:.0f} output tok/s**"
-        + (
-            f" ({result.throughput / dense.throughput:.2f}x the unquantized run above)"
-            if dense
-            else ""
+        f"- {result.name}: **{result.throughput:.0f} output tok/s**{versus(result, dense)}",
+        "",
+        *bound_lines("pagedinfer (FP8 weights)", result, bound, facts, bandwidth),
+    )
+
+
+def run_fp8_kv(
+    report: Report,
+    args: argparse.Namespace,
+    model: str,
+    workload: throughput.Workload,
+    bandwidth: float,
+    dense: throughput.Result | None,
+    dense_blocks: int | None,
+) -> None:
+    """The workload with ``kv_cache_dtype="fp8"`` (e4m3, calibrated scales), against its own
+    HBM bound: the same weights, one byte per K/V element."""
+    engine = engine_for(model, args, max_len_of(workload), kv_cache_dtype="fp8")
+    try:
+        facts = model_facts(Path(model), engine_kv_dtype(engine))
+        blocks = engine.stats().num_kv_blocks
+        result = run_pagedinfer(engine, workload, args, ", FP8 KV cache")
+        line = engine.describe()
+    finally:
+        engine.close()
+        del engine
+        throughput.release_memory(str(args.device))
+    bound = hbm_bound(workload, facts, bandwidth)
+    capacity = f"{blocks} KV blocks of {args.kv_block_size} tokens"
+    if dense_blocks:
+        capacity += f" ({blocks / dense_blocks:.2f}x the {dense_blocks} of the run above)"
+    report.add(
+        f'`kv_cache_dtype="fp8"` on the same model: `{line}`; {capacity}.',
+        "",
+        f"- {result.name}: **{result.throughput:.0f} output tok/s**{versus(result, dense)}",
+        "",
+        *bound_lines("pagedinfer (FP8 KV cache)", result, bound, facts, bandwidth),
+    )
+
+
+def run_structured_outputs(report: Report, args: argparse.Namespace) -> None:
+    """benchmarks/structured.py's workload (issue 23): 0 % and 50 % of the requests under a
+    JSON schema, on its own small random model with a tokenizer."""
+    import importlib.util
+
+    if importlib.util.find_spec("llguidance") is None:
+        report.add("Skipped: the grammar engine is not installed (`pip install llguidance`).")
+        return
+    import structured  # benchmarks/structured.py
+    from pagedinfer.adapters.models.random_checkpoint import build_random_checkpoint
+
+    cuda = args.device.type == "cuda"
+    preset, vocab = ("small", 4096) if cuda else ("tiny", 512)
+    batch, max_tokens = (64, 128) if cuda else (4, 6)
+    target = Path(args.cache_dir) / f"structured-{preset}-{vocab}"
+    if not (target / "config.json").exists():
+        build_random_checkpoint(target, preset, with_tokenizer=True, vocab_size=vocab)
+    results = structured.run_structured(
+        str(target),
+        device=str(args.device),
+        batch=batch,
+        prompt_len=32,
+        max_tokens=max_tokens,
+        fractions=(0.0, 0.5),
+        rounds=2 if cuda else 1,
+        engine_kwargs={"max_num_seqs": batch, "attention_backend": args.attention_backend},
+    )
+    report.add(
+        f"`benchmarks/structured.py`'s workload: the `{preset}` random preset (vocabulary "
+        f"{vocab}, byte-level BPE), {batch} requests of 32 tokens, {max_tokens} output tokens "
+        "each at temperature 0.6; constrained rows under a JSON schema that cannot close "
+        "within them (so every row runs to the end); best of "
+        f"{2 if cuda else 1} interleaved rounds.",
+        "",
+        structured.markdown(results),
+    )
+
+
+# -------------------------------------------------------------- transformers, swept
+# What a competent user of transformers would set, tried on a probe of the workload (the
+# same requests with an eighth of the output lengths), each in its own process with a time
+# limit; the fastest then runs the whole workload. Continuous batching on the CPU waits
+# ~30 s for its manager to stop, so the CPU smoke run tries padded generate only.
+RESULT_MARK = "HF-RESULT "
+PROBE_OUTPUT_DIVISOR = 8
+
+
+@dataclass(frozen=True)
+class HFSetting:
+    label: str
+    api: str  # "generate_batch" (continuous batching) or "generate" (padded batches)
+    options: dict[str, Any]
+
+
+def hf_settings(cuda: bool, num_requests: int) -> list[HFSetting]:
+    if not cuda:  # one setting: each costs a process start (torch and transformers import)
+        return [
+            HFSetting(
+                "generate: padded, static cache", "generate", {"batch_size": 0, "static": True}
+            )
+        ]
+    fast = {"use_cuda_graph": True, "use_async_batching": True}
+    every = {"max_requests_per_batch": num_requests}
+    return [
+        HFSetting(
+            f"generate_batch: CUDA graphs, async batching, max_requests_per_batch={num_requests}",
+            "generate_batch",
+            {**fast, **every},
         ),
-        f"- HBM bound: K/V {bound['kv_bytes'] / 1e12:.2f} TB + weights "
-        f"{bound['weight_bytes'] / 1e12:.2f} TB at {bandwidth / 1e9:.0f} GB/s: "
-        f"{bound['bound_tokens_per_s']:.0f} output tok/s; pagedinfer **{share:.0%} of it**.",
+        HFSetting(
+            "generate_batch: CUDA graphs, async batching, max_requests_per_batch=128",
+            "generate_batch",
+            {**fast, "max_requests_per_batch": 128},
+        ),
+        HFSetting(
+            f"generate_batch: CUDA graphs, async batching, compile level 1, "
+            f"max_requests_per_batch={num_requests}",
+            "generate_batch",
+            {**fast, **every, "default_compile_level": 1},
+        ),
+        HFSetting("generate_batch: defaults", "generate_batch", {}),
+        HFSetting(
+            "generate: padded, static cache (transformers' automatic torch.compile), batch 128",
+            "generate",
+            {"batch_size": 128, "static": True},
+        ),
+    ]
+
+
+def probe_of(workload: throughput.Workload) -> throughput.Workload:
+    """The workload's requests with an eighth of their output lengths (at least 1)."""
+    outputs = [max(1, n // PROBE_OUTPUT_DIVISOR) for n in workload.output_lens]
+    return throughput.Workload(workload.prompts, outputs, workload.temperature)
+
+
+def _cb_config(options: dict[str, Any]) -> tuple[Any, list[str]]:
+    """A ContinuousBatchingConfig with the options this transformers knows; the others."""
+    import dataclasses
+
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    known = {f.name for f in dataclasses.fields(ContinuousBatchingConfig)}
+    unknown = [name for name in options if name not in known]
+    kept = {name: value for name, value in options.items() if name in known}
+    return ContinuousBatchingConfig(**kept), unknown
+
+
+def hf_generate_batch(
+    model: str, workload: throughput.Workload, args: argparse.Namespace, options: dict[str, Any]
+) -> tuple[int, float, list[str]]:
+    """Continuous batching (as throughput.run_hf_generate_batch) under ``options``."""
+    from transformers import GenerationConfig
+
+    hf_model = throughput._load_hf(model, args, "paged|sdpa")
+    config = GenerationConfig(
+        do_sample=True,
+        temperature=workload.temperature,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=max(workload.output_lens),
+        eos_token_id=-1,
+        pad_token_id=0,
+    )
+    cb_config, unknown = _cb_config(options)
+    with (
+        hf_model.continuous_batching_context_manager(
+            generation_config=config,
+            block=True,
+            timeout=30,
+            warmup=True,
+            continuous_batching_config=cb_config,
+        ) as manager,
+        throughput.timed(args.device) as seconds,
+    ):
+        for index, (prompt, max_new) in enumerate(
+            zip(workload.prompts, workload.output_lens, strict=True)
+        ):
+            manager.add_request(input_ids=prompt, request_id=f"r{index}", max_new_tokens=max_new)
+        finished: dict[str, int] = {}
+        while len(finished) < len(workload.prompts):
+            result = manager.get_result(timeout=1.0)
+            if result is None:
+                if not manager.is_running():
+                    raise RuntimeError("transformers' continuous batching manager stopped")
+                continue
+            if result.is_finished():
+                finished[result.request_id] = len(result.generated_tokens)
+    return sum(finished.values()), seconds[0], unknown
+
+
+def hf_generate(
+    model: str, workload: throughput.Workload, args: argparse.Namespace, options: dict[str, Any]
+) -> tuple[int, float, list[str]]:
+    """Padded ``generate``: batches of ``batch_size`` (0: all), each left-padded to the
+    workload's longest prompt and run for its longest output, so that every batch has the
+    same shapes (one compiled graph with ``static``); an untimed warm-up runs the first
+    batch's shapes for a few steps (the static cache is sized by ``max_new_tokens``)."""
+    from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
+
+    class StopAfter(StoppingCriteria):  # type: ignore[misc]
+        def __init__(self, steps: int) -> None:
+            self.steps = steps
+            self.calls = 0
+
+        def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+            self.calls += 1
+            done = self.calls >= self.steps
+            return torch.full(
+                (input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device
+            )
+
+    hf_model = throughput._load_hf(model, args, "sdpa")
+    size = options.get("batch_size") or len(workload.prompts)
+    width = max(len(p) for p in workload.prompts)
+    pad = 0
+
+    def batch(start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        prompts = workload.prompts[start : start + size]
+        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            mask[row, width - len(prompt) :] = 1
+        return ids.to(args.device), mask.to(args.device)
+
+    def config(new_tokens: int) -> Any:
+        extra = {"cache_implementation": "static"} if options.get("static") else {}
+        return GenerationConfig(
+            do_sample=True,
+            temperature=workload.temperature,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            pad_token_id=pad,
+            **extra,
+        )
+
+    produced = 0
+    with torch.inference_mode():
+        ids, mask = batch(0)
+        hf_model.generate(
+            ids,
+            attention_mask=mask,
+            generation_config=config(max(workload.output_lens)),
+            stopping_criteria=StoppingCriteriaList([StopAfter(4)]),
+        )
+        with throughput.timed(args.device) as seconds:
+            for start in range(0, len(workload.prompts), size):
+                ids, mask = batch(start)
+                hf_model.generate(
+                    ids, attention_mask=mask, generation_config=config(max(workload.output_lens))
+                )
+                produced += sum(workload.output_lens[start : start + size])
+    return produced, seconds[0], []
+
+
+def hf_worker(spec_file: str) -> int:
+    """``--hf-run SPEC``: one setting on one workload, its result as one JSON line."""
+    spec = json.loads(Path(spec_file).read_text())
+    workload = throughput.Workload(spec["prompts"], spec["output_lens"], spec["temperature"])
+    args = argparse.Namespace(device=spec["device"], dtype=spec["dtype"])
+    run = hf_generate_batch if spec["api"] == "generate_batch" else hf_generate
+    produced, seconds, unknown = run(spec["model"], workload, args, spec["options"])
+    print(RESULT_MARK + json.dumps({"tokens": produced, "seconds": seconds, "unknown": unknown}))
+    return 0
+
+
+def hf_subprocess(
+    setting: HFSetting,
+    model: str,
+    workload: throughput.Workload,
+    args: argparse.Namespace,
+    timeout: float,
+) -> tuple[throughput.Result | None, str]:
+    """Run ``setting`` in a fresh process (its memory, compile caches and CUDA graphs go with
+    it); ``(result, note)``, the result ``None`` when it failed or ran past ``timeout``."""
+    import tempfile
+
+    spec = {
+        "model": model,
+        "prompts": workload.prompts,
+        "output_lens": workload.output_lens,
+        "temperature": workload.temperature,
+        "device": str(args.device),
+        "dtype": args.dtype,
+        "api": setting.api,
+        "options": setting.options,
+    }
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
+        json.dump(spec, handle)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
+    began = time.perf_counter()
+    try:
+        done = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve()), "--hf-run", handle.name],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=max(timeout, 1.0),
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return None, f"stopped after {timeout:.0f} s (the budget)"
+    finally:
+        os.unlink(handle.name)
+    wall = time.perf_counter() - began
+    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_MARK)]
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return None, f"failed: {tail[:200]}"
+    found = json.loads(lines[-1][len(RESULT_MARK) :])
+    note = f"{wall:.0f} s with loading and warm-up"
+    if found["unknown"]:
+        note += f"; not in this transformers: {', '.join(found['unknown'])}"
+    return throughput.Result(
+        f"transformers {setting.label}", found["tokens"], found["seconds"]
+    ), note
+
+
+def sweep_transformers(
+    report: Report,
+    args: argparse.Namespace,
+    model: str,
+    workload: throughput.Workload,
+    ours: throughput.Result,
+    ours_probe: throughput.Result | None,
+) -> None:
+    """Every setting on the probe, the fastest on the whole workload, within the budget."""
+    began = time.perf_counter()
+    budget = float(args.hf_budget)
+    probe = probe_of(workload)
+    settings = hf_settings(args.device.type == "cuda", len(workload.prompts))
+    probes: list[tuple[HFSetting, throughput.Result | None, str]] = []
+    for index, setting in enumerate(settings):
+        # The probes may spend 60 % of the budget; the whole-workload run gets the rest.
+        left = 0.6 * budget - (time.perf_counter() - began)
+        if left <= 5:
+            probes.append((setting, None, "skipped: the probes' budget was spent"))
+            continue
+        share = left / (len(settings) - index)  # what is left, shared by those still to run
+        result, note = hf_subprocess(setting, model, probe, args, max(share, left / 2))
+        probes.append((setting, result, note))
+    report.add(
+        f"Probe: the same {len(probe.prompts)} requests with an eighth of the output lengths "
+        f"({probe.output_tokens} output tokens); each setting in its own process, time-limited "
+        f"(budget {budget:.0f} s for the sweep and the final run).",
+        "",
+        "| system | settings | output tok/s | time (s) | notes |",
+        "|---|---|---:|---:|---|",
+    )
+    if ours_probe is not None:
+        report.add(
+            f"| pagedinfer | {ours_probe.name} | {ours_probe.throughput:.0f} "
+            f"| {ours_probe.seconds:.2f} | in this process |"
+        )
+    for setting, result, note in probes:
+        speed = f"{result.throughput:.0f} | {result.seconds:.2f}" if result else "- | -"
+        report.add(f"| transformers | {setting.label} | {speed} | {note} |")
+    ran = [(s, r) for s, r, _ in probes if r is not None]
+    if not ran:
+        raise RuntimeError("no transformers setting finished its probe")
+    best_setting, best_probe = max(ran, key=lambda item: item[1].throughput)
+    left = budget - (time.perf_counter() - began)
+    full, note = hf_subprocess(best_setting, model, workload, args, left)
+    rows = [ours]
+    if full is not None:
+        rows.append(full)
+        report.add("", f"Best on the probe: **{best_setting.label}**; on the whole workload:", "")
+    else:
+        report.add(
+            "",
+            f"Best on the probe: **{best_setting.label}**; its whole-workload run {note}, so "
+            "the comparison below is on the probe.",
+            "",
+        )
+        rows = [r for r in (ours_probe, best_probe) if r is not None]
+    base = rows[0].throughput
+    report.add(
+        "| system | output tokens | time (s) | output tok/s | pagedinfer speed-up |",
+        "|---|---:|---:|---:|---:|",
+        *(
+            f"| {r.name} | {r.output_tokens} | {r.seconds:.2f} | {r.throughput:.0f} "
+            f"| {base / r.throughput:.2f}x |"
+            for r in rows
+        ),
     )
 
 
@@ -568,8 +1034,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--attention-backend", default=None, help="default: triton on cuda, torch on cpu"
     )
     parser.add_argument(
-        "--baselines", default="generate_batch", help="generate_batch, generate or none"
+        "--baselines",
+        default="sweep",
+        choices=["sweep", "none"],
+        help="sweep transformers' settings (probe, then the best on the whole workload) or none",
     )
+    parser.add_argument(
+        "--hf-budget",
+        type=float,
+        default=None,
+        help="seconds for the transformers sweep and its final run (default: 300 cuda, 240 cpu)",
+    )
+    parser.add_argument("--hf-run", help=argparse.SUPPRESS)  # internal: one transformers setting
     parser.add_argument("--num-requests", type=int, default=None)
     parser.add_argument("--input-len", type=int, nargs=2, default=None)
     parser.add_argument("--output-len", type=int, nargs=2, default=None)
@@ -598,6 +1074,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "profile_batch": 256 if cuda else 4,
         "profile_context": 1000 if cuda else 24,
         "bandwidth_mb": 2048 if cuda else 64,
+        "hf_budget": 300 if cuda else 240,
     }
     for key, value in defaults.items():
         if getattr(args, key) is None:
@@ -609,6 +1086,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.hf_run:  # internal: one transformers setting, in its own process
+        return hf_worker(args.hf_run)
     report = Report()
     report.add("# pagedinfer GPU report", "")
     bandwidth = 0.0
@@ -625,7 +1104,9 @@ def main(argv: list[str] | None = None) -> int:
             run_gpu_tests(report, args)
 
     model = ""
-    results: list[throughput.Result] = []
+    ours: throughput.Result | None = None
+    ours_probe: throughput.Result | None = None
+    dense_blocks: int | None = None
     facts: ModelFacts | None = None
     workload: throughput.Workload | None = None
     with report.section("Throughput: nano-vLLM's workload"):
@@ -642,56 +1123,42 @@ def main(argv: list[str] | None = None) -> int:
             "Every system runs once, in this process, one after the other.",
             "",
         )
-        max_len = max(len(p) for p in workload.prompts) + max(workload.output_lens) + 1
-        engine = engine_for(model, args, max(max_len, args.profile_context + 64))
+        engine = engine_for(model, args, max(max_len_of(workload), args.profile_context + 64))
         try:
-            facts = model_facts(Path(model), engine_dtype(engine))
-            results.append(run_pagedinfer(engine, workload, args))
-            report.add(f"- {results[-1].name}: {results[-1].throughput:.0f} output tok/s")
+            facts = model_facts(Path(model), engine_kv_dtype(engine))
+            dense_blocks = engine.stats().num_kv_blocks
+            ours = run_pagedinfer(engine, workload, args)
+            report.add(f"- {ours.name}: {ours.throughput:.0f} output tok/s")
+            if args.baselines != "none":  # the transformers sweep's probe, for comparison
+                ours_probe = run_pagedinfer(engine, probe_of(workload), args)
             with report.section("Profile: one decode step and one prefill step"):
                 report.add(*profile_steps(engine, facts, args, bandwidth))
         finally:
             engine.close()
             del engine
             throughput.release_memory(str(args.device))
-    with report.section("Throughput against transformers"):
-        if not results or workload is None:
+    with report.section("Throughput against transformers (settings swept)"):
+        if ours is None or workload is None:
             raise RuntimeError("needs pagedinfer's throughput")
-        baseline_args = argparse.Namespace(
-            **{**vars(args), "device": str(args.device), "hf_batch_size": 0}
-        )
-        for name in [] if args.baselines == "none" else args.baselines.split(","):
-            results.append(throughput.BASELINES[name](model, workload, baseline_args))
-        ours = results[0].throughput
-        report.add(
-            "| system | output tokens | time (s) | output tok/s | pagedinfer speed-up |",
-            "|---|---:|---:|---:|---:|",
-            *(
-                f"| {r.name} | {r.output_tokens} | {r.seconds:.2f} | {r.throughput:.0f} "
-                f"| {ours / r.throughput:.2f}x |"
-                for r in results
-            ),
-        )
+        if args.baselines == "none":
+            report.add("Skipped (`--baselines none`).")
+        else:
+            sweep_transformers(report, args, model, workload, ours, ours_probe)
     with report.section("HBM bound"):
-        if facts is None or workload is None or not results or bandwidth <= 0:
+        if facts is None or workload is None or ours is None or bandwidth <= 0:
             raise RuntimeError("needs the throughput section's results")
         bound = hbm_bound(workload, facts, bandwidth)
-        ours = results[0].throughput
-        report.add(
-            f"K/V read by all decode steps: {bound['kv_bytes'] / 1e12:.2f} TB "
-            f"({facts.kv_bytes_per_token / 1024:.0f} KiB per token of context); weights "
-            f"{facts.weight_bytes / 1e9:.2f} GB per step x {bound['decode_steps']:.0f} steps = "
-            f"{bound['weight_bytes'] / 1e12:.2f} TB; at {bandwidth / 1e9:.0f} GB/s: "
-            f"{bound['bound_seconds']:.2f} s, **{bound['bound_tokens_per_s']:.0f} output tok/s**.",
-            "",
-            f"pagedinfer: {ours:.0f} output tok/s = "
-            f"**{ours / bound['bound_tokens_per_s']:.0%} of the bound**.",
-        )
+        report.add(*bound_lines("pagedinfer", ours, bound, facts, bandwidth), "", BANDWIDTH_NOTE)
+    with report.section("FP8 KV cache"):
+        if workload is None or facts is None or bandwidth <= 0:
+            raise RuntimeError("needs the throughput section's workload")
+        run_fp8_kv(report, args, model, workload, bandwidth, ours, dense_blocks)
     with report.section("FP8 checkpoint (block-wise)"):
         if workload is None or bandwidth <= 0:
             raise RuntimeError("needs the throughput section's workload")
-        dense = results[0] if results else None
-        run_fp8_checkpoint(report, args, model, workload, bandwidth, dense)
+        run_fp8_checkpoint(report, args, model, workload, bandwidth, ours)
+    with report.section("Structured outputs (0 % and 50 % JSON-schema constrained)"):
+        run_structured_outputs(report, args)
     report.add("", f"Total time: {time.perf_counter() - report.started:.0f} s.")
     if report.failed:
         report.add(f"Failed sections: {', '.join(report.failed)}")

@@ -145,7 +145,8 @@ class StepLog:
 
     def decode_efficiency(self, facts: gpu_report.ModelFacts, bandwidth: float) -> list[str]:
         """Decode steps by batch size: their time against their own HBM bound (each step's
-        K/V plus the weights, once, at the copy bandwidth)."""
+        K/V plus the weights a decode step reads, at the copy bandwidth: every tensor once
+        but the input embedding, one row per sequence; ``gpu_report.decode_read_bytes``)."""
         bands = [(1, 16), (17, 64), (65, 128), (129, 192), (193, 256), (257, 1 << 30)]
         lines = [
             "| decode batch | steps | cycle (s) | execute (s) | bound (s) | bound / cycle |",
@@ -163,7 +164,9 @@ class StepLog:
             cycle = sum(c for _, c in picked)
             execute = sum(row[4] for row, _ in picked)
             kv = sum(row[3] for row, _ in picked) * facts.kv_bytes_per_token
-            bound = (kv + len(picked) * facts.weight_bytes) / bandwidth
+            weights = len(picked) * facts.step_weight_bytes
+            weights += sum(row[1] for row, _ in picked) * facts.embedding_row_bytes
+            bound = (kv + weights) / bandwidth
             lines.append(
                 f"| {low}-{min(high, 99999)} | {len(picked)} | {cycle:.2f} | {execute:.2f} "
                 f"| {bound:.2f} | {bound / cycle:.0%} |"
@@ -213,8 +216,10 @@ def logged_run(
         "",
         *new_compiles(before, compiled_kernels()),
         "",
-        "Decode steps against their own bound (K/V of the step's contexts plus the weights at "
-        f"{bandwidth / 1e9:.0f} GB/s):",
+        "Decode steps against their own bound (K/V of the step's contexts plus the weights a "
+        "decode step reads: every tensor but the input embedding, of which one row per "
+        f"sequence; at {bandwidth / 1e9:.0f} GB/s, a copy's read + write rate, while this "
+        "traffic is reads):",
         "",
         *log.decode_efficiency(facts, bandwidth),
         "",

@@ -8,6 +8,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import torch
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,22 +41,34 @@ def run_on_cpu(script: str, out: Path, *options: str) -> str:
 
 
 def test_gpu_report_cpu_smoke_run(tmp_path: Path) -> None:
-    report = run_on_cpu("gpu_report.py", tmp_path / "report.md", "--baselines=generate")
+    report = run_on_cpu("gpu_report.py", tmp_path / "report.md")
     for heading in (
         "# pagedinfer GPU report",
         "## Device",
         "## GPU tests (fast subset)",
         "## Throughput: nano-vLLM's workload",
         "## Profile: one decode step and one prefill step",
-        "## Throughput against transformers",
+        "## Throughput against transformers (settings swept)",
         "## HBM bound",
+        "## FP8 KV cache",
         "## FP8 checkpoint (block-wise)",
+        "## Structured outputs (0 % and 50 % JSON-schema constrained)",
     ):
         assert heading in report, heading
     assert "This section failed" not in report
     assert "copy bandwidth" in report and "of the bound" in report
+    assert "bytes read plus bytes written" in report  # the bound's reads vs the copy's r+w
     assert "| decode |" in report and "| prefill (256-token budget) |" in report
-    assert "transformers generate (padded" in report
+    # The sweep: the probe's table (pagedinfer and the setting, from its own process), then
+    # the best setting on the whole workload, labelled with its settings.
+    assert "| pagedinfer | pagedinfer (torch, eager) |" in report
+    assert "| transformers | generate: padded, static cache |" in report
+    assert "with loading and warm-up" in report
+    assert "| transformers generate: padded, static cache |" in report
+    # Three bounds (bf16 weights and cache, FP8 cache, FP8 weights), each its own.
+    assert report.count("of the bound**") == 3
+    assert "KV blocks of 16 tokens (4.00x the" in report  # FP8 cache vs float32 (CPU)
+    assert "| 50% |" in report
 
 
 def test_step_profile_cpu_smoke_run(tmp_path: Path) -> None:
@@ -70,3 +85,29 @@ def test_step_profile_cpu_smoke_run(tmp_path: Path) -> None:
         "decode steps of 4 sequences",
     ):
         assert part in profile, part
+
+
+def test_the_hbm_bound_counts_what_a_decode_step_reads(make_checkpoint: Any) -> None:
+    """Every tensor once per step but the input embedding, of which one row per decoded
+    token; a tied LM head reads that matrix whole (an untied one is its own tensor)."""
+    import importlib
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        gpu_report = importlib.import_module("gpu_report")
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    hidden, vocab = 64, 512  # the tiny preset, float32 on disk
+    embedding, row = vocab * hidden * 4, hidden * 4
+    for tied in (True, False):
+        checkpoint = make_checkpoint("tiny", tie_word_embeddings=tied)
+        total = gpu_report.checkpoint_bytes(checkpoint)
+        step = total if tied else total - embedding
+        assert gpu_report.decode_read_bytes(checkpoint) == (step, row)
+        facts = gpu_report.model_facts(checkpoint, torch.float32)
+        # Two requests of 4-token prompts, 3 and 2 output tokens: 2 decode steps reading
+        # contexts 5, 6 (the first) and 5 (the second): 3 rows, 16 tokens of K/V.
+        workload = gpu_report.throughput.Workload([[1] * 4, [2] * 4], [3, 2], 0.6)
+        bound = gpu_report.hbm_bound(workload, facts, bandwidth=1.0)
+        assert bound["weight_bytes"] == 2 * step + 3 * row
+        assert bound["kv_bytes"] == 16 * facts.kv_bytes_per_token
