@@ -379,7 +379,8 @@ def test_a_ray_data_replica_runs_a_multi_node_engine(
 
 def test_the_server_engine_drives_ray_ranks_from_its_thread(cluster: Any, checkpoint: Path) -> None:
     """``pagedinfer serve --distributed-executor-backend ray`` builds an AsyncEngine with these
-    arguments: its background thread drives the Ray executor; tokens equal one rank's."""
+    arguments: its background thread drives the Ray executor; tokens equal one rank's. A
+    second engine shares the cluster meanwhile (one TP=2 group per node)."""
     import asyncio
 
     from pagedinfer.engine.async_engine import AsyncEngine
@@ -398,7 +399,12 @@ def test_the_server_engine_drives_ray_ranks_from_its_thread(cluster: Any, checkp
             assert final is not None
             return list(final.outputs[0].token_ids)
 
-    assert asyncio.run(serve()) == reference.outputs[0].token_ids
+    with Engine(
+        checkpoint, tensor_parallel_size=2, distributed_executor_backend="ray", **SETTINGS
+    ) as other:
+        assert asyncio.run(serve()) == reference.outputs[0].token_ids
+        (again,) = other.generate([prompt], GREEDY, use_tqdm=False)
+        assert again.outputs[0].token_ids == reference.outputs[0].token_ids
 
 
 def test_a_lost_node_raises_worker_died(

@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import time
+import uuid
 import weakref
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -358,11 +359,13 @@ class RayExecutor:
             return [(given, index) for index in range(self.world_size)]
         self._check_feasible(unit)
         bundles: list[tuple[Any, int]] = []
+        # Names must be unique among live groups: several engines may share a cluster.
+        engine_id = uuid.uuid4().hex[:12]
         for stage in range(self._pp):
             group = pg_module.placement_group(
                 [{unit: 1.0}] * self._tp,
                 strategy="STRICT_PACK",
-                name=f"pagedinfer-stage{stage}",
+                name=f"pagedinfer-{engine_id}-stage{stage}",
             )
             self._released.owned_groups.append(group)
             bundles += [(group, index) for index in range(self._tp)]
