@@ -54,6 +54,7 @@ status is 1 if any section failed (GPU test failures included).
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import platform
@@ -579,7 +580,10 @@ def _cb_config(options: dict[str, Any]) -> tuple[Any, list[str]]:
     """A ContinuousBatchingConfig with the options this transformers knows; the others."""
     import dataclasses
 
-    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+    try:
+        from transformers import ContinuousBatchingConfig
+    except ImportError:  # older transformers 5.x
+        from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     known = {f.name for f in dataclasses.fields(ContinuousBatchingConfig)}
     unknown = [name for name in options if name not in known]
@@ -604,13 +608,20 @@ def hf_generate_batch(
         pad_token_id=0,
     )
     cb_config, unknown = _cb_config(options)
+    manager_options: dict[str, Any] = {"block": True, "timeout": 30}
+    accepted = inspect.signature(hf_model.continuous_batching_context_manager).parameters
+    if "warmup" in accepted:
+        manager_options["warmup"] = True
+    if "continuous_batching_config" in accepted:
+        manager_options["continuous_batching_config"] = cb_config
+    elif options:
+        raise RuntimeError(
+            "this transformers' continuous_batching_context_manager takes no "
+            "continuous_batching_config: these settings cannot be applied"
+        )
     with (
         hf_model.continuous_batching_context_manager(
-            generation_config=config,
-            block=True,
-            timeout=30,
-            warmup=True,
-            continuous_batching_config=cb_config,
+            generation_config=config, **manager_options
         ) as manager,
         throughput.timed(args.device) as seconds,
     ):
@@ -777,13 +788,14 @@ def sweep_transformers(
     settings = hf_settings(args.device.type == "cuda", len(workload.prompts))
     probes: list[tuple[HFSetting, throughput.Result | None, str]] = []
     for index, setting in enumerate(settings):
-        # The probes may spend 60 % of the budget; the whole-workload run gets the rest.
-        left = 0.6 * budget - (time.perf_counter() - began)
+        # The probes may spend 70 % of the budget, each at least a minute (loading, warm-up,
+        # compiling) if that much is left; the whole-workload run gets the rest.
+        left = 0.7 * budget - (time.perf_counter() - began)
         if left <= 5:
             probes.append((setting, None, "skipped: the probes' budget was spent"))
             continue
         share = left / (len(settings) - index)  # what is left, shared by those still to run
-        result, note = hf_subprocess(setting, model, probe, args, max(share, left / 2))
+        result, note = hf_subprocess(setting, model, probe, args, min(left, max(share, 60.0)))
         probes.append((setting, result, note))
     report.add(
         f"Probe: the same {len(probe.prompts)} requests with an eighth of the output lengths "
