@@ -27,6 +27,7 @@ import dataclasses
 import gc
 import logging
 from array import array
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -190,6 +191,15 @@ class ModelRunner:
     def execute(self, plan: BatchPlan) -> StepOutput:
         """Run one step; return a token per sampled row, and the logprobs asked for (rank 0;
         other ranks: an empty output)."""
+        return self.launch(plan)()
+
+    def launch(self, plan: BatchPlan) -> Callable[[], StepOutput]:
+        """Launch one step on the device and return what reads its output: :meth:`execute`
+        in two halves. On CUDA the sampled ids are copied into pinned host memory behind the
+        step, with an event; the returned callable waits for that event only, so a step
+        launched after this one keeps the device busy meanwhile (async scheduling). Call it
+        once, before launching a step whose structured-output masks follow this one's
+        tokens."""
         if self._closed:
             raise EngineClosedError("the model runner was used after close()")
         inputs = self.prepare(plan)
@@ -206,12 +216,12 @@ class ModelRunner:
             grammar = self._grammar_step(plan)
             prompt_chunks = self._prompt_logprobs(plan, hidden) if plan.prompt_logprob_rows else []
             if plan.num_samples == 0:  # only partial prefill chunks this step
-                return StepOutput([], prompt_logprobs=prompt_chunks)
+                return _ready(StepOutput([], prompt_logprobs=prompt_chunks))
             if inputs.sample_indices is not None:
                 hidden = hidden.index_select(0, inputs.sample_indices)
             logits = self.model.compute_logits(hidden)
             if logits is None or table is None:
-                return EMPTY_STEP_OUTPUT
+                return _ready(EMPTY_STEP_OUTPUT)
             return self._sample(plan, inputs, logits, table, prompt_chunks, grammar)
 
     def _carry_tokens(self, plan: BatchPlan, inputs: StepInputs) -> StepInputs:
@@ -248,7 +258,7 @@ class ModelRunner:
         table: SamplingTable,
         prompt_chunks: list[PromptLogprobsChunk],
         grammar: GrammarStep | None = None,
-    ) -> StepOutput:
+    ) -> Callable[[], StepOutput]:
         processors, requests = self.processors, self.logprobs_requests
         assert processors is not None and requests is not None
         if grammar is not None:  # first: logprobs and every later pass see the mask (vLLM's)
@@ -279,12 +289,26 @@ class ModelRunner:
             logprobs = [None] * plan.num_samples
             for row, entry in zip(wanted[0], entries, strict=True):
                 logprobs[row] = entry
-        # The step's one device-to-host wait (two with logprobs).
-        sampled: list[int] = token_ids.tolist()
-        if grammar is not None:
-            assert self.grammar_matchers is not None
-            self.grammar_matchers.accept(grammar, sampled)
-        return StepOutput(sampled, logprobs, prompt_chunks)
+        # The step's one device-to-host wait (two with logprobs), when the output is read:
+        # on CUDA a copy into pinned memory queued behind the step, and an event after it.
+        ids, event = token_ids, None
+        if token_ids.device.type == "cuda":
+            ids = torch.empty(token_ids.shape, dtype=token_ids.dtype, pin_memory=True)
+            ids.copy_(token_ids, non_blocking=True)
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            event.record()
+        matchers = self.grammar_matchers
+
+        def output() -> StepOutput:
+            if event is not None:
+                event.synchronize()  # this step only, not what was launched after it
+            sampled: list[int] = ids.tolist()
+            if grammar is not None:
+                assert matchers is not None
+                matchers.accept(grammar, sampled)
+            return StepOutput(sampled, logprobs, prompt_chunks)
+
+        return output
 
     def _prompt_logprobs(self, plan: BatchPlan, hidden: torch.Tensor) -> list[PromptLogprobsChunk]:
         """Logprobs of the prompt tokens the plan's prompt-logprob rows predict. Every rank
@@ -596,6 +620,10 @@ class ModelRunner:
         return capture_decode_graphs(
             self.model, self.backend, layout=layout, static=static, device=self.device
         )
+
+
+def _ready(output: StepOutput) -> Callable[[], StepOutput]:
+    return lambda: output
 
 
 def _index_tensor(values: array[int], device: torch.device) -> torch.Tensor:

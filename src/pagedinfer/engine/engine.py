@@ -544,7 +544,9 @@ class Engine:
         flight = flights[0]
         try:
             with self._lock_released():
-                output, seconds = flight.future.result()
+                read_output, started = flight.future.result()
+                output = read_output()  # waits for this step only
+                seconds = time.perf_counter() - started
         except EngineClosedError:
             raise
         except Exception as error:
@@ -571,15 +573,28 @@ class Engine:
         host_carry = bool(plan.carried_rows) and not getattr(
             executor, "reads_carried_tokens", False
         )
+        # An executor that launches a step without waiting for it (ModelRunner.launch) lets
+        # the next one queue up behind it on the device; the host thread reads the output.
+        launch: Callable[[BatchPlan], Callable[[], StepOutput]] | None = getattr(
+            executor, "launch", None
+        )
 
-        def run() -> tuple[StepOutput, float]:
+        def run() -> tuple[Callable[[], StepOutput], float]:
             started = time.perf_counter()
             ready = plan
             if host_carry:  # the executor cannot read them on its device: fill them in here
                 assert previous is not None
-                ready = _with_carried_tokens(plan, previous.future.result()[0])
-            output = executor.execute(ready)
-            return output, time.perf_counter() - started
+                read_previous = previous.future.result()[0]
+                ready = _with_carried_tokens(plan, read_previous())
+            if launch is not None:
+                read_output = launch(ready)
+            else:
+                output = executor.execute(ready)
+
+                def read_output() -> StepOutput:
+                    return output
+
+            return read_output, started
 
         return _Flight(plan, self._worker.submit(run))
 
@@ -1115,7 +1130,8 @@ class _Flight:
     """A step launched on the worker thread and not recorded yet."""
 
     plan: BatchPlan
-    future: Future[tuple[StepOutput, float]]
+    # What reads its output, and when the worker thread started it (perf_counter).
+    future: Future[tuple[Callable[[], StepOutput], float]]
 
 
 def _with_carried_tokens(plan: BatchPlan, previous: StepOutput) -> BatchPlan:
