@@ -121,8 +121,9 @@ VLLM_ARGUMENTS: dict[str, _VllmArgument] = {
     ),
     "quantization": _VllmArgument(
         _is(None),
-        "pagedinfer loads unquantized weights (float32, float16, bfloat16): use an "
-        "unquantized checkpoint",
+        "a quantized checkpoint is recognised from its config.json's quantization_config "
+        "(fp8, compressed-tensors, awq, gptq: docs/models.md), so pass quantization=None; "
+        "quantizing an unquantized checkpoint while it loads is not implemented",
     ),
     "calculate_kv_scales": _VllmArgument(
         _flag,

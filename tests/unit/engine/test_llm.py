@@ -156,7 +156,7 @@ def test_parallelism_arguments_reach_the_engine(checkpoint: Path) -> None:
 @pytest.mark.parametrize(
     ("argument", "value", "needle"),
     [
-        ("quantization", "awq", "unquantized weights"),
+        ("quantization", "awq", "recognised from its config.json's quantization_config"),
         ("revision", "main", "hf download REPO --revision REV"),
         ("download_dir", "/tmp", "never downloads"),
         ("enable_lora", True, "LoRA"),
