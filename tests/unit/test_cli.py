@@ -235,3 +235,20 @@ def test_parallelism_flags_reach_the_engine(command: str, monkeypatch: pytest.Mo
     kwargs = cli._engine_kwargs(seen[-1])
     assert kwargs["distributed_executor_backend"] == "ray"
     assert (kwargs["pipeline_parallel_size"], kwargs["tensor_parallel_size"]) == (2, 2)
+
+
+def test_kv_cache_dtype_fp8_shows_its_capacity_in_the_startup_line(
+    checkpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--kv-cache-dtype fp8: the same --kv-cache-memory-bytes hold four times the blocks of
+    the float32 cache, and the start-up line names the float8 element type."""
+    common = ["--device", "cpu", "--kv-block-size", "16", "--max-model-len", "64"]
+    common += ["--kv-cache-memory-bytes", str(8 * 16384), "--token-ids", "1,2,3"]
+    common += ["--max-tokens", "2", "--ignore-eos"]  # a float32 block of the tiny model: 16 KiB
+    lines = {}
+    for dtype in ("auto", "fp8"):
+        status, _, err = _run(["generate", checkpoint, *common, "--kv-cache-dtype", dtype], capsys)
+        assert status == 0, err
+        (lines[dtype],) = [line for line in err.splitlines() if line.startswith(STARTUP_LINE)]
+    assert "8 KV blocks of 16 tokens," in lines["auto"], lines
+    assert "32 KV blocks of 16 tokens (float8_e4m3fn)" in lines["fp8"], lines
