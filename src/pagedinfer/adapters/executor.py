@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from pagedinfer.adapters.runner_config import RunnerConfig
 from pagedinfer.domain.executor import Executor
+from pagedinfer.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from pagedinfer.adapters.sampling.grammar import GrammarCompiler
@@ -46,6 +47,12 @@ def create_executor(
         from pagedinfer.adapters.distributed.ray_executor import RayExecutor
 
         return RayExecutor(config, grammars=grammars)
+    if config.pipeline_parallel_size > 1:
+        raise ConfigurationError(
+            f"pipeline_parallel_size={config.pipeline_parallel_size} needs "
+            f"distributed_executor_backend='ray' (got {config.distributed_executor_backend!r}): "
+            "the local executor runs tensor parallelism only."
+        )
     if config.tensor_parallel_size == 1:
         from pagedinfer.adapters.model_runner import ModelRunner
 

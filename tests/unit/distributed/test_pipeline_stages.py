@@ -135,3 +135,11 @@ def test_an_fp8_cache_is_refused_with_stages(three_layers: Path) -> None:
     config = RunnerConfig(model_path=str(three_layers), kv_cache_dtype="fp8", **SETTINGS)
     with pytest.raises(ConfigurationError, match="kv_cache_dtype='fp8' is not supported"):
         StageRunner(config, ParallelContext(stage=pipeline_stages(3, 2)[0]))
+
+
+def test_the_local_executor_refuses_stages(three_layers: Path) -> None:
+    from pagedinfer.adapters.executor import create_executor
+
+    config = RunnerConfig(model_path=str(three_layers), pipeline_parallel_size=2, **SETTINGS)
+    with pytest.raises(ConfigurationError, match="needs distributed_executor_backend='ray'"):
+        create_executor(config)

@@ -407,6 +407,37 @@ def test_the_server_engine_drives_ray_ranks_from_its_thread(cluster: Any, checkp
         assert again.outputs[0].token_ids == reference.outputs[0].token_ids
 
 
+def test_structured_outputs_are_sampled_on_the_last_stage(
+    cluster: Any, make_checkpoint: Callable[..., Path]
+) -> None:
+    """PP=2: the last stage's rank 0 samples, with its own grammar compiler built from the
+    engine's tokenizer; the constrained outputs equal the in-process engine's."""
+    pytest.importorskip("llguidance")
+    from pagedinfer import StructuredOutputsParams
+
+    checkpoint = make_checkpoint("tiny", with_tokenizer=True)
+    schema = {
+        "type": "object",
+        "properties": {"k": {"enum": ["a", "b"]}, "v": {"type": "integer", "maximum": 9}},
+        "required": ["k", "v"],
+        "additionalProperties": False,
+    }
+    constraint = StructuredOutputsParams(json=schema, disable_any_whitespace=True)
+    params = [
+        SamplingParams(structured_outputs=constraint, max_tokens=40, temperature=0.0),
+        SamplingParams(structured_outputs=constraint, max_tokens=40, temperature=1.0, seed=4),
+    ]
+    prompts = PROMPTS[:2]
+    with Engine(checkpoint, **SETTINGS) as engine:
+        want = [o.outputs[0].text for o in engine.generate(prompts, params, use_tqdm=False)]
+    with Engine(
+        checkpoint, pipeline_parallel_size=2, distributed_executor_backend="ray", **SETTINGS
+    ) as engine:
+        got = [o.outputs[0].text for o in engine.generate(prompts, params, use_tqdm=False)]
+    assert got == want
+    assert all(text.startswith('{"k":') for text in got), got
+
+
 def test_a_lost_node_raises_worker_died(
     cluster: Any, checkpoint: Path, expected: dict[str, list[list[int]]]
 ) -> None:
