@@ -5,7 +5,8 @@ were killed (a test failed), survived (every test that runs the mutated function
 timed out, or had no test that runs the function at all; the score is killed / (killed +
 survived + timeouts + no tests). Mutants of the integrity checks that only tests call
 (``TEST_SUPPORT``) are counted apart, in the last column, and not in the score.
-``--survivors`` lists the surviving mutants by name (``mutmut show NAME`` prints one's diff).
+``--survivors`` lists the surviving mutants by name (``mutmut show NAME`` prints one's diff);
+``--diffs`` lists them as a Markdown table of the original and the mutated line.
 
 Run from the repository root after ``mutmut run``: ``python tests/mutation/scores.py``.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -96,19 +98,56 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mutants", type=Path, default=Path("mutants"), help="mutmut's folder")
     parser.add_argument("--survivors", action="store_true", help="list the surviving mutants")
+    parser.add_argument(
+        "--diffs", action="store_true", help="the survivors' lines, original and mutated"
+    )
     args = parser.parse_args(argv)
     results = collect(args.mutants)
     if not results:
         print(f"no mutmut results under {args.mutants}/src: run `make mutation` first.")
         return 1
     print("\n".join(table(results)))
+    survivors = [
+        name
+        for codes in results.values()
+        for name, code in codes.items()
+        if (code in SURVIVED or code in NO_TESTS) and not is_test_support(name)
+    ]
     if args.survivors:
         print()
-        for codes in results.values():
-            for name, code in codes.items():
-                if (code in SURVIVED or code in NO_TESTS) and not is_test_support(name):
-                    print(name)
+        print("\n".join(survivors))
+    if args.diffs:
+        print()
+        print("| mutant | original | mutant |")
+        print("| --- | --- | --- |")
+        for name in survivors:
+            removed, added = diff_lines(name)
+            print(f"| `{short_name(name)}` | {cell(removed)} | {cell(added)} |")
     return 0
+
+
+def diff_lines(name: str) -> tuple[list[str], list[str]]:
+    """The lines ``mutmut show`` removes and adds for one mutant."""
+    shown = subprocess.run(
+        [sys.executable, "-m", "mutmut", "show", name], capture_output=True, text=True
+    ).stdout
+    lines = shown.splitlines()
+    removed = [line[1:].strip() for line in lines if line[:1] == "-" and line[:3] != "---"]
+    added = [line[1:].strip() for line in lines if line[:1] == "+" and line[:3] != "+++"]
+    return removed, added
+
+
+def short_name(name: str) -> str:
+    """``pagedinfer.domain.plan.xǁCǁf__mutmut_3`` as ``plan.C.f #3``."""
+    module, _, rest = name.rpartition(".")
+    function, _, number = rest.rpartition("__mutmut_")
+    function = function.removeprefix("x_").removeprefix("x").strip("ǁ").replace("ǁ", ".")
+    return f"{module.rpartition('.')[2]}.{function} #{number}"
+
+
+def cell(lines: list[str]) -> str:
+    text = " ".join(lines).replace("|", "\\|")
+    return f"`{text}`" if text else ""
 
 
 if __name__ == "__main__":

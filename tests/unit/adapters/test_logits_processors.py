@@ -14,6 +14,7 @@ from pagedinfer.adapters.sampling.batch import SamplingBatch
 from pagedinfer.adapters.sampling.logits_processors import LogitsProcessors, ProcessingStep
 from pagedinfer.adapters.sampling.sampler import Sampler
 from pagedinfer.domain import SamplingParams
+from pagedinfer.domain.plan import NewRequest
 
 CPU = torch.device("cpu")
 
@@ -185,3 +186,36 @@ def test_every_table_and_index_stays_on_the_processors_device() -> None:
     assert every is not None and every.batch_rows is None
     processors.apply(logits[:3], every)
     assert logits.device == meta
+
+
+def test_install_takes_the_plans_prompt_length_and_replaces_the_slots_request() -> None:
+    vocab = 8
+    processors = LogitsProcessors(vocab, CPU, [EOS])
+    # min_tokens without a repetition penalty: the plan sends the prompt's length, no tokens.
+    processors.install(
+        NewRequest(seq_id=1, slot=3, params=SamplingParams(min_tokens=2), num_prompt_tokens=5)
+    )
+    held = processors.plan([7, 3], lambda row: 5)  # 1 token generated before this one
+    assert held is not None and held.held_back is not None
+    assert [pair.tolist() for pair in held.held_back] == [[0], [EOS]]
+    free = processors.plan([7, 3], lambda row: 6)  # 2 generated: min_tokens reached
+    assert free is not None and free.held_back is None
+    # The slot's next request replaces it, with its prompt for the repetition penalty.
+    params = SamplingParams(repetition_penalty=2.0)
+    processors.install(
+        NewRequest(seq_id=2, slot=3, params=params, num_prompt_tokens=2, prompt_token_ids=(4, 6))
+    )
+    assert len(processors) == 1
+    out = processed(processors, torch.ones(1, vocab), [3], [0])
+    assert out.tolist() == [[1, 1, 1, 1, 0.5, 1, 0.5, 1]]
+
+
+def test_freed_rows_of_a_grown_table_are_all_used_before_it_grows_again() -> None:
+    vocab = 4
+    processors = LogitsProcessors(vocab, CPU, initial_rows=1)
+    params = SamplingParams(logit_bias={1: 1.0}, repetition_penalty=1.5)
+    for key in range(4):
+        processors.add(key, params, prompt_token_ids=[2])
+    assert processors.capacity == 4  # 1, 2, then 4 rows: every new row was handed out
+    for table in (processors._scalars, processors._bias, processors._prompt_mask):
+        assert table is not None and table.shape[0] == processors.capacity

@@ -263,3 +263,10 @@ def test_filtered_logits_are_processed_then_tempered() -> None:
     assert out.tolist() == [expected_first, [0.0] * 6]
     greedy = filtered_logits(torch.zeros(2, 6), batch(2, temperature=0.0), processors, step)
     assert greedy.tolist() == [[-inf, 0.0, -inf, -inf, 2.0, -inf], [0.0] * 6]
+
+
+def test_a_greedy_rows_filtered_logits_ignore_its_top_k() -> None:
+    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0], [0.0, 1.0, 2.0, 3.0]])
+    sampling = batch(2, temperature=[0.0, 1.0], top_k=[1, 2])
+    out = filtered_logits(logits.clone(), sampling)
+    assert out.tolist() == [[0.0, 1.0, 2.0, 3.0], [-math.inf, -math.inf, 2.0, 3.0]]
