@@ -441,8 +441,9 @@ def test_structured_outputs_are_sampled_on_the_last_stage(
 def test_a_lost_node_raises_worker_died(
     cluster: Any, checkpoint: Path, expected: dict[str, list[list[int]]]
 ) -> None:
-    """PP=2 with a stage on each node; the worker node's raylet dies (a lost machine): the
-    next step raises WorkerDiedError. Last in the module: the cluster keeps one node."""
+    """PP=2 with a stage on each node; the worker node goes (its raylet and its processes
+    killed: a lost machine): the next step raises WorkerDiedError. Last in the module: the
+    cluster keeps one node."""
     with pytest.MonkeyPatch.context() as patch:
         group = _spread_over_nodes(patch, 2)
         engine = Engine(
@@ -454,7 +455,16 @@ def test_a_lost_node_raises_worker_died(
         (worker_node,) = cluster.worker_nodes
         assert worker_node.node_id in executor.actor_node_ids
         engine.generate(PROMPTS[:1], GREEDY, use_tqdm=False)
+        # A lost machine takes its raylet and its processes: the actor processes would
+        # otherwise go on serving the driver directly for a while after their raylet died.
+        lost = [
+            pid
+            for pid, node_id in zip(executor.actor_pids, executor.actor_node_ids, strict=True)
+            if node_id == worker_node.node_id
+        ]
         cluster.remove_node(worker_node, allow_graceful=False)
+        for pid in lost:
+            os.kill(pid, signal.SIGKILL)
         started = time.monotonic()
         with pytest.raises(WorkerDiedError, match=r"rank [01] .* died"):
             engine.generate(PROMPTS[:1], GREEDY, use_tqdm=False)
