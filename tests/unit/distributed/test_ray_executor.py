@@ -295,6 +295,27 @@ def test_a_placement_that_stays_busy_gives_up_after_the_timeout(
         ray.util.remove_placement_group(holder)
 
 
+def test_a_given_placement_group_must_hold_every_rank(cluster: Any, checkpoint: Path) -> None:
+    """The caller's group: too few bundles, or bundles without the rank's device, are refused
+    before any actor starts (an actor that cannot fit a bundle would wait forever)."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    engine = Engine(checkpoint, **SETTINGS)  # only for its resolved RunnerConfig
+    config = _runner_config(engine, tensor_parallel_size=2)
+    engine.close()
+    small = placement_group([{"CPU": 1}])
+    empty = placement_group([{"CPU": 1}, {"memory": 1024.0}])
+    try:
+        assert small.wait(timeout_seconds=30) and empty.wait(timeout_seconds=30)
+        with pytest.raises(ConfigurationError, match=r"has 1 bundles, .* 2 ranks"):
+            RayExecutor(config, placement_group=small)
+        with pytest.raises(ConfigurationError, match=r"bundle\(s\) \[1\] .* less than one CPU"):
+            RayExecutor(config, placement_group=empty)
+    finally:
+        remove_placement_group(small)
+        remove_placement_group(empty)
+
+
 def test_splits_the_model_cannot_take_are_refused_before_any_actor(
     checkpoint: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -359,6 +359,17 @@ class RayExecutor:
                     f"tensor_parallel_size x pipeline_parallel_size = {self.world_size} ranks "
                     "need one each: give the group more bundles, or start the engine outside it."
                 )
+            short = [
+                index
+                for index, bundle in enumerate(given.bundle_specs[: self.world_size])
+                if float(bundle.get(unit, 0.0)) < 1.0
+            ]
+            if short:
+                raise ConfigurationError(
+                    f"bundle(s) {short} of the placement group this engine runs in hold less "
+                    f"than one {unit}, and each rank needs one ({unit.lower()} engine): give "
+                    f"every bundle {{{unit!r}: 1}}."
+                )
             return [(given, index) for index in range(self.world_size)]
         self._check_feasible(unit)
         bundles: list[tuple[Any, int]] = []
