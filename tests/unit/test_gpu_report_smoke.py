@@ -4,12 +4,14 @@ same code measures the real thing."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -111,3 +113,65 @@ def test_the_hbm_bound_counts_what_a_decode_step_reads(make_checkpoint: Any) -> 
         bound = gpu_report.hbm_bound(workload, facts, bandwidth=1.0)
         assert bound["weight_bytes"] == 2 * step + 3 * row
         assert bound["kv_bytes"] == 16 * facts.kv_bytes_per_token
+
+
+def _gpu_report() -> Any:
+    import importlib
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        return importlib.import_module("gpu_report")
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+
+
+@pytest.mark.parametrize("full_run", ["fits", "times out"])
+def test_the_transformers_sweep_reports_the_best_setting_by_name(
+    monkeypatch: pytest.MonkeyPatch, full_run: str
+) -> None:
+    """The CUDA sweep without a GPU: every setting's probe is faked (one fails, one is the
+    fastest); the fastest runs the whole workload, or the comparison falls back to the probe
+    and says so."""
+    gpu_report = _gpu_report()
+    workload = gpu_report.throughput.Workload([[1] * 8] * 4, [16, 24, 32, 40], 0.6)
+    settings = gpu_report.hf_settings(True, 4)
+    fastest = settings[1]
+    calls: list[tuple[str, int]] = []
+
+    def fake(setting: Any, model: str, work: Any, args: Any, timeout: float) -> Any:
+        calls.append((setting.label, work.output_tokens))
+        assert timeout > 0
+        if setting.label == settings[0].label:
+            return None, "failed: RuntimeError: no GPU here"
+        if work.output_tokens == workload.output_tokens and full_run == "times out":
+            return None, f"stopped after {timeout:.0f} s (the budget)"
+        speed = 1000.0 if setting.label == fastest.label else 100.0
+        result = gpu_report.throughput.Result(
+            f"transformers {setting.label}", work.output_tokens, work.output_tokens / speed
+        )
+        return result, "1 s with loading and warm-up"
+
+    monkeypatch.setattr(gpu_report, "hf_subprocess", fake)
+    report = gpu_report.Report()
+    args = argparse.Namespace(device=torch.device("cuda"), hf_budget=300)
+    ours = gpu_report.throughput.Result("pagedinfer (triton, CUDA graphs)", 112, 0.01)
+    probe_tokens = sum(max(1, n // 8) for n in workload.output_lens)
+    ours_probe = gpu_report.throughput.Result(
+        "pagedinfer (triton, CUDA graphs)", probe_tokens, 0.001
+    )
+    gpu_report.sweep_transformers(report, args, "model", workload, ours, ours_probe)
+    text = report.text()
+
+    assert calls[:-1] == [(s.label, probe_tokens) for s in settings]
+    assert calls[-1] == (fastest.label, workload.output_tokens)
+    assert f"Best on the probe: **{fastest.label}**" in text
+    assert "failed: RuntimeError: no GPU here" in text
+    assert "max_requests_per_batch=128" in fastest.label
+    final = text.split("Best on the probe")[1]
+    if full_run == "fits":
+        assert f"| transformers {fastest.label} | 112 |" in final
+        assert "| pagedinfer (triton, CUDA graphs) | 112 |" in final
+    else:
+        assert "stopped after" in final and "the comparison below is on the probe" in final
+        assert f"| transformers {fastest.label} | {probe_tokens} |" in final
+        assert f"| pagedinfer (triton, CUDA graphs) | {probe_tokens} |" in final
