@@ -12,6 +12,7 @@ import pytest
 
 from pagedinfer.domain import SamplingParams
 from pagedinfer.domain.sampling import FLOAT32_MAX, MAX_SEED, LogitBias
+from pagedinfer.domain.structured import StructuredOutputsParams
 from pagedinfer.errors import InvalidSamplingParamsError
 
 REPETITION_RANGE = (
@@ -355,3 +356,41 @@ def test_a_logit_bias_shows_and_hashes_as_its_entries() -> None:
     # Python) hash apart, so params that differ only in their bias spread in a dict.
     assert hash(bias) == hash(LogitBias({1: -2.0, 3: 0.5}))
     assert len({hash(LogitBias({token: 1.0})) for token in range(8)}) == 8
+
+
+CONFLICT = "is invalid: expected its default with structured_outputs"
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (
+            {"structured_outputs": {"regex": "a"}},
+            "SamplingParams.structured_outputs={'regex': 'a'} is invalid: expected None or a "
+            "StructuredOutputsParams(json=..., regex=..., choice=[...], grammar=..., "
+            "json_object=True).",
+        ),
+        (
+            {"ignore_eos": True},
+            f"SamplingParams.ignore_eos=True {CONFLICT} (the output ends where the grammar "
+            "ends): drop ignore_eos or structured_outputs.",
+        ),
+        (
+            {"min_tokens": 1},
+            f"SamplingParams.min_tokens=1 {CONFLICT} (EOS held back where the grammar allows "
+            "only EOS would leave no token): drop min_tokens or structured_outputs.",
+        ),
+        (
+            {"allowed_token_ids": [1]},
+            f"SamplingParams.allowed_token_ids=(1,) {CONFLICT} (the grammar decides which "
+            "tokens are allowed): drop allowed_token_ids or structured_outputs.",
+        ),
+    ],
+)
+def test_what_structured_outputs_cannot_be_combined_with(
+    fields: dict[str, Any], message: str
+) -> None:
+    fields = {"structured_outputs": StructuredOutputsParams(regex="a")} | fields
+    with pytest.raises(InvalidSamplingParamsError) as info:
+        SamplingParams(**fields)
+    assert str(info.value) == message
