@@ -270,3 +270,18 @@ def test_a_greedy_rows_filtered_logits_ignore_its_top_k() -> None:
     sampling = batch(2, temperature=[0.0, 1.0], top_k=[1, 2])
     out = filtered_logits(logits.clone(), sampling)
     assert out.tolist() == [[0.0, 1.0, 2.0, 3.0], [-math.inf, -math.inf, 2.0, 3.0]]
+
+
+def test_a_temperature_at_the_epsilon_is_sampled_as_the_host_decides() -> None:
+    assert not SamplingParams(temperature=GREEDY_TEMPERATURE_EPSILON).is_greedy
+    logits = torch.zeros(65, 16)  # flat: a sampled row draws any token, argmax is token 0
+    temperatures = [0.0] + [GREEDY_TEMPERATURE_EPSILON] * 64  # with a greedy row
+    tokens = Sampler(CPU)(logits, batch(65, temperature=temperatures))
+    assert tokens[0] == 0 and len(set(tokens.tolist())) > 1
+
+
+def test_top_p_keeps_the_set_whose_mass_reaches_top_p_exactly() -> None:
+    """Four equal probabilities (0.25, exact in float32) and top_p 0.5: two tokens reach 0.5,
+    so two are kept, not three (vLLM's rule: drop while the mass below stays <= 1 - top_p)."""
+    out = filtered_logits(torch.zeros(1, 4), batch(1, top_p=0.5))
+    assert int(out.isfinite().sum()) == 2
