@@ -9,9 +9,10 @@ from the previous plan's samples (as the device does), and reads its context thr
 fake KV cache, so a carried token in the wrong row, or a speculative row that wrote over
 someone's K/V, changes the outputs. Rules fire between any two of these calls: aborts and
 stop strings between ``schedule_ahead`` and ``postprocess``, preemption inside
-``schedule_ahead`` (small pools), and failures of the steps in flight (``schedule()``
-again, which rolls both plans back). The oracle then says that no request emitted a token
-past its end and that every finished one has exactly its tokens.
+``schedule_ahead`` (small pools), and failures of the steps in flight (their sequences
+aborted, as the engine does, then ``schedule()`` again, which rolls both plans back).
+The oracle then says that no request emitted a token past its end and that every finished
+one has exactly its tokens.
 """
 
 from __future__ import annotations
@@ -65,6 +66,15 @@ class AsyncSchedulerMachine(SchedulerMachine):
             return
         for plan, _ in self.flight:
             self.ahead.update(plan.seq_ids)
+        if len(self.flight) == 2 or self.advanced:
+            # The contract (Scheduler.schedule_ahead): a plan moved on by schedule_ahead()
+            # failed, so did the plan made ahead of its tokens; the sequences of both end
+            # (the engine aborts their requests) before schedule() rolls back.
+            for plan, _ in self.flight:
+                for seq_id in {*plan.seq_ids, *plan.sampled_seq_ids}:
+                    seq = self.seqs.get(seq_id)
+                    if seq is not None and not seq.is_finished:
+                        self.abort(which=seq_id, stop_string=False)
         event(f"rolled back {len(self.flight)} plans in flight")
         self.flight = []
         self.advanced = False
@@ -210,6 +220,10 @@ class AsyncSchedulerMachine(SchedulerMachine):
             blocks = cdiv(seq.num_computed_tokens, size)
             if seq.seq_id in self.ahead or seq.seq_id in in_flight:
                 assert len(seq.block_table) >= blocks
+            elif seq.decoding:
+                # After a roll-back a decode row may already hold the block of its next
+                # token (given for a step that never ran), never more.
+                assert blocks <= len(seq.block_table) <= seq.num_computed_tokens // size + 1
             else:
                 assert len(seq.block_table) == blocks
             assert len(set(seq.block_table)) == len(seq.block_table)

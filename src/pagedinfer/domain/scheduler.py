@@ -377,7 +377,10 @@ class Scheduler:
         for the record, and its sequence runs again in the plan after. Then call
         :meth:`postprocess` on the plan in flight (before the new one): a sequence that
         finished there has its row of the new plan discarded when that is postprocessed.
-        If the plan in flight fails, call :meth:`schedule` (it rolls both plans back).
+        If the plan in flight fails, the plan made ahead of its tokens fails with it: end
+        (:meth:`abort`) the sequences with a row in either, then call :meth:`schedule`,
+        which rolls both plans back and plans the rest again (the engine does this).
+        Rolling back sequences that go on is not supported.
 
         Raises ``ValueError`` unless exactly one plan is in flight: the latest plan from
         :meth:`schedule` or :meth:`schedule_ahead` whose predecessor was postprocessed.
@@ -1078,7 +1081,9 @@ class Scheduler:
             ):
                 # Keep the blocks of the chunk that runs again, not those of the next one.
                 self._trim_blocks(seq, cdiv(seq.num_computed_tokens, size))
-                seq.num_computed_tokens = before  # (a prompt end that started decoding too)
+                seq.num_computed_tokens = before
+                if seq.decoding and seq.num_uncomputed_tokens > 1:
+                    seq.decoding = False  # the advance made it decode: it prefills again
         self._advanced_chunks = []
         self._awaiting = set()
         self._register_due = []
@@ -1268,10 +1273,12 @@ class Scheduler:
             raise AssertionError("the prefilling list is not the running non-decoders")
         for seq in running:
             # Once a step is recorded, a sequence with one token left decodes (a plan that
-            # was never postprocessed may have admitted it with a one-token chunk).
+            # was never postprocessed may have admitted it with a one-token chunk: then it
+            # computed nothing yet, and that chunk is planned again).
             if (
                 not seq.decoding
                 and seq.num_uncomputed_tokens <= 1
+                and seq.num_computed_tokens > 0
                 and self._in_flight is None
                 and self._ahead is None
                 and seq.seq_id not in self._pending_forks  # its last prompt token forks

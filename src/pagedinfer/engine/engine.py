@@ -550,13 +550,14 @@ class Engine:
         except EngineClosedError:
             raise
         except Exception as error:
-            # The step planned ahead read this one's tokens: it is dropped too, and the next
-            # schedule() plans again what neither recorded (Scheduler.schedule_ahead).
-            for dropped in flights:
-                dropped.future.cancel()
+            # The step planned ahead read this one's tokens: it fails with it (its requests
+            # too), and the next schedule() rolls both back (Scheduler.schedule_ahead).
+            dropped = [other.plan for other in flights if other is not flight]
+            for other in flights:
+                other.future.cancel()
             flights.clear()
             self._steps_done += 1
-            self._fail_step(flight.plan, error)
+            self._fail_step(flight.plan, error, dropped)
         flights.popleft()
         self._failures.succeeded()
         self._steps_done += 1
@@ -598,15 +599,20 @@ class Engine:
 
         return _Flight(plan, self._worker.submit(run))
 
-    def _fail_step(self, plan: BatchPlan, error: Exception) -> NoReturn:
+    def _fail_step(
+        self, plan: BatchPlan, error: Exception, dropped: Sequence[BatchPlan] = ()
+    ) -> NoReturn:
         """The executor raised ``error`` running ``plan``: end the requests with a row in it
-        (``"abort"``), tell their consumers, raise. Fatal, or one failure too many in a row:
-        the engine dies instead (every unfinished request ends)."""
+        or in the ``dropped`` plans (launched behind it, on its tokens) (``"abort"``), tell
+        their consumers, raise. Fatal, or one failure too many in a row: the engine dies
+        instead (every unfinished request ends)."""
         tensor_parallel = self.config.tensor_parallel_size > 1
         if self._failures.failed() or is_fatal(error, tensor_parallel=tensor_parallel):
             self._die(error)
         failed: dict[int, RequestState] = {}
-        for seq_id in (*plan.seq_ids, *plan.sampled_seq_ids):
+        rows = [seq_id for each in (plan, *dropped) for seq_id in each.seq_ids]
+        rows += [seq_id for each in (plan, *dropped) for seq_id in each.sampled_seq_ids]
+        for seq_id in rows:
             completion = self._completions.get(seq_id)
             if completion is not None and completion.request.final is None:
                 failed.setdefault(completion.request.request_id, completion.request)
