@@ -70,7 +70,7 @@ ENGINE_OPTIONS: dict[str, Any] = {
 # invariants unchanged (a step planned ahead must not change any output).
 ASYNC_SETTINGS = sized(
     {
-        "ci": {"max_examples": 30, "stateful_step_count": 30},
+        "ci": {"max_examples": 20, "stateful_step_count": 30},
         "quick": {"max_examples": 5, "stateful_step_count": 15},
         "thorough": {"max_examples": 500, "stateful_step_count": 60},
     }
