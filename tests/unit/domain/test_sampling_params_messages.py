@@ -394,3 +394,22 @@ def test_what_structured_outputs_cannot_be_combined_with(
     with pytest.raises(InvalidSamplingParamsError) as info:
         SamplingParams(**fields)
     assert str(info.value) == message
+
+
+def test_two_different_constraints_under_both_names_are_refused() -> None:
+    with pytest.raises(InvalidSamplingParamsError) as info:
+        SamplingParams(
+            structured_outputs=StructuredOutputsParams(regex="a"),
+            guided_decoding=StructuredOutputsParams(regex="b"),
+        )
+    assert str(info.value) == (
+        "SamplingParams.guided_decoding=StructuredOutputsParams(regex='b') is invalid: expected "
+        "None when structured_outputs is set (guided_decoding is vLLM's older name of "
+        "structured_outputs: set only structured_outputs)."
+    )
+
+
+def test_none_for_the_stop_fields_is_vllms_default_stored_as_empty() -> None:
+    params = SamplingParams(stop_token_ids=None, stop=None)  # type: ignore[arg-type]
+    assert params.stop_token_ids == () and params.stop == ()
+    assert params == SamplingParams()
