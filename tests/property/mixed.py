@@ -19,7 +19,8 @@ Shared by ``test_mixed_batches.py`` (batches run together through ``generate``) 
   checked from the definitions, not from the engine's code: allowed ids only, no EOS or stop
   id before the last token (nor within ``min_tokens``), at least ``min_tokens`` tokens and at
   most ``max_tokens``, the finish reason and stop reason the last token implies (``stop``
-  beats ``length`` on the last allowed token), the text equals the tokens' decoding cut at the
+  beats ``length`` on the last allowed token), the text equals the tokens' decoding (without a
+  stop token that ended it, unless ``include_stop_str_in_output``) cut at the
   first stop string that ends after ``min_tokens`` (and only there), logprobs with the chosen
   token and the top ``k`` equal to the model's own log-softmax over the prompt and the
   completion (the reference's prompt logprobs: one prefill, not the decode path that made
@@ -351,8 +352,11 @@ class Checker:
         last = tokens[-1]
         last_ends = last in ends and count > params.min_tokens
         # Stop strings, from the definition: the text is the decoding of the tokens, cut at
-        # the first stop string that ends after the first min_tokens tokens' text.
-        full = self.decode(tokens, params)
+        # the first stop string that ends after the first min_tokens tokens' text. The text
+        # of an EOS or stop id that ended the completion is not part of it (as in vLLM)
+        # unless include_stop_str_in_output.
+        hides_last = last_ends and not params.include_stop_str_in_output
+        full = self.decode(tokens[:-1] if hides_last else tokens, params)
         held = len(_strip_unfinished(self.decode(tokens[: params.min_tokens], params)))
         before_last = len(_strip_unfinished(self.decode(tokens[:-1], params)))
         order = {stop: rank for rank, stop in enumerate(params.stop)}
@@ -380,7 +384,7 @@ class Checker:
             return
         # No stop string matched: none occurs (after min_tokens) and the text is all of it.
         assert not matches, f"stop string {matches[0][2]!r} in {full!r} did not stop it"
-        assert text == full, "the text is not the decoding of the tokens"
+        assert text == full, "the text is not the decoding of the tokens (but a stop token)"
         if reason == "stop":
             assert last_ends, "finish_reason stop without EOS, stop id or stop string"
             if last in eos:
