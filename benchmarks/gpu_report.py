@@ -38,7 +38,10 @@ Sections, in the order they run:
    (Qwen3-*-FP8's format: e4m3 weights, 128x128 block scales), against its own HBM bound:
    the same formula with the bytes the FP8 checkpoint holds (1-byte weights, float32 scales,
    the bf16 embedding and LM head).
-9. **Structured outputs**: ``benchmarks/structured.py``'s workload (64 requests, 128 tokens,
+9. **Async scheduling** (one step in flight): the workload, and its first 16 requests (at most
+   16 sequences running), with ``async_scheduling`` off and on in alternating rounds, each
+   against its own HBM bound.
+10. **Structured outputs**: ``benchmarks/structured.py``'s workload (64 requests, 128 tokens,
    its small random model with a tokenizer) with 0 % and 50 % of the requests under a JSON
    schema: throughput, mask time per step, schema compile times.
 
@@ -346,7 +349,11 @@ BANDWIDTH_NOTE = (
 
 
 def engine_for(
-    model: str, args: argparse.Namespace, max_model_len: int, kv_cache_dtype: str = "auto"
+    model: str,
+    args: argparse.Namespace,
+    max_model_len: int,
+    kv_cache_dtype: str = "auto",
+    async_scheduling: bool = False,
 ) -> Engine:
     return Engine(
         model,
@@ -361,6 +368,7 @@ def engine_for(
         gpu_memory_utilization=args.gpu_memory_utilization,
         scheduling_policy=args.scheduling_policy,
         kv_cache_dtype=kv_cache_dtype,
+        async_scheduling=async_scheduling,
     )
 
 
@@ -447,6 +455,59 @@ def run_fp8_checkpoint(
     )
 
 
+def small_batch_of(workload: throughput.Workload, count: int) -> throughput.Workload:
+    """The workload's first ``count`` requests: at most ``count`` sequences ever run."""
+    return throughput.Workload(
+        workload.prompts[:count], workload.output_lens[:count], workload.temperature
+    )
+
+
+def run_async_scheduling(
+    report: Report,
+    args: argparse.Namespace,
+    model: str,
+    workload: throughput.Workload,
+    bandwidth: float,
+    facts: ModelFacts,
+) -> None:
+    """Sync against async scheduling (one step in flight, issue 24) side by side, on the
+    whole workload and on its first 16 requests (the 1-16 running sequences band), each
+    against its own HBM bound. Rounds alternate sync and async; the best of each is kept."""
+    small = small_batch_of(workload, SMALL_BATCH)
+    rows: list[str] = []
+    for name, load in (("whole workload", workload), (f"{len(small.prompts)} requests", small)):
+        best: dict[bool, throughput.Result] = {}
+        for _ in range(args.async_rounds):
+            for async_on in (False, True):
+                engine = engine_for(model, args, max_len_of(load), async_scheduling=async_on)
+                try:
+                    label = ", async scheduling" if async_on else ", sync"
+                    result = run_pagedinfer(engine, load, args, label)
+                finally:
+                    engine.close()
+                    del engine
+                    throughput.release_memory(str(args.device))
+                print(f"{name}: {result.name}: {result.throughput:.0f} tok/s", flush=True)
+                if async_on not in best or result.seconds < best[async_on].seconds:
+                    best[async_on] = result
+        bound_tok_s = hbm_bound(load, facts, bandwidth)["bound_tokens_per_s"]
+        sync, ahead = best[False], best[True]
+        rows.append(
+            f"| {name} | {sync.throughput:.0f} ({sync.throughput / bound_tok_s:.0%}) | "
+            f"{ahead.throughput:.0f} ({ahead.throughput / bound_tok_s:.0%}) | "
+            f"{ahead.throughput / sync.throughput:.2f} | {bound_tok_s:.0f} |"
+        )
+    report.add(
+        f"`Engine(async_scheduling=...)` off and on, best of {args.async_rounds} alternating "
+        "rounds each; in parentheses the fraction of the workload's HBM bound (targets: 85 % "
+        f"on the whole workload, 65 % with at most {SMALL_BATCH} sequences running).",
+        "",
+        "| workload | sync tok/s | async tok/s | async / sync | bound tok/s |",
+        "|---|---:|---:|---:|---:|",
+        *rows,
+    )
+
+
 def run_fp8_kv(
     report: Report,
     args: argparse.Namespace,
@@ -526,6 +587,7 @@ def run_structured_outputs(report: Report, args: argparse.Namespace) -> None:
 # ~30 s for its manager to stop, so the CPU smoke run tries padded generate only.
 RESULT_MARK = "HF-RESULT "
 PROBE_OUTPUT_DIVISOR = 8
+SMALL_BATCH = 16  # step_profile's lowest band: 1 to 16 running sequences
 
 
 @dataclass(frozen=True)
@@ -1072,6 +1134,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--profile-batch", type=int, default=None, help="decode batch to profile")
     parser.add_argument("--profile-context", type=int, default=None, help="its prompt length")
     parser.add_argument("--bandwidth-mb", type=int, default=None, help="copy-bandwidth buffer size")
+    parser.add_argument(
+        "--async-rounds", type=int, default=2, help="alternating sync/async rounds per workload"
+    )
     args = parser.parse_args(argv)
     args.device = torch.device(args.device)
     cuda = args.device.type == "cuda"
@@ -1169,6 +1234,10 @@ def main(argv: list[str] | None = None) -> int:
         if workload is None or bandwidth <= 0:
             raise RuntimeError("needs the throughput section's workload")
         run_fp8_checkpoint(report, args, model, workload, bandwidth, ours)
+    with report.section("Async scheduling (one step in flight)"):
+        if workload is None or facts is None or bandwidth <= 0:
+            raise RuntimeError("needs the throughput section's workload")
+        run_async_scheduling(report, args, model, workload, bandwidth, facts)
     with report.section("Structured outputs (0 % and 50 % JSON-schema constrained)"):
         run_structured_outputs(report, args)
     report.add("", f"Total time: {time.perf_counter() - report.started:.0f} s.")

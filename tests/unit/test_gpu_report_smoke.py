@@ -43,7 +43,7 @@ def run_on_cpu(script: str, out: Path, *options: str) -> str:
 
 
 def test_gpu_report_cpu_smoke_run(tmp_path: Path) -> None:
-    report = run_on_cpu("gpu_report.py", tmp_path / "report.md")
+    report = run_on_cpu("gpu_report.py", tmp_path / "report.md", "--async-rounds=1")
     for heading in (
         "# pagedinfer GPU report",
         "## Device",
@@ -54,12 +54,14 @@ def test_gpu_report_cpu_smoke_run(tmp_path: Path) -> None:
         "## HBM bound",
         "## FP8 KV cache",
         "## FP8 checkpoint (block-wise)",
+        "## Async scheduling (one step in flight)",
         "## Structured outputs (0 % and 50 % JSON-schema constrained)",
     ):
         assert heading in report, heading
     assert "This section failed" not in report
     assert "copy bandwidth" in report and "of the bound" in report
     assert "bytes read plus bytes written" in report  # the bound's reads vs the copy's r+w
+    assert "| whole workload |" in report and "async / sync" in report
     assert "| decode |" in report and "| prefill (256-token budget) |" in report
     # The sweep: the probe's table (pagedinfer and the setting, from its own process), then
     # the best setting on the whole workload, labelled with its settings.
