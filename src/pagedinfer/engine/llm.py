@@ -73,6 +73,15 @@ class _VllmArgument:
 
 
 _TEXT_ONLY = "pagedinfer generates text from text or token ids: no multimodal inputs"
+# vLLM's quantization names for the formats pagedinfer loads, as config.json names them.
+_QUANTIZATION_METHODS = {
+    "fp8": "fp8",
+    "compressed-tensors": "compressed-tensors",
+    "awq": "awq",
+    "awq_marlin": "awq",
+    "gptq": "gptq",
+    "gptq_marlin": "gptq",
+}
 _POOLING = "pagedinfer runs generative models only: no pooling, embedding or scoring"
 _LOCAL = (
     "pagedinfer loads a local directory and never downloads; fetch it with "
@@ -120,7 +129,8 @@ VLLM_ARGUMENTS: dict[str, _VllmArgument] = {
         _is("auto", "hf"), "tokenizers are loaded with transformers' AutoTokenizer ('auto')"
     ),
     "quantization": _VllmArgument(
-        _is(None),
+        # A method name must also be the checkpoint's own (_check_quantization).
+        lambda value: value is None or value in _QUANTIZATION_METHODS,
         "a quantized checkpoint is recognised from its config.json's quantization_config "
         "(fp8, compressed-tensors, awq, gptq: docs/models.md), so pass quantization=None; "
         "quantizing an unquantized checkpoint while it loads is not implemented",
@@ -209,6 +219,7 @@ class LLM(Engine):
     ) -> None:
         engine_kwargs = _engine_kwargs(kwargs)
         model_path = os.fspath(model)
+        _check_quantization(model_path, kwargs.get("quantization"))
         # Before the model loads: a bad generation_config fails at once.
         defaults = _generation_defaults(model_path, generation_config, override_generation_config)
         super().__init__(
@@ -343,6 +354,32 @@ def _check_request_options(*, lora_request: object = None, priority: object = No
             f"priority={priority!r} is not supported: requests are served first come, first "
             "served (pass None or all 0)."
         )
+
+
+def _check_quantization(model_path: str, quantization: str | None) -> None:
+    """vLLM's ``quantization``: None, or the method the checkpoint's config.json names (its
+    quantization_config is what pagedinfer loads by; vLLM's Marlin names count as theirs)."""
+    if quantization is None:
+        return
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # the engine reports a missing or broken config.json itself
+    raw = config.get("quantization_config") if isinstance(config, dict) else None
+    method = raw.get("quant_method") if isinstance(raw, dict) else None
+    if isinstance(method, str) and method.lower() == _QUANTIZATION_METHODS[quantization]:
+        return
+    found = (
+        f"names quant_method {method!r}"
+        if method is not None
+        else "has no quantization_config (an unquantized checkpoint)"
+    )
+    raise ConfigurationError(
+        f"LLM(quantization={quantization!r}) is not supported for this checkpoint: its "
+        f"config.json {found}. A quantized checkpoint is recognised from its config.json's "
+        "quantization_config, so pass quantization=None (or that method's name); quantizing "
+        "an unquantized checkpoint while it loads is not implemented."
+    )
 
 
 def _generation_defaults(

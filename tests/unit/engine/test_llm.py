@@ -324,3 +324,39 @@ def test_dir_lists_the_public_names_and_nothing_else() -> None:
     assert not [name for name in names if name.startswith("_") and name != "__version__"]
     for name in pagedinfer.__all__:
         assert getattr(pagedinfer, name) is not None
+
+
+@pytest.mark.parametrize(
+    ("quant_method", "argument", "accepted"),
+    [
+        ("gptq", "gptq", True),
+        ("gptq", "gptq_marlin", True),
+        ("awq", "awq_marlin", True),
+        ("fp8", "fp8", True),
+        ("compressed-tensors", "compressed-tensors", True),
+        ("gptq", "awq", False),
+        (None, "fp8", False),
+    ],
+)
+def test_quantization_names_the_checkpoints_own_method(
+    tmp_path: Path, quant_method: str | None, argument: str, accepted: bool
+) -> None:
+    """vLLM's quantization= is accepted when it names the method the checkpoint's
+    config.json declares (vLLM's Marlin names count as theirs), refused otherwise."""
+    from pagedinfer.engine.llm import _check_quantization
+
+    config: dict[str, Any] = {"model_type": "qwen3"}
+    if quant_method is not None:
+        config["quantization_config"] = {"quant_method": quant_method}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    if accepted:
+        _check_quantization(str(tmp_path), argument)
+        return
+    found = repr(quant_method) if quant_method else "no quantization_config"
+    with pytest.raises(ConfigurationError, match=re.escape(found)):
+        _check_quantization(str(tmp_path), argument)
+
+
+def test_quantization_outside_the_loaded_formats_is_refused(checkpoint: Path) -> None:
+    with pytest.raises(ConfigurationError, match=re.escape("recognised from its config.json")):
+        LLM(str(checkpoint), quantization="bitsandbytes", **SMALL)
