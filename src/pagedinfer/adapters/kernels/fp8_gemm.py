@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from pagedinfer.adapters.kernels.split_k import plan_split_k, sum_splits
+
 __all__ = ["fp8_gemm", "fp8_gemm_blocks"]
 
 
@@ -91,15 +93,6 @@ def fp8_gemm_blocks(block_k: int, k: int) -> int | None:
     return None
 
 
-def _split_k(device: torch.device, tiles: int, k_steps: int) -> int:
-    """How many programs share one output tile's K range: enough programs for two per SM
-    (decode, few rows), at most 8 and never more than there are K steps."""
-    if device.type != "cuda" or k_steps <= 1:
-        return 1
-    target = 2 * torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(8, k_steps, -(-target // tiles)))
-
-
 def fp8_gemm(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -126,17 +119,9 @@ def fp8_gemm(
     m = int(rows.shape[0])
     if m == 0:
         return torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
-    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
-    tile_n = 64
-    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, tile_n)
-    k_steps = triton.cdiv(k, step)
-    splits = split_k if split_k is not None else _split_k(x.device, tiles, k_steps)
-    k_per_split = triton.cdiv(k_steps, splits) * step
-    splits = triton.cdiv(k, k_per_split)
-    out_dtype = torch.float32 if splits > 1 else x.dtype
-    out = torch.empty((splits, m, n), dtype=out_dtype, device=x.device)
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, tile_n), splits)
-    _fp8_gemm_kernel[grid](
+    launch = plan_split_k(x, m, n, k, step, split_k)
+    out = launch.out
+    _fp8_gemm_kernel[launch.grid](
         rows,
         weight,
         scale,
@@ -150,14 +135,13 @@ def fp8_gemm(
         scale.stride(1),
         out.stride(0),
         out.stride(1),
-        k_per_split,
+        launch.k_per_split,
         block_n,
         block_k if block_k < k else k,
         IEEE=x.dtype == torch.float32,
-        BLOCK_M=block_m,
-        BLOCK_N=tile_n,
+        BLOCK_M=launch.block_m,
+        BLOCK_N=launch.block_n,
         BLOCK_K=step,
         num_warps=4,
     )
-    result = out[0] if splits == 1 else out.sum(dim=0).to(x.dtype)
-    return result.view(*x.shape[:-1], n)
+    return sum_splits(launch, x, n)

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedinfer.adapters.kernels.fp8_gemm import _split_k
+from pagedinfer.adapters.kernels.split_k import plan_split_k, sum_splits
 
 __all__ = ["int4_gemm"]
 
@@ -121,17 +121,9 @@ def int4_gemm(
     m = int(rows.shape[0])
     if m == 0:
         return torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
-    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
-    tile_n = 64
-    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, tile_n)
-    k_steps = triton.cdiv(k, _BLOCK_K)
-    splits = split_k if split_k is not None else _split_k(x.device, tiles, k_steps)
-    k_per_split = triton.cdiv(k_steps, splits) * _BLOCK_K
-    splits = triton.cdiv(k, k_per_split)
-    out_dtype = torch.float32 if splits > 1 else x.dtype
-    out = torch.empty((splits, m, n), dtype=out_dtype, device=x.device)
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, tile_n), splits)
-    _int4_gemm_kernel[grid](
+    launch = plan_split_k(x, m, n, k, _BLOCK_K, split_k)
+    out = launch.out
+    _int4_gemm_kernel[launch.grid](
         rows,
         qweight,
         zeros,
@@ -147,12 +139,11 @@ def int4_gemm(
         scales.stride(0),
         out.stride(0),
         out.stride(1),
-        k_per_split,
+        launch.k_per_split,
         IEEE=x.dtype == torch.float32,
-        BLOCK_M=block_m,
-        BLOCK_N=tile_n,
+        BLOCK_M=launch.block_m,
+        BLOCK_N=launch.block_n,
         BLOCK_K=_BLOCK_K,
         num_warps=4,
     )
-    result = out[0] if splits == 1 else out.sum(dim=0).to(x.dtype)
-    return result.view(*x.shape[:-1], n)
+    return sum_splits(launch, x, n)
