@@ -687,20 +687,8 @@ def hf_generate_batch(
         ) as manager,
         throughput.timed(args.device) as seconds,
     ):
-        for index, (prompt, max_new) in enumerate(
-            zip(workload.prompts, workload.output_lens, strict=True)
-        ):
-            manager.add_request(input_ids=prompt, request_id=f"r{index}", max_new_tokens=max_new)
-        finished: dict[str, int] = {}
-        while len(finished) < len(workload.prompts):
-            result = manager.get_result(timeout=1.0)
-            if result is None:
-                if not manager.is_running():
-                    raise RuntimeError("transformers' continuous batching manager stopped")
-                continue
-            if result.is_finished():
-                finished[result.request_id] = len(result.generated_tokens)
-    return sum(finished.values()), seconds[0], unknown
+        produced = throughput.run_continuous_batching(manager, workload)
+    return produced, seconds[0], unknown
 
 
 def hf_generate(

@@ -272,6 +272,25 @@ def run_hf_generate(model: str, workload: Workload, args: argparse.Namespace) ->
     )
 
 
+def run_continuous_batching(manager: Any, workload: Workload) -> int:
+    """Every request of ``workload`` through transformers' continuous-batching ``manager``,
+    waiting until each has finished; the tokens they generated."""
+    for index, (prompt, max_new) in enumerate(
+        zip(workload.prompts, workload.output_lens, strict=True)
+    ):
+        manager.add_request(input_ids=prompt, request_id=f"r{index}", max_new_tokens=max_new)
+    finished: dict[str, int] = {}
+    while len(finished) < len(workload.prompts):
+        result = manager.get_result(timeout=1.0)
+        if result is None:
+            if not manager.is_running():
+                raise RuntimeError("transformers' continuous batching manager stopped")
+            continue
+        if result.is_finished():
+            finished[result.request_id] = len(result.generated_tokens)
+    return sum(finished.values())
+
+
 def run_hf_generate_batch(model: str, workload: Workload, args: argparse.Namespace) -> Result:
     """Continuous batching: one request per prompt with its own ``max_new_tokens``."""
     from transformers import GenerationConfig
@@ -296,22 +315,7 @@ def run_hf_generate_batch(model: str, workload: Workload, args: argparse.Namespa
             ) as manager,
             timed(args.device) as seconds,
         ):
-            for index, (prompt, max_new) in enumerate(
-                zip(workload.prompts, workload.output_lens, strict=True)
-            ):
-                manager.add_request(
-                    input_ids=prompt, request_id=f"r{index}", max_new_tokens=max_new
-                )
-            finished: dict[str, int] = {}
-            while len(finished) < len(workload.prompts):
-                result = manager.get_result(timeout=1.0)
-                if result is None:
-                    if not manager.is_running():
-                        raise RuntimeError("transformers' continuous batching manager stopped")
-                    continue
-                if result.is_finished():
-                    finished[result.request_id] = len(result.generated_tokens)
-        produced = sum(finished.values())
+            produced = run_continuous_batching(manager, workload)
     finally:
         del hf_model
         release_memory(args.device)
