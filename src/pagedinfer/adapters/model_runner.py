@@ -152,7 +152,7 @@ class ModelRunner:
             model_config.num_key_value_heads, parallel.world_size, "num_key_value_heads"
         )
         self.block_bytes = kv_block_bytes(
-            num_layers=model_config.num_hidden_layers,
+            num_layers=self.num_cache_layers,
             block_size=config.block_size,
             num_kv_heads=self.num_kv_heads,
             head_dim=model_config.head_dim,
@@ -493,9 +493,14 @@ class ModelRunner:
             new_requests=(NewRequest(0, 0, SamplingParams(top_k=50, top_p=0.9), 0),),
         )
 
+    @property
+    def num_cache_layers(self) -> int:
+        """The decoder layers whose K/V this runner's cache holds (a pipeline stage: its own)."""
+        return self.model_config.num_hidden_layers
+
     def _allocate_kv_cache(self, num_blocks: int, dtype: torch.dtype | None = None) -> torch.Tensor:
         return allocate_kv_cache(
-            num_layers=self.model_config.num_hidden_layers,
+            num_layers=self.num_cache_layers,
             num_blocks=num_blocks,
             block_size=self.config.block_size,
             num_kv_heads=self.num_kv_heads,

@@ -22,7 +22,6 @@ import torch
 
 from pagedinfer.adapters.distributed.parallel import ParallelContext
 from pagedinfer.adapters.distributed.pipeline import IntermediateTensors, PipelineStage
-from pagedinfer.adapters.kv_cache import allocate_kv_cache, is_fp8, kv_block_bytes
 from pagedinfer.adapters.model_runner import DecodeGraphRunner, ModelRunner
 from pagedinfer.adapters.runner_config import RunnerConfig
 from pagedinfer.adapters.sampling.grammar import GrammarCompiler
@@ -60,6 +59,11 @@ class StageRunner(ModelRunner):
     @property
     def num_stage_layers(self) -> int:
         return self.stage.end - self.stage.start
+
+    @property
+    def num_cache_layers(self) -> int:
+        """A block holds this stage's layers only."""
+        return self.num_stage_layers
 
     def execute_stage(
         self, plan: BatchPlan, intermediate: IntermediateTensors | None
@@ -104,29 +108,6 @@ class StageRunner(ModelRunner):
             )
         return self.model.forward_stage(
             inputs.input_ids, inputs.positions, inputs.meta, intermediate
-        )
-
-    def _size_kv_cache(self) -> int:
-        # A block holds this stage's layers only.
-        self.block_bytes = kv_block_bytes(
-            num_layers=self.num_stage_layers,
-            block_size=self.config.block_size,
-            num_kv_heads=self.num_kv_heads,
-            head_dim=self.model_config.head_dim,
-            dtype=self.kv_cache_dtype,
-        )
-        return super()._size_kv_cache()
-
-    def _allocate_kv_cache(self, num_blocks: int, dtype: torch.dtype | None = None) -> torch.Tensor:
-        assert dtype is None or not is_fp8(dtype)
-        return allocate_kv_cache(
-            num_layers=self.num_stage_layers,
-            num_blocks=num_blocks,
-            block_size=self.config.block_size,
-            num_kv_heads=self.num_kv_heads,
-            head_dim=self.model_config.head_dim,
-            dtype=self.kv_cache_dtype if dtype is None else dtype,
-            device=self.device,
         )
 
     def _create_graph_runner(self) -> DecodeGraphRunner | None:
