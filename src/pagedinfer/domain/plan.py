@@ -96,6 +96,16 @@ completion is a sequence of its own whose block table starts with the prompt's f
 layer, K and V) *before* the step's forward. Copies are repeated, like the deltas, until a
 plan that carried them has been recorded; repeating one is harmless.
 
+**Verify rows** (speculative decoding, :mod:`pagedinfer.domain.speculative`): a chunk may run
+past its sequence's last token into its drafts (``Sequence.spec_token_ids``). It is then
+sampled at every query token from the sequence's last token on: ``verify_rows`` lists
+``(row, first sample index, number of drafts m)``, the row's last ``m + 1`` query tokens are
+sampled (samples ``first .. first + m``, in order, all under the row's slot) and its last
+``m`` input ids are the drafts. Sample ``i`` is the token after draft ``i - 1``: penalties
+count drafts ``0..i-1`` as generated before it, and the executor records (in the penalties'
+history) only the samples up to the first that differs from its draft
+(:func:`~pagedinfer.domain.speculative.accepted_length`), as the scheduler does.
+
 **Prompt logprobs** (``SamplingParams.prompt_logprobs``): ``prompt_logprob_rows`` lists, per
 prefill chunk of a request that asked, ``(sequence id, first query-token index, count)``: the
 logits of those query tokens give the log-probability of the prompt token after each, whose
@@ -205,6 +215,8 @@ class BatchPlan:
     # sample carried_samples[i] (PENDING_TOKEN in input_ids); empty otherwise.
     carried_rows: array[int] = field(default_factory=lambda: array("q"))
     carried_samples: array[int] = field(default_factory=lambda: array("q"))
+    # Speculative decoding: (row, first sample index, number of drafts) of each verify row.
+    verify_rows: tuple[tuple[int, int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.is_prefill:  # a decode step: every row is a decode row
@@ -282,12 +294,18 @@ def build_batch_plan(
     forks: list[tuple[int, int]] = []
     logprob_rows: list[tuple[int, int, int]] = []
     logprob_targets: list[int] = []
+    verify_rows: list[tuple[int, int, int]] = []
     for chunk in chunks:
         seq = chunk.seq
         start = seq.num_computed_tokens
         end = start + chunk.num_tokens
         table = seq.block_table
-        input_ids.extend(seq.token_ids[start:end])
+        num_drafts = end - seq.num_tokens  # > 0: the chunk runs into its drafts
+        if num_drafts > 0:
+            input_ids.extend(seq.token_ids[start:])
+            input_ids.extend(seq.spec_token_ids[:num_drafts])
+        else:
+            input_ids.extend(seq.token_ids[start:end])
         positions.extend(range(start, end))
         _append_slots(slot_mapping, table, start, end, block_size)
         query_lens.append(chunk.num_tokens)
@@ -295,7 +313,12 @@ def build_batch_plan(
         cu_q.append(cu_q[-1] + chunk.num_tokens)
         cu_k.append(cu_k[-1] + end)
         tables.append(table)
-        if end == seq.num_tokens:  # the chunk reaches the last token: its logits are sampled
+        if num_drafts > 0:  # a verify row: sampled from the last token on
+            assert not chunk.forks, "forks sample from the prompt's last row"
+            verify_rows.append((len(query_lens) - 1, len(sample_indices), num_drafts))
+            sample_indices.extend(range(cu_q[-1] - 1 - num_drafts, cu_q[-1]))
+            sample_slots.extend([seq.slot] * (num_drafts + 1))
+        elif end == seq.num_tokens:  # the chunk reaches the last token: its logits are sampled
             sample_indices.append(cu_q[-1] - 1)
             sample_slots.append(seq.slot)
             for fork in chunk.forks:
@@ -339,6 +362,7 @@ def build_batch_plan(
         block_copies=block_copies,
         prompt_logprob_rows=tuple(logprob_rows),
         prompt_logprob_targets=array("q", logprob_targets),
+        verify_rows=tuple(verify_rows),
     )
 
 
@@ -391,6 +415,10 @@ def mixed_batch_plan(
             for seq_id, first, count in prefill.prompt_logprob_rows
         ),
         prompt_logprob_targets=prefill.prompt_logprob_targets,
+        verify_rows=tuple(
+            (row + num_rows, first + decode.num_samples, count)
+            for row, first, count in prefill.verify_rows
+        ),
     )
 
 

@@ -67,6 +67,7 @@ from pagedinfer.domain.plan import (
     needs_prompt_tokens,
 )
 from pagedinfer.domain.sequence import FinishReason, Sequence, SequenceStatus
+from pagedinfer.domain.speculative import accepted_length
 from pagedinfer.errors import ConfigurationError, InvalidRequestError
 
 __all__ = [
@@ -93,6 +94,11 @@ class SchedulerConfig:
     enable_prefix_caching: bool = True
     eos_token_ids: frozenset[int] = field(default_factory=frozenset)
     scheduling_policy: SchedulingPolicy = "mixed"
+    # Speculative decoding: drafts verified per step (k; 0: off), and the positions past a
+    # verify row's drafts whose blocks are given with it when free (a draft model stores the
+    # K/V of its next drafts there).
+    num_speculative_tokens: int = 0
+    num_lookahead_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.scheduling_policy not in SCHEDULING_POLICIES:
@@ -110,6 +116,10 @@ class SchedulerConfig:
                 f"max_model_len={self.max_model_len!r} is invalid: expected an integer >= 2 "
                 "(one prompt token plus one generated token)."
             )
+        for name in ("num_speculative_tokens", "num_lookahead_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigurationError(f"{name}={value!r} is invalid: expected an integer >= 0.")
         capacity = self.num_blocks * self.block_size
         if capacity < self.max_model_len:
             raise ConfigurationError(
@@ -142,6 +152,12 @@ class SchedulerStats:
     num_prefill_steps: int
     num_decode_steps: int
     num_mixed_steps: int = 0
+    # Speculative decoding: verify rows with drafts, drafts verified, drafts accepted, and
+    # drafts accepted by position in the row (vLLM's spec_decode counters).
+    num_spec_verify_rows: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: tuple[int, ...] = ()
 
 
 class Scheduler:
@@ -233,6 +249,13 @@ class Scheduler:
         self._num_decode_steps = 0
         self._num_mixed_steps = 0
         self._mixed = config.scheduling_policy == "mixed"
+        # Speculative decoding: sequences never decode one token per step in rows; each
+        # step gives every running sequence a chunk of its last token and its drafts.
+        self._speculative = config.num_speculative_tokens > 0
+        self._num_spec_verify_rows = 0
+        self._num_draft_tokens = 0
+        self._num_accepted_tokens = 0
+        self._accepted_per_position = [0] * config.num_speculative_tokens
         # Plans issued, and the number of the latest plan recorded (BatchPlan.step_id).
         self._step_id = 0
         self._recorded_step_id = 0
@@ -385,6 +408,11 @@ class Scheduler:
         Raises ``ValueError`` unless exactly one plan is in flight: the latest plan from
         :meth:`schedule` or :meth:`schedule_ahead` whose predecessor was postprocessed.
         """
+        if self._speculative:
+            raise ValueError(
+                "schedule_ahead() plans before the plan in flight's tokens are known; with "
+                "speculative decoding the next drafts follow them: use schedule()."
+            )
         plan = self._in_flight
         if plan is None or self._ahead is not None:
             raise ValueError(
@@ -493,13 +521,16 @@ class Scheduler:
                 return chunks
             if awaiting and seq.seq_id in awaiting:
                 continue  # its chunk in the plan in flight samples: planned after the record
-            num_tokens = min(seq.num_uncomputed_tokens, budget, self._growth_capacity(seq))
+            wanted = seq.num_uncomputed_tokens + len(seq.spec_token_ids)
+            num_tokens = min(wanted, budget, self._growth_capacity(seq))
             forking = num_tokens == seq.num_uncomputed_tokens and seq.seq_id in self._pending_forks
             if forking and not self._fork_fits(seq, num_tokens):
                 num_tokens -= 1  # not this step: the last prompt token must fork
                 forking = False
             if num_tokens > 0:
                 self._grow(seq, num_tokens)
+                if num_tokens > seq.num_uncomputed_tokens and self.config.num_lookahead_tokens:
+                    self._grow_lookahead(seq, num_tokens)
                 forks = self._fork(seq) if forking else ()
                 chunks.append(ScheduledChunk(seq, num_tokens, forks))
                 budget -= num_tokens
@@ -690,6 +721,17 @@ class Scheduler:
         slots = (len(seq.block_table) + self.pool.num_free_blocks) * self.block_size
         return slots - seq.num_computed_tokens
 
+    def _grow_lookahead(self, seq: Sequence, num_tokens: int) -> None:
+        """Blocks for the lookahead positions after a verify row's ``num_tokens``, as far
+        as free blocks allow (never by preempting: the draft model's K/V is a guess)."""
+        wanted = cdiv(
+            seq.num_computed_tokens + num_tokens + self.config.num_lookahead_tokens,
+            self.block_size,
+        )
+        missing = min(wanted - len(seq.block_table), self.pool.num_free_blocks)
+        if missing > 0:
+            seq.block_table.extend(block.block_id for block in self.pool.allocate(missing))
+
     def _grow(self, seq: Sequence, num_tokens: int) -> None:
         needed = cdiv(seq.num_computed_tokens + num_tokens, self.block_size)
         missing = needed - len(seq.block_table)
@@ -740,8 +782,11 @@ class Scheduler:
             self._block_copies[child.seq_id] = copy
         child.token_ids.append(token)
         self._running.append(child)
-        child.decoding = True  # its prompt is computed: one token per step from now on
-        self._joining.append(child)
+        if self._speculative:  # a chunk of its last token and drafts per step
+            self._prefilling.append(child)
+        else:
+            child.decoding = True  # its prompt is computed: one token per step from now on
+            self._joining.append(child)
         self._register_full_blocks(child)
         updated.append(child)
         reason = self._finish_reason(child, token)
@@ -771,6 +816,7 @@ class Scheduler:
             and parent.num_uncomputed_tokens == 1
             and self._in_flight is None  # else recording the plan in flight does this
             and self._ahead is None
+            and not self._speculative
         ):
             parent.decoding = True
             self._prefilling.remove(parent)
@@ -876,6 +922,7 @@ class Scheduler:
         which the advance left as they were; the other chunks were counted then. A sequence
         preempted since still gets its token (its step ran)."""
         sampled = dict(zip(plan.sampled_seq_ids[first_row:], tokens[first_row:], strict=True))
+        verified = self._verified(plan, tokens) if plan.verify_rows else None
         updated: list[Sequence] = []
         rows = zip(plan.seq_ids[first_row:], plan.query_lens[first_row:], strict=True)
         for seq_id, num_tokens in rows:
@@ -890,11 +937,17 @@ class Scheduler:
                     continue
             elif not running:
                 continue
+            if verified is not None and seq_id in verified:
+                if self._record_verified(seq, num_tokens, *verified[seq_id]):
+                    updated.append(seq)
+                continue
             if running and not seq.decoding:
                 seq.num_computed_tokens += num_tokens
             token = sampled.get(seq_id)
             if token is not None:
                 seq.token_ids.append(token)  # a decoding sequence's count follows
+                if seq.spec_token_ids:
+                    seq.spec_token_ids = []  # guesses after the previous last token
             if running:
                 self._register_full_blocks(seq)
             if token is not None:
@@ -911,12 +964,67 @@ class Scheduler:
                 and seq.num_uncomputed_tokens == 1
                 # A request's last prompt token forks in a prefill step, never in a decode.
                 and seq_id not in self._pending_forks
+                and not self._speculative  # (speculating, it goes on in chunks)
             ):
                 # Prompt done (or one prompt token left over): one token per step from now.
                 seq.decoding = True
                 self._prefilling.remove(seq)
                 self._joining.append(seq)
         return updated
+
+    # --------------------------------------------------- speculative decoding
+    def set_drafts(self, seq_id: int, draft_token_ids: SequenceABC[int]) -> int:
+        """Drafts (speculative decoding) for the tokens after running sequence ``seq_id``'s
+        last one, replacing any it had; the next step that computes its last token verifies
+        them. Kept: at most ``num_speculative_tokens``, and none past the sequence's length
+        limit (``max_tokens``, ``max_model_len``). Returns how many were kept (0 for an
+        unknown, waiting or finished sequence, or with speculation off)."""
+        seq = self._seqs.get(seq_id)
+        if seq is None or seq.status is not SequenceStatus.RUNNING or not self._speculative:
+            return 0
+        room = self._length_limit(seq) - seq.num_tokens - 1  # the bonus token comes on top
+        count = max(0, min(len(draft_token_ids), self.config.num_speculative_tokens, room))
+        seq.spec_token_ids = list(draft_token_ids[:count])
+        return count
+
+    def _verified(
+        self, plan: BatchPlan, tokens: list[int]
+    ) -> dict[int, tuple[list[int], list[int]]]:
+        """Each verify row's sequence id -> (its drafts in the plan, its samples)."""
+        verified = {}
+        for row, first, count in plan.verify_rows:
+            start = plan.cu_seqlens_q[row + 1] - count
+            drafts = plan.input_ids[start : start + count].tolist()
+            verified[plan.seq_ids[row]] = (drafts, tokens[first : first + count + 1])
+        return verified
+
+    def _record_verified(
+        self, seq: Sequence, num_tokens: int, drafts: list[int], samples: list[int]
+    ) -> bool:
+        """A verify row ran: keep the drafts its samples accept, then the next sample (the
+        correction or the bonus token); stop at a token that finishes the sequence. False
+        when the sequence left the running ones since (its tokens are discarded)."""
+        if seq.status is not SequenceStatus.RUNNING:
+            return False
+        accepted = accepted_length(samples, drafts)
+        self._num_spec_verify_rows += 1
+        self._num_draft_tokens += len(drafts)
+        self._num_accepted_tokens += accepted
+        per_position = self._accepted_per_position
+        for index in range(accepted):
+            per_position[index] += 1
+        # The row computed the tokens up to the last one and the accepted drafts' positions.
+        computed = seq.num_computed_tokens + num_tokens - len(drafts) + accepted
+        seq.spec_token_ids = []
+        for token in samples[: accepted + 1]:
+            seq.token_ids.append(token)
+            reason = self._finish_reason(seq, token)
+            if reason is not None:
+                self._finish(seq, reason)
+                return True
+        seq.num_computed_tokens = computed
+        self._register_full_blocks(seq)
+        return True
 
     # ------------------------------------------------------- async scheduling
     def _advance(self, plan: BatchPlan) -> None:
@@ -1262,6 +1370,10 @@ class Scheduler:
             num_prefill_steps=self._num_prefill_steps,
             num_decode_steps=self._num_decode_steps,
             num_mixed_steps=self._num_mixed_steps,
+            num_spec_verify_rows=self._num_spec_verify_rows,
+            num_draft_tokens=self._num_draft_tokens,
+            num_accepted_tokens=self._num_accepted_tokens,
+            accepted_per_position=tuple(self._accepted_per_position),
         )
 
     def check_integrity(self) -> None:
@@ -1282,6 +1394,7 @@ class Scheduler:
                 and self._in_flight is None
                 and self._ahead is None
                 and seq.seq_id not in self._pending_forks  # its last prompt token forks
+                and not self._speculative  # (speculating, it goes on in chunks)
             ):
                 raise AssertionError(f"{seq!r} should be decoding")
         for seq in self._waiting:

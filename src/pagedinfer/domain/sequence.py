@@ -42,7 +42,8 @@ class Sequence:
     but the last is computed): ``num_computed_tokens`` is then ``len(token_ids) - 1``, derived
     instead of being counted every step. Assigning ``num_computed_tokens`` stores an explicit
     count and ends that mode. ``slot`` is the request's row in the executor's sampling table
-    (see :mod:`pagedinfer.domain.plan`), ``-1`` while it has none.
+    (see :mod:`pagedinfer.domain.plan`), ``-1`` while it has none. ``spec_token_ids`` are
+    speculative decoding's drafts for the tokens after ``token_ids`` (not part of them).
 
     From :meth:`Scheduler.add` until it finishes, a sequence belongs to the scheduler: read
     any field, assign none (``status``, ``finish_reason``, ``token_ids``, ``block_table``,
@@ -65,6 +66,7 @@ class Sequence:
         "params",
         "seq_id",
         "slot",
+        "spec_token_ids",
         "status",
         "token_ids",
     )
@@ -93,6 +95,9 @@ class Sequence:
         self.block_hashes: list[int] = []
         # How many leading entries of block_table the prefix cache already knows about.
         self.num_registered_blocks = 0
+        # Speculative decoding: the proposer's guesses of the next tokens (drafts), verified
+        # by the next step that computes this sequence's last token; never in token_ids.
+        self.spec_token_ids: list[int] = []
 
     def __len__(self) -> int:
         return len(self.token_ids)
