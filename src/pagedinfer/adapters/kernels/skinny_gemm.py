@@ -106,6 +106,8 @@ def prefers_skinny_gemm(x: torch.Tensor, weight: torch.Tensor) -> bool:
         return False
     n, k = int(weight.shape[0]), int(weight.shape[1])
     rows = x.numel() // k if k else 0
+    if not 1 <= rows <= MAX_ROWS:  # prefill: no need to ask for the device's properties
+        return False
     sm_count = torch.cuda.get_device_properties(x.device).multi_processor_count
     return skinny_gemm_wins(rows, n, k, sm_count)
 
