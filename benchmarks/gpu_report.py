@@ -46,7 +46,8 @@ Sections, in the order they run:
    schema: throughput, mask time per step, schema compile times.
 11. **Decode GEMMs**: Qwen3-0.6B's projections (qkv, o, gate_up, down) and LM head at 1 to
    256 rows in bfloat16, ``F.linear`` (cuBLAS) against the skinny split-K Triton GEMM
-   (``adapters/kernels/skinny_gemm.py``), CUDA events, each call reading its weight from HBM;
+   (``adapters/kernels/skinny_gemm.py``) with its planned K split and the best of splits 1,
+   2, 4, 8 forced, CUDA events, each call reading its weight from HBM;
    the roofline (the weight's bytes at the copy bandwidth), what the per-shape choice runs,
    and one decode step's GEMM time summed. ``--gemms-only`` runs the device section and this
    one alone (a minute). Skipped on the CPU.
@@ -1084,6 +1085,7 @@ def profile_steps(
 # ----------------------------------------------------------------------- decode GEMMs
 DECODE_GEMMS = "Decode GEMMs: F.linear against the skinny split-K GEMM"
 GEMM_ROWS = (1, 16, 64, 128, 256)
+GEMM_SPLITS = (1, 2, 4, 8)  # forced K splits, to see which the plan should choose
 # Weight copies cycled through per timing, so each call reads its weight from HBM as in a
 # decode step (whose weights far exceed the L2 cache), not from L2: several times any GPU's L2.
 GEMM_WEIGHT_BYTES = 512 << 20
@@ -1139,13 +1141,21 @@ def run_decode_gemms(report: Report, args: argparse.Namespace, bandwidth: float)
         return
     import torch.nn.functional as F
 
-    from pagedinfer.adapters.kernels.skinny_gemm import prefers_skinny_gemm, skinny_gemm
+    from pagedinfer.adapters.kernels.skinny_gemm import (
+        BLOCK_K,
+        prefers_skinny_gemm,
+        skinny_gemm,
+    )
+    from pagedinfer.adapters.kernels.split_k import plan_split_k
 
     def cublas(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.linear(x, weight)
 
-    def skinny(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return skinny_gemm(x, weight)
+    def skinny(split_k: int | None) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        def run(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+            return skinny_gemm(x, weight, split_k=split_k)
+
+        return run
 
     device, dtype = args.device, torch.bfloat16
     sms = torch.cuda.get_device_properties(device).multi_processor_count
@@ -1153,12 +1163,13 @@ def run_decode_gemms(report: Report, args: argparse.Namespace, bandwidth: float)
         f"Qwen3-0.6B's decode GEMMs, `y = x W^T` in bfloat16 (random weights), {sms} SMs; "
         "device µs per call (CUDA events, best of 3 passes), each call reading its own copy "
         f"of the weight (at least {GEMM_WEIGHT_BYTES >> 20} MiB of copies, past the L2 "
-        "cache). Roofline: the weight's bytes at the copy bandwidth. *chosen*: what "
-        "`LinearBase.linear` runs for that shape on this GPU.",
+        "cache). *skinny*: with the split the plan chooses (in brackets); *best split*: the "
+        f"fastest of the splits {list(GEMM_SPLITS)} forced. Roofline: the weight's bytes at "
+        "the copy bandwidth. *chosen*: what `LinearBase.linear` runs for that shape here.",
         "",
-        "| GEMM | N x K | rows | F.linear µs | skinny µs | skinny / F.linear | roofline µs "
-        "| chosen |",
-        "|---|---|---:|---:|---:|---:|---:|---|",
+        "| GEMM | N x K | rows | F.linear µs | skinny µs | skinny / F.linear | best split µs "
+        "| roofline µs | chosen |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
     )
     totals: dict[int, list[float]] = {rows: [0.0, 0.0, 0.0, 0.0] for rows in GEMM_ROWS}
     shapes = decode_gemm_shapes()
@@ -1174,13 +1185,21 @@ def run_decode_gemms(report: Report, args: argparse.Namespace, bandwidth: float)
         for rows in GEMM_ROWS:
             x = torch.randn(rows, k, generator=generator, device=device).to(dtype)
             cublas_us = cuda_time_us(cublas, x, weights)
-            skinny_us = cuda_time_us(skinny, x, weights)
+            skinny_us = cuda_time_us(skinny(None), x, weights)
+            planned = plan_split_k(x, rows, n, k, BLOCK_K, None).splits
+            forced = {
+                plan_split_k(x, rows, n, k, BLOCK_K, split).splits: cuda_time_us(
+                    skinny(split), x, weights
+                )
+                for split in GEMM_SPLITS
+            }
+            best = min(forced, key=forced.__getitem__)
             # The LM head is no LinearBase: it always runs F.linear.
             chosen = name != "lm_head" and prefers_skinny_gemm(x, weights[0])
             report.add(
-                f"| {name} | {n} x {k} | {rows} | {cublas_us:.1f} | {skinny_us:.1f} "
-                f"| {skinny_us / cublas_us:.2f} | {roofline_us:.1f} "
-                f"| {'skinny' if chosen else 'F.linear'} |"
+                f"| {name} | {n} x {k} | {rows} | {cublas_us:.1f} | {skinny_us:.1f} ({planned}) "
+                f"| {skinny_us / cublas_us:.2f} | {forced[best]:.1f} ({best}) "
+                f"| {roofline_us:.1f} | {'skinny' if chosen else 'F.linear'} |"
             )
             total = totals[rows]
             total[0] += per_step * cublas_us
