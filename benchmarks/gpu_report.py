@@ -50,7 +50,7 @@ Sections, in the order they run:
    2, 4, 8 forced, CUDA events, each call reading its weight from HBM;
    the roofline (the weight's bytes at the copy bandwidth), what the per-shape choice runs,
    and one decode step's GEMM time summed. ``--gemms-only`` runs the device section and this
-   one alone (a minute). Skipped on the CPU.
+   one alone (about a minute, estimated). Skipped on the CPU.
 
 Runs from a plain checkout with the Python already on the machine (no install, no network)::
 
