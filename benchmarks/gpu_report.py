@@ -44,6 +44,13 @@ Sections, in the order they run:
 10. **Structured outputs**: ``benchmarks/structured.py``'s workload (64 requests, 128 tokens,
    its small random model with a tokenizer) with 0 % and 50 % of the requests under a JSON
    schema: throughput, mask time per step, schema compile times.
+11. **Decode GEMMs**: Qwen3-0.6B's projections (qkv, o, gate_up, down) and LM head at 1 to
+   256 rows in bfloat16, ``F.linear`` (cuBLAS) against the skinny split-K Triton GEMM
+   (``adapters/kernels/skinny_gemm.py``) with its planned K split and the best of splits 1,
+   2, 4, 8 forced, CUDA events, each call reading its weight from HBM;
+   the roofline (the weight's bytes at the copy bandwidth), what the per-shape choice runs,
+   and one decode step's GEMM time summed. ``--gemms-only`` runs the device section and this
+   one alone (about a minute, estimated). Skipped on the CPU.
 
 Runs from a plain checkout with the Python already on the machine (no install, no network)::
 
@@ -91,6 +98,7 @@ FAST_TESTS = (
     "tests/gpu/test_no_recompile_gpu.py",
     "tests/gpu/test_cuda_graph.py",
     "tests/gpu/test_step_inputs_gpu.py",
+    "tests/gpu/test_skinny_gemm_gpu.py",
 )
 
 
@@ -1074,6 +1082,147 @@ def profile_steps(
     return lines
 
 
+# ----------------------------------------------------------------------- decode GEMMs
+DECODE_GEMMS = "Decode GEMMs: F.linear against the skinny split-K GEMM"
+GEMM_ROWS = (1, 16, 64, 128, 256)
+GEMM_SPLITS = (1, 2, 4, 8)  # forced K splits, to see which the plan should choose
+# Weight copies cycled through per timing, so each call reads its weight from HBM as in a
+# decode step (whose weights far exceed the L2 cache), not from L2: several times any GPU's L2.
+GEMM_WEIGHT_BYTES = 512 << 20
+
+
+def decode_gemm_shapes(preset: str = "qwen3-0.6b") -> list[tuple[str, int, int, int]]:
+    """``(name, N, K, per step)`` of a decoder layer's projections and the LM head, with how
+    many of each one decode step runs, for a random-checkpoint preset (Qwen3-0.6B's shape)."""
+    from pagedinfer.adapters.models.random_checkpoint import PRESETS
+
+    spec = PRESETS[preset]
+    hidden, heads, kv_heads = spec.hidden_size, spec.num_attention_heads, spec.num_key_value_heads
+    head_dim, intermediate, layers = spec.head_dim, spec.intermediate_size, spec.num_hidden_layers
+    return [
+        ("qkv", (heads + 2 * kv_heads) * head_dim, hidden, layers),
+        ("o", hidden, heads * head_dim, layers),
+        ("gate_up", 2 * intermediate, hidden, layers),
+        ("down", hidden, intermediate, layers),
+        ("lm_head", spec.vocab_size, hidden, 1),
+    ]
+
+
+def cuda_time_us(
+    gemm: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    x: torch.Tensor,
+    weights: list[torch.Tensor],
+    rounds: int = 3,
+) -> float:
+    """Device microseconds per ``gemm(x, weight)``, CUDA events, best of ``rounds`` passes
+    over ``weights`` (copies of one weight, so every call reads its own from HBM)."""
+    calls = max(20, len(weights))
+    for weight in weights[:3]:
+        gemm(x, weight)  # compile and warm up
+    best = float("inf")
+    for _ in range(rounds):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        for call in range(calls):
+            gemm(x, weights[call % len(weights)])
+        end.record()
+        torch.cuda.synchronize()
+        best = min(best, start.elapsed_time(end) * 1e3 / calls)
+    return best
+
+
+def run_decode_gemms(report: Report, args: argparse.Namespace, bandwidth: float) -> None:
+    """F.linear (cuBLAS) against the skinny split-K GEMM at decode shapes, with the roofline
+    (the weight's bytes at the copy bandwidth) and what the per-shape choice runs."""
+    if args.device.type != "cuda":
+        report.add("Skipped: no CUDA device (the skinny GEMM runs on CUDA only).")
+        return
+    import torch.nn.functional as F
+
+    from pagedinfer.adapters.kernels.skinny_gemm import (
+        BLOCK_K,
+        prefers_skinny_gemm,
+        skinny_gemm,
+    )
+    from pagedinfer.adapters.kernels.split_k import plan_split_k
+
+    def cublas(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, weight)
+
+    def skinny(split_k: int | None) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        def run(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+            return skinny_gemm(x, weight, split_k=split_k)
+
+        return run
+
+    device, dtype = args.device, torch.bfloat16
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    report.add(
+        f"Qwen3-0.6B's decode GEMMs, `y = x W^T` in bfloat16 (random weights), {sms} SMs; "
+        "device µs per call (CUDA events, best of 3 passes), each call reading its own copy "
+        f"of the weight (at least {GEMM_WEIGHT_BYTES >> 20} MiB of copies, past the L2 "
+        "cache). *skinny*: with the split the plan chooses (in brackets); *best split*: the "
+        f"fastest of the splits {list(GEMM_SPLITS)} forced. Roofline: the weight's bytes at "
+        "the copy bandwidth. *chosen*: what `LinearBase.linear` runs for that shape here.",
+        "",
+        "| GEMM | N x K | rows | F.linear µs | skinny µs | skinny / F.linear | best split µs "
+        "| roofline µs | chosen |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    )
+    totals: dict[int, list[float]] = {rows: [0.0, 0.0, 0.0, 0.0] for rows in GEMM_ROWS}
+    shapes = decode_gemm_shapes()
+    for name, n, k, per_step in shapes:
+        weight_bytes = n * k * dtype.itemsize
+        copies = max(1, -(-GEMM_WEIGHT_BYTES // weight_bytes))
+        generator = torch.Generator(device=device).manual_seed(n + k)
+        weights = [
+            (torch.randn(n, k, generator=generator, device=device) * k**-0.5).to(dtype)
+            for _ in range(copies)
+        ]
+        roofline_us = weight_bytes / bandwidth * 1e6
+        for rows in GEMM_ROWS:
+            x = torch.randn(rows, k, generator=generator, device=device).to(dtype)
+            cublas_us = cuda_time_us(cublas, x, weights)
+            skinny_us = cuda_time_us(skinny(None), x, weights)
+            planned = plan_split_k(x, rows, n, k, BLOCK_K, None).splits
+            forced = {
+                plan_split_k(x, rows, n, k, BLOCK_K, split).splits: cuda_time_us(
+                    skinny(split), x, weights
+                )
+                for split in GEMM_SPLITS
+            }
+            best = min(forced, key=forced.__getitem__)
+            # The LM head is no LinearBase: it always runs F.linear.
+            chosen = name != "lm_head" and prefers_skinny_gemm(x, weights[0])
+            report.add(
+                f"| {name} | {n} x {k} | {rows} | {cublas_us:.1f} | {skinny_us:.1f} ({planned}) "
+                f"| {skinny_us / cublas_us:.2f} | {forced[best]:.1f} ({best}) "
+                f"| {roofline_us:.1f} | {'skinny' if chosen else 'F.linear'} |"
+            )
+            total = totals[rows]
+            total[0] += per_step * cublas_us
+            total[1] += per_step * (skinny_us if chosen else cublas_us)
+            total[2] += per_step * min(cublas_us, skinny_us)
+            total[3] += per_step * roofline_us
+        del weights
+        torch.cuda.empty_cache()
+    report.add(
+        "",
+        f"One decode step's GEMMs ({shapes[0][3]} layers of the four projections, the LM head "
+        "once), ms:",
+        "",
+        "| rows | F.linear | as chosen | best of the two per shape | roofline |",
+        "|---:|---:|---:|---:|---:|",
+        *(
+            f"| {rows} | {t[0] / 1e3:.3f} | {t[1] / 1e3:.3f} | {t[2] / 1e3:.3f} "
+            f"| {t[3] / 1e3:.3f} |"
+            for rows, t in totals.items()
+        ),
+    )
+
+
 # ------------------------------------------------------------------------------ main
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
@@ -1085,6 +1234,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--all-tests", action="store_true", help="run every GPU test, not the fast subset"
     )
     parser.add_argument("--skip-tests", action="store_true", help="no GPU tests")
+    parser.add_argument(
+        "--gemms-only",
+        action="store_true",
+        help="the device and the decode GEMMs sections alone (no tests, no workload)",
+    )
     parser.add_argument("--tests-timeout", type=int, default=240, help="seconds for the GPU tests")
     parser.add_argument("--model", help="local checkpoint (default: random weights)")
     parser.add_argument(
@@ -1164,6 +1318,10 @@ def main(argv: list[str] | None = None) -> int:
         report.add(
             f"- copy bandwidth (device to device, read + write): **{bandwidth / 1e9:.0f} GB/s**"
         )
+    if args.gemms_only:
+        with report.section(DECODE_GEMMS):
+            run_decode_gemms(report, args, bandwidth)
+        return finish(report, args)
     if not args.skip_tests:
         with report.section("GPU tests (fast subset)" if not args.all_tests else "GPU tests (all)"):
             run_gpu_tests(report, args)
@@ -1228,6 +1386,13 @@ def main(argv: list[str] | None = None) -> int:
         run_async_scheduling(report, args, model, workload, bandwidth, facts)
     with report.section("Structured outputs (0 % and 50 % JSON-schema constrained)"):
         run_structured_outputs(report, args)
+    with report.section(DECODE_GEMMS):
+        run_decode_gemms(report, args, bandwidth)
+    return finish(report, args)
+
+
+def finish(report: Report, args: argparse.Namespace) -> int:
+    """Write the report; the exit status (1 if a section failed)."""
     report.add("", f"Total time: {time.perf_counter() - report.started:.0f} s.")
     if report.failed:
         report.add(f"Failed sections: {', '.join(report.failed)}")

@@ -1,4 +1,4 @@
-"""The split-K launch shared by the quantized GEMMs (``fp8_gemm``, ``int4_gemm``).
+"""The split-K launch shared by the GEMMs (``fp8_gemm``, ``int4_gemm``, ``skinny_gemm``).
 
 A decode step has few rows, so ``[M, N]`` makes too few output tiles to fill the GPU; the K
 range of each tile is then split among several programs, each writing its partial sum into its
@@ -13,9 +13,14 @@ from dataclasses import dataclass
 import torch
 import triton
 
-__all__ = ["SplitKLaunch", "plan_split_k", "sum_splits"]
+__all__ = ["TILE_N", "SplitKLaunch", "plan_split_k", "row_tile", "sum_splits"]
 
 TILE_N = 64
+
+
+def row_tile(m: int) -> int:
+    """The tile's rows for ``m`` rows: 16, 32 or 64 (the smallest that holds them, at most 64)."""
+    return 16 if m <= 16 else 32 if m <= 32 else 64
 
 
 def _split_count(device: torch.device, tiles: int, k_steps: int) -> int:
@@ -44,7 +49,7 @@ def plan_split_k(
 ) -> SplitKLaunch:
     """The launch for ``m`` rows of ``x`` against an ``[N, K]`` weight walked ``block_k`` at a
     time; ``split_k`` overrides the split (tests), else it is chosen from the shape and GPU."""
-    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
+    block_m = row_tile(m)
     tiles = triton.cdiv(m, block_m) * triton.cdiv(n, TILE_N)
     k_steps = triton.cdiv(k, block_k)
     splits = split_k if split_k is not None else _split_count(x.device, tiles, k_steps)

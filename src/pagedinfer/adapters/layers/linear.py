@@ -28,8 +28,11 @@ is, a word of eight packed values moves with its eight features. A split that wo
 block, a group or a packed word is refused when the layer is built.
 
 A quantized layer dequantizes once after loading, or keeps its quantized tensors for a GPU
-kernel (:meth:`finish_loading`). Parameters are created with the ``dtype`` and ``device``
-each layer is given: nothing here reads or changes torch's process-wide defaults.
+kernel (:meth:`finish_loading`). A dense layer built with ``skinny_gemm=True`` (the Triton
+path) runs the split-K Triton GEMM (:mod:`~pagedinfer.adapters.kernels.skinny_gemm`) for the
+shapes where it beats cuBLAS (decode: few rows, few output tiles, on CUDA in 16 bits), and
+``F.linear`` everywhere else, the CPU included. Parameters are created with the ``dtype`` and
+``device`` each layer is given: nothing here reads or changes torch's process-wide defaults.
 """
 
 from __future__ import annotations
@@ -175,6 +178,14 @@ class _Slice:
     start: int
 
 
+@dataclass(frozen=True, slots=True)
+class _SkinnyGemm:
+    """The skinny GEMM's per-shape choice and the kernel (``adapters/kernels/skinny_gemm``)."""
+
+    prefers: Callable[[torch.Tensor, torch.Tensor], bool]
+    gemm: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+
 _WEIGHT = TensorSpec(
     "weight", (Axis("output"), Axis("input")), None, FLOAT_CHECKPOINT_DTYPES, "the weight"
 )
@@ -202,7 +213,9 @@ class LinearBase(nn.Module):
 
     ``outputs`` lists the packed checkpoint tensors in order (one, ``None``, when unpacked)
     with this rank's slice of each; ``inputs`` is this rank's slice of the input features.
-    ``quant`` makes the layer hold that method's tensors instead of a dense ``weight``.
+    ``quant`` makes the layer hold that method's tensors instead of a dense ``weight``;
+    ``skinny_gemm`` lets a dense weight run the split-K Triton GEMM where that kernel's
+    per-shape choice says it wins (the Triton path; off, Triton is never imported).
     """
 
     weight: nn.Parameter  # dense layers, and quantized ones once dequantized
@@ -217,6 +230,7 @@ class LinearBase(nn.Module):
         dtype: torch.dtype,
         device: torch.device,
         quant: LinearQuantMethod | None = None,
+        skinny_gemm: bool = False,
     ) -> None:
         super().__init__()
         self.parallel = parallel
@@ -230,6 +244,11 @@ class LinearBase(nn.Module):
         self.quant = quant
         self.matmul: QuantizedMatmul | None = None  # a quantized GEMM, once loaded
         self._finished = quant is None
+        self._skinny: _SkinnyGemm | None = None
+        if skinny_gemm:  # Triton is imported only when the kernel may run
+            from pagedinfer.adapters.kernels import skinny_gemm as kernel
+
+            self._skinny = _SkinnyGemm(kernel.prefers_skinny_gemm, kernel.skinny_gemm)
         shard_ids = tuple(self.outputs)
         specs = quant.tensors() if quant is not None else (_WEIGHT,)
         for spec in specs:
@@ -396,11 +415,15 @@ class LinearBase(nn.Module):
         self._finished = True
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """``x W^T + bias`` with this rank's weight (dense, or the quantized GEMM)."""
+        """``x W^T + bias`` with this rank's weight (dense, or the quantized GEMM); a dense
+        weight runs the skinny split-K GEMM where its per-shape choice says so."""
         if self.matmul is not None:
             out: torch.Tensor = self.matmul(x)
             return out if bias is None else out + bias
         assert self._finished, f"{self.quant and self.quant.name}: used before finish_loading()"
+        skinny = self._skinny
+        if skinny is not None and skinny.prefers(x, self.weight):
+            return skinny.gemm(x, self.weight, bias)
         return F.linear(x, self.weight, bias)
 
 
@@ -427,6 +450,7 @@ class ReplicatedLinear(LinearBase):
         device: torch.device,
         bias: bool = False,
         quant: LinearQuantMethod | None = None,
+        skinny_gemm: bool = False,
     ) -> None:
         super().__init__(
             [(None, _Slice(output_size, output_size, 0))],
@@ -436,6 +460,7 @@ class ReplicatedLinear(LinearBase):
             dtype=dtype,
             device=device,
             quant=quant,
+            skinny_gemm=skinny_gemm,
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -461,6 +486,7 @@ class ColumnParallelLinear(LinearBase):
         what: str = "output features",
         quant: LinearQuantMethod | None = None,
         packed: Sequence[tuple[ShardId, int]] = (),
+        skinny_gemm: bool = False,
     ) -> None:
         shards = list(packed) or [(None, output_size)]
         assert sum(size for _, size in shards) == output_size, (shards, output_size)
@@ -472,6 +498,7 @@ class ColumnParallelLinear(LinearBase):
             dtype=dtype,
             device=device,
             quant=quant,
+            skinny_gemm=skinny_gemm,
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -496,6 +523,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         bias: bool = False,
         what: str = "intermediate_size",
         quant: LinearQuantMethod | None = None,
+        skinny_gemm: bool = False,
     ) -> None:
         self.output_sizes = tuple(output_sizes)
         super().__init__(
@@ -507,6 +535,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
             bias=bias,
             what=what,
             quant=quant,
+            skinny_gemm=skinny_gemm,
             packed=list(enumerate(self.output_sizes)),
         )
 
@@ -526,6 +555,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         device: torch.device,
         bias: bool = False,
         quant: LinearQuantMethod | None = None,
+        skinny_gemm: bool = False,
     ) -> None:
         world = parallel.world_size
         self.head_dim = head_dim
@@ -544,6 +574,7 @@ class QKVParallelLinear(ColumnParallelLinear):
             device=device,
             bias=bias,
             quant=quant,
+            skinny_gemm=skinny_gemm,
             packed=[("q", q_rows), ("k", kv_rows), ("v", kv_rows)],
         )
 
@@ -565,6 +596,7 @@ class RowParallelLinear(LinearBase):
         bias: bool = False,
         what: str = "input features",
         quant: LinearQuantMethod | None = None,
+        skinny_gemm: bool = False,
     ) -> None:
         per_rank = divide(input_size, parallel.world_size, what)
         super().__init__(
@@ -575,6 +607,7 @@ class RowParallelLinear(LinearBase):
             dtype=dtype,
             device=device,
             quant=quant,
+            skinny_gemm=skinny_gemm,
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -80,6 +80,7 @@ class GatedMLP(nn.Module):
             quant=linear_method(
                 quantization, f"{prefix}.gate_proj", f"{prefix}.up_proj", kernels=fused
             ),
+            skinny_gemm=fused,
         )
         self.act = SiluAndMul(fused=fused)  # fused: one Triton kernel
         self.down_proj = RowParallelLinear(
@@ -91,6 +92,7 @@ class GatedMLP(nn.Module):
             bias=bias,
             what="intermediate_size",
             quant=linear_method(quantization, f"{prefix}.down_proj", kernels=fused),
+            skinny_gemm=fused,
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

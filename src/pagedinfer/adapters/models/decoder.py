@@ -104,6 +104,7 @@ class DecoderAttention(nn.Module):
             device=device,
             bias=switches.qkv_bias,
             quant=linear_method(quant, *(f"{prefix}.{p}_proj" for p in "qkv"), kernels=kernels),
+            skinny_gemm=kernels,
         )
         self.num_heads = self.qkv_proj.num_heads  # per rank
         self.num_kv_heads = self.qkv_proj.num_kv_heads
@@ -117,6 +118,7 @@ class DecoderAttention(nn.Module):
             bias=switches.o_proj_bias,
             what="num_attention_heads * head_dim",
             quant=linear_method(quant, f"{prefix}.o_proj", kernels=kernels),
+            skinny_gemm=kernels,
         )
         # Weights only: the fused kernel or the torch twin applies them (PagedAttention).
         self.q_norm: RMSNorm | None = None
