@@ -178,6 +178,12 @@ class _Slice:
     start: int
 
 
+# Whether the model layers that may run Triton kernels build their dense layers with
+# skinny_gemm=True. Off until the GPU report's decode-GEMM table shows the kernel beating
+# cuBLAS on the decode shapes (issue 28); the kernel's tests and that table run either way.
+SKINNY_GEMM_IN_MODELS = False
+
+
 @dataclass(frozen=True, slots=True)
 class _SkinnyGemm:
     """The skinny GEMM's per-shape choice and the kernel (``adapters/kernels/skinny_gemm``)."""

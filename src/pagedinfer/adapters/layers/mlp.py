@@ -28,6 +28,7 @@ from torch import nn
 from pagedinfer.adapters.distributed.parallel import ParallelContext
 from pagedinfer.adapters.layers.activation import SiluAndMul
 from pagedinfer.adapters.layers.linear import (
+    SKINNY_GEMM_IN_MODELS,
     MergedColumnParallelLinear,
     ReplicatedLinear,
     RowParallelLinear,
@@ -80,7 +81,7 @@ class GatedMLP(nn.Module):
             quant=linear_method(
                 quantization, f"{prefix}.gate_proj", f"{prefix}.up_proj", kernels=fused
             ),
-            skinny_gemm=fused,
+            skinny_gemm=fused and SKINNY_GEMM_IN_MODELS,
         )
         self.act = SiluAndMul(fused=fused)  # fused: one Triton kernel
         self.down_proj = RowParallelLinear(
@@ -92,7 +93,7 @@ class GatedMLP(nn.Module):
             bias=bias,
             what="intermediate_size",
             quant=linear_method(quantization, f"{prefix}.down_proj", kernels=fused),
-            skinny_gemm=fused,
+            skinny_gemm=fused and SKINNY_GEMM_IN_MODELS,
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -46,7 +46,11 @@ from pagedinfer.adapters.attention.base import AttentionMetadata
 from pagedinfer.adapters.distributed.pipeline import IntermediateTensors, PipelineStage
 from pagedinfer.adapters.layers.attention import PagedAttention
 from pagedinfer.adapters.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from pagedinfer.adapters.layers.linear import QKVParallelLinear, RowParallelLinear
+from pagedinfer.adapters.layers.linear import (
+    SKINNY_GEMM_IN_MODELS,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
 from pagedinfer.adapters.layers.mlp import GatedMLP
 from pagedinfer.adapters.layers.norm import RMSNorm
 from pagedinfer.adapters.layers.rotary import RotaryEmbedding, RotaryStep
@@ -104,7 +108,7 @@ class DecoderAttention(nn.Module):
             device=device,
             bias=switches.qkv_bias,
             quant=linear_method(quant, *(f"{prefix}.{p}_proj" for p in "qkv"), kernels=kernels),
-            skinny_gemm=kernels,
+            skinny_gemm=kernels and SKINNY_GEMM_IN_MODELS,
         )
         self.num_heads = self.qkv_proj.num_heads  # per rank
         self.num_kv_heads = self.qkv_proj.num_kv_heads
@@ -118,7 +122,7 @@ class DecoderAttention(nn.Module):
             bias=switches.o_proj_bias,
             what="num_attention_heads * head_dim",
             quant=linear_method(quant, f"{prefix}.o_proj", kernels=kernels),
-            skinny_gemm=kernels,
+            skinny_gemm=kernels and SKINNY_GEMM_IN_MODELS,
         )
         # Weights only: the fused kernel or the torch twin applies them (PagedAttention).
         self.q_norm: RMSNorm | None = None
