@@ -274,13 +274,18 @@ class ModelRunner:
         processing = None
         if len(processors):
             positions, indices = plan.positions, plan.sample_indices
-            processing = processors.plan(plan.sample_slots, lambda j: positions[indices[j]])
+            processing = processors.plan(
+                plan.sample_slots,
+                lambda j: positions[indices[j]],
+                _draft_history(plan) if plan.verify_rows else None,
+            )
         sample_positions = inputs.sample_positions() if table.any_seeded else None
         batch = table.rows(inputs.sample_slots, sample_positions)
         token_ids = self.sampler(logits, batch, processors, processing)
         self._last_sampled = (plan.step_id, token_ids)  # what a plan made ahead carries
         if processing is not None:
-            processors.record(processing, token_ids)
+            kept = _accepted_samples(plan, token_ids) if plan.verify_rows else None
+            processors.record(processing, token_ids, kept)
         logprobs: list[TokenLogprobs | None] | None = None
         if wanted is not None and raw is not None:
             chosen = token_ids if rows is None else token_ids.index_select(0, rows)
@@ -625,6 +630,41 @@ class ModelRunner:
         return capture_decode_graphs(
             self.model, self.backend, layout=layout, static=static, device=self.device
         )
+
+
+def _draft_history(plan: BatchPlan) -> dict[int, list[int]]:
+    """Speculative decoding: the drafts generated before each verify sample (sample ``i`` of
+    a verify row follows its drafts ``0..i-1``), by sample index."""
+    history: dict[int, list[int]] = {}
+    for row, first, count in plan.verify_rows:
+        end = plan.cu_seqlens_q[row + 1]
+        drafts = plan.input_ids[end - count : end].tolist()
+        for i in range(1, count + 1):
+            history[first + i] = drafts[:i]
+    return history
+
+
+def _accepted_samples(plan: BatchPlan, token_ids: torch.Tensor) -> torch.Tensor:
+    """``[num_samples]`` bool on the device: the samples a request keeps. A verify row keeps
+    its samples up to the first that differs from its draft (that one included), as
+    :func:`~pagedinfer.domain.speculative.accepted_length` does; other samples are kept."""
+    compared: list[int] = []
+    drafts: list[int] = []
+    row_first = list(range(plan.num_samples))  # each sample's row's first sample
+    for row, first, count in plan.verify_rows:
+        end = plan.cu_seqlens_q[row + 1]
+        compared.extend(range(first, first + count))
+        drafts.extend(plan.input_ids[end - count : end])
+        for j in range(first, first + count + 1):
+            row_first[j] = first
+    device = token_ids.device
+    index = torch.tensor(compared, dtype=torch.int64, device=device)
+    mismatch = torch.zeros(plan.num_samples, dtype=torch.int64, device=device)
+    expected = torch.tensor(drafts, dtype=token_ids.dtype, device=device)
+    mismatch.index_copy_(0, index, (token_ids.index_select(0, index) != expected).long())
+    before = mismatch.cumsum(0) - mismatch  # mismatches before each sample
+    firsts = torch.tensor(row_first, dtype=torch.int64, device=device)
+    return before == before.index_select(0, firsts)
 
 
 def _ready(output: StepOutput) -> Callable[[], StepOutput]:

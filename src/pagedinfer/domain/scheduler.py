@@ -973,6 +973,11 @@ class Scheduler:
         return updated
 
     # --------------------------------------------------- speculative decoding
+    @property
+    def num_accepted_tokens(self) -> int:
+        """Drafts accepted since the start (speculative decoding)."""
+        return self._num_accepted_tokens
+
     def set_drafts(self, seq_id: int, draft_token_ids: SequenceABC[int]) -> int:
         """Drafts (speculative decoding) for the tokens after running sequence ``seq_id``'s
         last one, replacing any it had; the next step that computes its last token verifies

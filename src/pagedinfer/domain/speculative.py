@@ -131,8 +131,10 @@ class SpeculativeConfig:
 
 
 def propose_ngram(token_ids: Sequence[int], k: int, min_n: int, max_n: int) -> list[int]:
-    """Up to ``k`` tokens that followed the latest earlier occurrence of the last ``n``
-    tokens, for the largest ``n`` in ``[min_n, max_n]`` that occurs earlier; ``[]`` if none.
+    """``k`` tokens that followed the latest earlier occurrence of the last ``n`` tokens, for
+    the largest ``n`` in ``[min_n, max_n]`` that occurs earlier; ``[]`` if none. An occurrence
+    close to the end continues into the tokens it proposes, so a loop of any period yields
+    ``k`` drafts (``[7, 8, 7, 8, 7]`` proposes ``8, 7, 8...``).
 
     Scans the history once per ``n`` (from the end, so the latest occurrence is found first):
     O(len(token_ids)) per call."""
@@ -145,7 +147,12 @@ def propose_ngram(token_ids: Sequence[int], k: int, min_n: int, max_n: int) -> l
         # An occurrence ending at `end` (exclusive) < length, with a token after it.
         for end in range(length - 1, n - 1, -1):
             if token_ids[end - 1] == last and list(token_ids[end - n : end]) == suffix:
-                return list(token_ids[end : end + k])
+                # Copied as the history continued from there; past the end, the copy
+                # continues from its own start (a loop of period length - end repeats).
+                drafts: list[int] = []
+                for index in range(end, end + k):
+                    drafts.append(token_ids[index] if index < length else drafts[index - length])
+                return drafts
     return []
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +18,7 @@ from pagedinfer.domain.limits import (
     RequestLimits,
 )
 from pagedinfer.domain.scheduler import SCHEDULING_POLICIES, SchedulingPolicy
+from pagedinfer.domain.speculative import SpeculativeConfig
 from pagedinfer.errors import ConfigurationError
 
 __all__ = [
@@ -86,6 +88,15 @@ class EngineConfig:
     pipeline_parallel_size: int = 1
     distributed_executor_backend: str = "mp"  # "mp" or "ray"
     async_scheduling: bool | None = None  # None: resolve_async_scheduling's default
+    # Speculative decoding: vLLM's dict ({"method": "ngram", ...}) or the checked config.
+    speculative_config: SpeculativeConfig | Mapping[str, object] | None = None
+
+    @property
+    def speculation(self) -> SpeculativeConfig | None:
+        """``speculative_config``, checked (``None``: no speculative decoding)."""
+        if self.speculative_config is None:
+            return None
+        return SpeculativeConfig.from_value(self.speculative_config)
 
     @property
     def request_limits(self) -> RequestLimits:
@@ -184,6 +195,19 @@ class EngineConfig:
                 f"{self.pipeline_parallel_size}: the stages already overlap steps. Pass "
                 "async_scheduling=False (or leave it out)."
             )
+        speculation = self.speculation  # ConfigurationError if malformed
+        if speculation is not None and self.async_scheduling:
+            raise ConfigurationError(
+                "speculative_config cannot run with async_scheduling=True: a step's drafts "
+                "follow the previous step's tokens, so no step can be planned ahead of them. "
+                "Drop one of the two."
+            )
+        if speculation is not None and self.pipeline_parallel_size > 1:
+            raise ConfigurationError(
+                f"speculative_config cannot run with pipeline_parallel_size="
+                f"{self.pipeline_parallel_size} (not implemented): use tensor parallelism, "
+                "or drop speculative_config."
+            )
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ConfigurationError(f"seed={self.seed!r} must be an integer.")
         if self.scheduling_policy not in SCHEDULING_POLICIES:
@@ -213,7 +237,11 @@ def resolve_async_scheduling(config: EngineConfig, device: torch.device) -> bool
     the devices where it was measured faster (never with pipeline parallelism)."""
     if config.async_scheduling is not None:
         return config.async_scheduling
-    return config.pipeline_parallel_size == 1 and device.type in ASYNC_SCHEDULING_BY_DEFAULT
+    return (
+        config.pipeline_parallel_size == 1
+        and config.speculative_config is None  # the next drafts follow this step's tokens
+        and device.type in ASYNC_SCHEDULING_BY_DEFAULT
+    )
 
 
 def available_cpus() -> int:

@@ -48,7 +48,8 @@ from pagedinfer.domain.sampling import SamplingParams
 from pagedinfer.domain.scheduler import Scheduler, SchedulerConfig, SchedulingPolicy
 from pagedinfer.domain.sequence import FinishReason, SequenceStatus
 from pagedinfer.domain.sequence import Sequence as DomainSequence
-from pagedinfer.domain.step_output import StepOutput
+from pagedinfer.domain.speculative import SpeculativeConfig
+from pagedinfer.domain.step_output import StepOutput, TokenLogprobs
 from pagedinfer.engine.chat import render_chat
 from pagedinfer.engine.config import (
     EngineConfig,
@@ -103,6 +104,24 @@ class EngineStats:
     kv_cache_usage: float  # fraction of KV blocks in use now
     num_kv_blocks: int
     num_preemptions: int
+    # Speculative decoding (vLLM's spec_decode counters): verify rows with drafts, drafts
+    # verified, drafts accepted, and drafts accepted at each position of a row.
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_num_accepted_tokens_per_pos: tuple[int, ...] = ()
+
+    @property
+    def spec_decode_acceptance_rate(self) -> float:
+        """Accepted drafts / drafts verified (0.0 before any)."""
+        drafts = self.spec_decode_num_draft_tokens
+        return self.spec_decode_num_accepted_tokens / drafts if drafts else 0.0
+
+    @property
+    def spec_decode_mean_acceptance_length(self) -> float:
+        """Tokens per verify row: 1 + accepted drafts per row (0.0 before any)."""
+        rows = self.spec_decode_num_drafts
+        return 1.0 + self.spec_decode_num_accepted_tokens / rows if rows else 0.0
 
 
 class Engine:
@@ -171,6 +190,7 @@ class Engine:
         pipeline_parallel_size: int = 1,
         distributed_executor_backend: str = "mp",
         async_scheduling: bool | None = None,
+        speculative_config: SpeculativeConfig | Mapping[str, object] | None = None,
     ) -> None:
         self._executor: ModelExecutor | None = None
         self._closed = True  # until construction succeeds
@@ -207,8 +227,11 @@ class Engine:
             pipeline_parallel_size=pipeline_parallel_size,
             distributed_executor_backend=distributed_executor_backend,
             async_scheduling=async_scheduling,
+            speculative_config=speculative_config,
         )
         self.config = config
+        # Speculative decoding (docs/speculative-decoding.md): how drafts are proposed.
+        self.speculation = config.speculation
         self.model_config = read_model_config(config.model_path)
         resolved_device = resolve_device(config.device)
         self.device = resolved_device
@@ -282,6 +305,9 @@ class Engine:
                     enable_prefix_caching=config.enable_prefix_caching,
                     eos_token_ids=frozenset(self.model_config.eos_token_ids),
                     scheduling_policy=config.scheduling_policy,
+                    num_speculative_tokens=(
+                        0 if self.speculation is None else self.speculation.num_speculative_tokens
+                    ),
                 )
             )
         except BaseException:
@@ -409,6 +435,12 @@ class Engine:
                     "min_tokens holds back: nothing could be generated. Allow other tokens or "
                     "set min_tokens=0."
                 )
+        if params.structured_outputs is not None and self.speculation is not None:
+            raise InvalidRequestError(
+                "structured_outputs cannot run with speculative decoding on this engine (the "
+                "grammar would have to check every draft; not implemented): send the request "
+                "to an engine without speculative_config, or drop structured_outputs."
+            )
         if params.structured_outputs is not None:
             # Compiled here, in the caller's thread and before any lock (cached by its key):
             # a constraint that does not compile is refused now, and a slow one does not
@@ -695,22 +727,42 @@ class Engine:
                     owner.request.set_prompt_logprobs(
                         chunk.first_position, chunk.entries, self.tokenizer
                     )
-            logprobs = (
-                dict(zip(plan.sampled_seq_ids, output.logprobs, strict=True))
-                if output.logprobs is not None
-                else None
-            )
+            logprobs: dict[int, list[TokenLogprobs | None]] | None = None
+            if output.logprobs is not None:
+                logprobs = {}
+                for seq_id, entry in zip(plan.sampled_seq_ids, output.logprobs, strict=True):
+                    logprobs.setdefault(seq_id, []).append(entry)
+            accepted = self.scheduler.num_accepted_tokens
             seqs = self.scheduler.postprocess(plan, sampled)
+            if plan.verify_rows:  # samples after a rejected draft are not generated tokens
+                drafts = sum(count for _, _, count in plan.verify_rows)
+                self._generated_tokens -= drafts - (self.scheduler.num_accepted_tokens - accepted)
+            if self.speculation is not None:
+                self._propose(seqs)
             if logprobs is None and not self._num_following:
                 self._finalize_finished(seqs)
                 return
             updated = [self._completions[seq.seq_id] for seq in seqs]
             if logprobs is not None:
                 for completion in updated:
-                    entry = logprobs.get(completion.seq.seq_id)
-                    if entry is not None:
-                        completion.add_logprobs(entry, self.tokenizer)
+                    entries = logprobs.get(completion.seq.seq_id)
+                    if entries is not None:
+                        completion.add_logprobs(entries, self.tokenizer)
             self._update(updated)
+
+    def _propose(self, seqs: list[DomainSequence]) -> None:
+        """Speculative decoding: drafts for the sequences that just got tokens (the n-gram
+        lookup over their own tokens)."""
+        speculation = self.speculation
+        assert speculation is not None
+        scheduler = self.scheduler
+        running = SequenceStatus.RUNNING
+        for seq in seqs:
+            if seq.status is running and seq.num_uncomputed_tokens == 1:
+                scheduler.set_drafts(
+                    seq.seq_id,
+                    speculation.propose(seq.token_ids, speculation.num_speculative_tokens),
+                )
 
     def _finalize_finished(self, seqs: list[DomainSequence]) -> None:
         """:meth:`_update` when no request follows every step (no text is tracked, no sink
@@ -732,6 +784,7 @@ class Engine:
                     self.scheduler.finish(seq.seq_id, FinishReason.STOP)
                 elif seq.finish_reason is FinishReason.LENGTH:  # the same step: the stop wins
                     seq.finish_reason = FinishReason.STOP
+                completion.drop_surplus_tokens()
         requests = {id(c.request): c.request for c in completions}  # in order, once each
         for request in requests.values():
             if request.is_finished:
@@ -966,6 +1019,10 @@ class Engine:
                 kv_cache_usage=pool.usage,
                 num_kv_blocks=pool.num_blocks,
                 num_preemptions=scheduler.num_preemptions,
+                spec_decode_num_drafts=scheduler.num_spec_verify_rows,
+                spec_decode_num_draft_tokens=scheduler.num_draft_tokens,
+                spec_decode_num_accepted_tokens=scheduler.num_accepted_tokens,
+                spec_decode_num_accepted_tokens_per_pos=scheduler.accepted_per_position,
             )
 
     def reset_prefix_cache(self) -> None:

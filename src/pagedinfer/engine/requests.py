@@ -117,6 +117,7 @@ class CompletionState:
         "request",
         "seq",
         "shown_chars",
+        "surplus_tokens",
         "text",
     )
 
@@ -147,6 +148,9 @@ class CompletionState:
             else None
         )
         self.num_seen_tokens = 0  # completion tokens already fed to ``text``
+        # Tokens after the one that completed a stop string, got in the same step (a verify
+        # row of speculative decoding keeps several): dropped once the sequence is finished.
+        self.surplus_tokens = 0
         self.final_text: str | None = None
         # Text shown while running holds back what could still turn out to start a stop string.
         self.holdback = max((len(text) for text in stop), default=1) - 1
@@ -178,11 +182,35 @@ class CompletionState:
             if held > 0:
                 text.append(seq.token_ids[start : min(start + held, end)], check=False)
                 start += held
-            if start < end:
+            if end - start > 1 and seq.params.stop:
+                # Several tokens at once: one by one, to know which completed a stop string.
+                for index in range(start, end):
+                    if text.append(seq.token_ids[index : index + 1]):
+                        self.surplus_tokens = len(seq.token_ids) - index - 1
+                        break
+            elif start < end:
                 text.append(seq.token_ids[start:end])
         if seq.is_finished:
             text.flush()  # no token follows: a held-back partial character is final now
         return text.stopped
+
+    def drop_surplus_tokens(self) -> None:
+        """Once finished by a stop string: forget the tokens that came after it in the same
+        step (and their logprobs), so the completion ends where it would without
+        speculation."""
+        count = self.surplus_tokens
+        seq = self.seq
+        if not count or not seq.is_finished:
+            return
+        self.surplus_tokens = 0
+        del seq.token_ids[-count:]
+        logprobs = self.logprobs
+        if logprobs is not None:
+            del logprobs[seq.num_completion_tokens :]
+            self.cumulative_logprob = sum(
+                entry[token].logprob
+                for entry, token in zip(logprobs, seq.completion_token_ids, strict=True)
+            )
 
     def _hidden_stop_tokens(self) -> int:
         """1 if the last token ended the completion as a stop token (EOS or a stop id) whose
@@ -200,13 +228,19 @@ class CompletionState:
             return 1
         return 0
 
-    def add_logprobs(self, entry: TokenLogprobs, tokenizer: Any) -> None:
-        """The logprobs of the token this completion just got."""
+    def add_logprobs(self, entries: list[TokenLogprobs | None], tokenizer: Any) -> None:
+        """The logprobs of the tokens this completion just got: one entry per sample of its
+        row, in order (several for a verify row of speculative decoding, whose samples past
+        the tokens it kept are dropped)."""
         if self.logprobs is None:
             return
-        self.logprobs.append(logprob_dict(entry, tokenizer))
-        assert self.cumulative_logprob is not None
-        self.cumulative_logprob += entry.logprobs[0]
+        new = self.seq.num_completion_tokens - len(self.logprobs)
+        for entry in entries[: max(new, 0)]:
+            if entry is None:
+                continue
+            self.logprobs.append(logprob_dict(entry, tokenizer))
+            assert self.cumulative_logprob is not None
+            self.cumulative_logprob += entry.logprobs[0]
 
     def current_text(self) -> str:
         """The text now: final once finished, else the tracked text held back (or empty)."""

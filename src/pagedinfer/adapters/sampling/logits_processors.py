@@ -21,7 +21,7 @@ min_p (:meth:`LogitsProcessors.apply_min_p`) before top-k / top-p.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -50,6 +50,9 @@ class ProcessingStep:
     any_bias: bool
     any_penalties: bool
     any_min_p: bool
+    # (index into the processed rows, token id): tokens the penalties count as generated
+    # before that row on top of its request's history (a verify row's earlier drafts).
+    extra_history: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,13 +183,18 @@ class LogitsProcessors:
 
     # -------------------------------------------------------------------- steps
     def plan(
-        self, keys: Sequence[int], sample_position: Callable[[int], int]
+        self,
+        keys: Sequence[int],
+        sample_position: Callable[[int], int],
+        extra_history: Mapping[int, Sequence[int]] | None = None,
     ) -> ProcessingStep | None:
         """The processing of one step whose logits row ``i`` belongs to request ``keys[i]``.
 
         ``sample_position(i)`` is the position of row ``i``'s token (asked only for rows
         whose ``min_tokens`` may still hold tokens back: the tokens generated before it are
-        ``position + 1 - num_prompt_tokens``). ``None`` when no row needs processing: the
+        ``position + 1 - num_prompt_tokens``). ``extra_history[i]`` are tokens generated
+        before row ``i``'s that its request's recorded history does not hold yet (a verify
+        row's drafts: speculative decoding). ``None`` when no row needs processing: the
         sampler then runs exactly as without this class.
         """
         if not self._rows:
@@ -196,6 +204,8 @@ class LogitsProcessors:
         table_rows: list[int] = []
         held_at: list[int] = []
         held_ids: list[int] = []
+        extra_at: list[int] = []
+        extra_ids: list[int] = []
         any_bias = any_penalties = any_min_p = False
         for index, key in enumerate(keys):
             info = rows.get(key)
@@ -208,6 +218,10 @@ class LogitsProcessors:
                 position = len(batch_rows)
                 held_at.extend([position] * len(info.held_back_ids))
                 held_ids.extend(info.held_back_ids)
+            if info.penalties and extra_history is not None and index in extra_history:
+                earlier = extra_history[index]
+                extra_at.extend([len(batch_rows)] * len(earlier))
+                extra_ids.extend(earlier)
             batch_rows.append(index)
             table_rows.append(info.row)
             any_bias = any_bias or info.bias
@@ -226,6 +240,10 @@ class LogitsProcessors:
         if held_at:
             pairs = torch.tensor([held_at, held_ids], dtype=torch.int64, device=device)
             held = (pairs[0], pairs[1])
+        extra = None
+        if extra_at:
+            pairs = torch.tensor([extra_at, extra_ids], dtype=torch.int64, device=device)
+            extra = (pairs[0], pairs[1])
         return ProcessingStep(
             batch_rows=None if every_row else indices[1],
             table_rows=indices[0],
@@ -233,6 +251,7 @@ class LogitsProcessors:
             any_bias=any_bias,
             any_penalties=any_penalties,
             any_min_p=any_min_p,
+            extra_history=extra,
         )
 
     def apply(self, logits: torch.Tensor, step: ProcessingStep) -> None:
@@ -246,10 +265,16 @@ class LogitsProcessors:
         if step.any_penalties:
             assert self._prompt_mask is not None and self._output_counts is not None
             scalars = self._scalars.index_select(0, step.table_rows)
+            counts = self._output_counts.index_select(0, step.table_rows)  # a copy
+            if step.extra_history is not None:
+                ones = torch.ones(
+                    step.extra_history[0].shape, dtype=counts.dtype, device=counts.device
+                )
+                counts.index_put_(step.extra_history, ones, accumulate=True)
             apply_penalties(
                 rows,
                 prompt_mask=self._prompt_mask.index_select(0, step.table_rows),
-                output_counts=self._output_counts.index_select(0, step.table_rows),
+                output_counts=counts,
                 presence_penalties=scalars[:, _PRESENCE],
                 frequency_penalties=scalars[:, _FREQUENCY],
                 repetition_penalties=scalars[:, _REPETITION],
@@ -273,13 +298,22 @@ class LogitsProcessors:
         if step.batch_rows is not None:
             logits.index_copy_(0, step.batch_rows, rows)
 
-    def record(self, step: ProcessingStep, sampled: torch.Tensor) -> None:
-        """Count this step's sampled tokens ``[n]`` in the penalties' history."""
+    def record(
+        self, step: ProcessingStep, sampled: torch.Tensor, kept: torch.Tensor | None = None
+    ) -> None:
+        """Count this step's sampled tokens ``[n]`` in the penalties' history; with ``kept``
+        (``[n]`` bool, speculative decoding) only those it marks."""
         if not step.any_penalties:
             return
         assert self._output_counts is not None
         tokens = sampled if step.batch_rows is None else sampled.index_select(0, step.batch_rows)
-        ones = torch.ones(tokens.shape, dtype=self._output_counts.dtype, device=tokens.device)
+        dtype = self._output_counts.dtype
+        if kept is None:
+            ones = torch.ones(tokens.shape, dtype=dtype, device=tokens.device)
+        else:
+            ones = (kept if step.batch_rows is None else kept.index_select(0, step.batch_rows)).to(
+                dtype
+            )
         self._output_counts.index_put_((step.table_rows, tokens), ones, accumulate=True)
 
     # --------------------------------------------------------------- internals

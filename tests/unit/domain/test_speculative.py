@@ -1,0 +1,76 @@
+"""The n-gram proposer, the acceptance rule and vLLM's speculative_config dict."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pagedinfer.domain.speculative import SpeculativeConfig, accepted_length, propose_ngram
+from pagedinfer.errors import ConfigurationError
+
+
+def test_ngram_takes_the_latest_longest_match() -> None:
+    history = [1, 2, 3, 9, 1, 2, 3, 7, 5, 2, 3]
+    # "2 3" occurs twice before; "1 2 3"... the suffix is "2 3" ("5 2 3" never occurred):
+    # the latest earlier "2 3" is followed by 7, 5.
+    assert propose_ngram(history, 2, 1, 3) == [7, 5]
+    assert propose_ngram(history, 2, 3, 3) == []  # no earlier "5 2 3"
+    assert propose_ngram([4, 5, 6], 3, 1, 2) == []
+    assert propose_ngram([4], 3, 1, 2) == []
+    assert propose_ngram([1, 2, 3, 1, 2], 0, 1, 2) == []
+
+
+def test_ngram_continues_loops_past_the_end() -> None:
+    assert propose_ngram([7, 8, 7, 8, 7], 5, 1, 2) == [8, 7, 8, 7, 8]
+    assert propose_ngram([3, 3, 3], 4, 1, 3) == [3, 3, 3, 3]
+
+
+@given(st.lists(st.integers(0, 4), min_size=1, max_size=30), st.integers(1, 6))
+def test_ngram_drafts_continue_a_real_occurrence(history: list[int], k: int) -> None:
+    drafts = propose_ngram(history, k, 1, 3)
+    assert len(drafts) in (0, k)
+    if drafts:
+        # Some n-gram of length >= 1 ending at the end occurred earlier, followed by the
+        # first draft.
+        extended = history + drafts
+        assert any(
+            extended[end - n : end] == history[-n:] and extended[end] == drafts[0]
+            for n in range(1, 4)
+            for end in range(n, len(history))
+        )
+
+
+def test_accepted_length() -> None:
+    assert accepted_length([5, 6, 7], [5, 6]) == 2
+    assert accepted_length([5, 0, 7], [5, 6]) == 1
+    assert accepted_length([0, 6, 7], [5, 6]) == 0
+    assert accepted_length([4], []) == 0
+
+
+def test_config_from_vllm_dicts() -> None:
+    config = SpeculativeConfig.from_value({"method": "ngram", "num_speculative_tokens": 3})
+    assert (config.method, config.num_speculative_tokens) == ("ngram", 3)
+    draft = SpeculativeConfig.from_value({"model": "/m", "num_speculative_tokens": 2})
+    assert draft.method == "draft_model" and draft.model == "/m"
+    for bad, match in [
+        ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
+        ({"method": "ngram", "num_speculative_tokens": True}, "num_speculative_tokens"),
+        (
+            {
+                "method": "ngram",
+                "num_speculative_tokens": 2,
+                "prompt_lookup_min": 3,
+                "prompt_lookup_max": 2,
+            },
+            "prompt_lookup",
+        ),
+        ({"method": "draft_model", "num_speculative_tokens": 2}, "needs 'model'"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "model": "/m"}, "takes no"),
+        ({"method": "medusa", "num_speculative_tokens": 2}, "unknown"),
+        ({"num_speculative_tokens": 2}, "needs 'method'"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "eagle": 1}, "not supported"),
+        ("ngram", "expected a dict"),
+    ]:
+        with pytest.raises(ConfigurationError, match=match):
+            SpeculativeConfig.from_value(bad)  # type: ignore[arg-type]
