@@ -423,6 +423,11 @@ def mixed_batch_plan(
             (row + num_rows, first + decode.num_samples, count)
             for row, first, count in prefill.verify_rows
         ),
+        block_table_lens=(
+            decode.block_table_lens + prefill.block_table_lens
+            if decode.block_table_lens and prefill.block_table_lens
+            else array("i")
+        ),
     )
 
 
