@@ -184,6 +184,8 @@ def test_draft_model_equals_no_speculation(
         before = engine.stats()
         runs = engine.generate(prompts[:4], greedy, use_tqdm=False)
         after = engine.stats()
+        # Every block (the draft's K/V lives in the same block ids) is back in the pool.
+        assert after.kv_cache_usage == 0.0
     for index, (want, got) in enumerate(zip(expected, finals, strict=True)):
         _check_ends(got, params[index], seen)
         assert _summary(got) == _summary(want), f"request {index} differs"
