@@ -69,6 +69,7 @@ from pagedinfer.adapters.sampling.logprobs import (
 )
 from pagedinfer.adapters.sampling.sampler import Sampler
 from pagedinfer.adapters.sampling.table import SamplingTable
+from pagedinfer.adapters.speculative.draft_model import DraftModelProposer
 from pagedinfer.adapters.step_inputs import StepInputs, StepPacker
 from pagedinfer.domain.plan import PADDING_SLOT, BatchPlan, NewRequest
 from pagedinfer.domain.sampling import SamplingParams
@@ -148,6 +149,24 @@ class ModelRunner:
             dtype=self.dtype,
         )
         load_weights(self.model, config.model_path)
+        # Speculative decoding with a draft model: its cache shares the target's block ids.
+        self.drafter: DraftModelProposer | None = None
+        if config.draft_model_path is not None:
+            if parallel.world_size > 1:
+                raise ConfigurationError(
+                    "a draft model runs with tensor_parallel_size=1 only (not implemented for "
+                    "more ranks): use method 'ngram', or one rank."
+                )
+            self.drafter = DraftModelProposer(
+                config.draft_model_path,
+                num_speculative_tokens=config.num_speculative_tokens,
+                target_vocab_size=model_config.vocab_size,
+                attention_backend=config.attention_backend,
+                block_size=config.block_size,
+                max_model_len=config.max_model_len,
+                device=self.device,
+                dtype=self.dtype,
+            )
         self.num_kv_heads = divide(
             model_config.num_key_value_heads, parallel.world_size, "num_key_value_heads"
         )
@@ -157,7 +176,7 @@ class ModelRunner:
             num_kv_heads=self.num_kv_heads,
             head_dim=model_config.head_dim,
             dtype=self.kv_cache_dtype,
-        )
+        ) + (0 if self.drafter is None else self.drafter.block_bytes)
         self.sampler = Sampler(self.device, config.seed)
         # Rank 0 samples: it keeps every request's sampling parameters by slot, and the
         # state of the per-request features (built with the table, following its deltas).
@@ -185,6 +204,8 @@ class ModelRunner:
         self.num_kv_blocks = self._size_kv_cache()
         self.kv_cache = self._allocate_kv_cache(self.num_kv_blocks)
         self._bind_kv_cache(self.kv_cache)
+        if self.drafter is not None:
+            self.drafter.allocate(self.num_kv_blocks)
         self.graph_runner = self._create_graph_runner()
 
     # ------------------------------------------------------------------ steps
@@ -212,6 +233,8 @@ class ModelRunner:
             if plan.block_copies:  # forks' copies of a prompt's last block, before they run
                 self._copy_blocks(plan.block_copies)
             hidden = self._run_model(inputs)
+            if self.drafter is not None:  # its K/V of the same tokens, in its own cache
+                self.drafter.forward(inputs)
             # The host's share of structured outputs, while the device runs the forward.
             grammar = self._grammar_step(plan)
             prompt_chunks = self._prompt_logprobs(plan, hidden) if plan.prompt_logprob_rows else []
@@ -303,6 +326,9 @@ class ModelRunner:
             event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record()
         matchers = self.grammar_matchers
+        drafts = None
+        if self.drafter is not None:  # speculative decoding: the next drafts, from these tokens
+            drafts = self.drafter.propose(plan, token_ids.tolist())
 
         def output() -> StepOutput:
             if event is not None:
@@ -311,7 +337,7 @@ class ModelRunner:
             if grammar is not None:
                 assert matchers is not None
                 matchers.accept(grammar, sampled)
-            return StepOutput(sampled, logprobs, prompt_chunks)
+            return StepOutput(sampled, logprobs, prompt_chunks, drafts)
 
         return output
 
@@ -343,6 +369,8 @@ class ModelRunner:
         if is_fp8(cache.dtype):  # torch has no index_copy_ for float8: copy the bytes
             cache = cache.view(torch.uint8)
         cache.index_copy_(2, pairs[:, 1], cache.index_select(2, pairs[:, 0]))
+        if self.drafter is not None:
+            self.drafter.copy_blocks(pairs)
 
     def prepare(self, plan: BatchPlan) -> StepInputs:
         """The only place a plan becomes tensors (and its sampling deltas reach the table)."""
@@ -397,6 +425,9 @@ class ModelRunner:
         self._unbind_kv_cache()
         del self.kv_cache
         del self.model
+        if self.drafter is not None:
+            self.drafter.close()
+            self.drafter = None
         if self.device.type == "cuda":
             # Parameters reference their modules through their weight loaders (a cycle), so
             # the weights are freed by the cycle collector, not by `del`; run it now so the

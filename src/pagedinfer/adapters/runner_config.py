@@ -30,3 +30,6 @@ class RunnerConfig:
     kv_cache_dtype: str = "auto"  # "auto" (dtype), "fp8" / "fp8_e4m3", "fp8_e5m2"
     pipeline_parallel_size: int = 1  # stages of decoder layers (Ray executor only)
     distributed_executor_backend: str = "mp"  # "mp" (local processes) or "ray"
+    # Speculative decoding with a draft model: its checkpoint and the drafts per step.
+    draft_model_path: str | None = None
+    num_speculative_tokens: int = 0

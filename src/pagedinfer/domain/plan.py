@@ -215,8 +215,11 @@ class BatchPlan:
     # sample carried_samples[i] (PENDING_TOKEN in input_ids); empty otherwise.
     carried_rows: array[int] = field(default_factory=lambda: array("q"))
     carried_samples: array[int] = field(default_factory=lambda: array("q"))
-    # Speculative decoding: (row, first sample index, number of drafts) of each verify row.
+    # Speculative decoding: (row, first sample index, number of drafts) of each verify row,
+    # and (plans from build_batch_plan) each row's block count before the filler: a draft
+    # model writes its next drafts' K/V into the blocks past the context.
     verify_rows: tuple[tuple[int, int, int], ...] = ()
+    block_table_lens: array[int] = field(default_factory=lambda: array("i"))
 
     def __post_init__(self) -> None:
         if not self.is_prefill:  # a decode step: every row is a decode row
@@ -363,6 +366,7 @@ def build_batch_plan(
         prompt_logprob_rows=tuple(logprob_rows),
         prompt_logprob_targets=array("q", logprob_targets),
         verify_rows=tuple(verify_rows),
+        block_table_lens=array("i", [len(table) for table in tables]),
     )
 
 
@@ -418,6 +422,11 @@ def mixed_batch_plan(
         verify_rows=tuple(
             (row + num_rows, first + decode.num_samples, count)
             for row, first, count in prefill.verify_rows
+        ),
+        block_table_lens=(
+            decode.block_table_lens + prefill.block_table_lens
+            if decode.block_table_lens and prefill.block_table_lens
+            else array("i")
         ),
     )
 

@@ -41,11 +41,13 @@ class PromptLogprobsChunk:
 class StepOutput:
     """One step's results: a token per sample; logprobs for the samples that asked
     (``None`` entries for the others, ``None`` altogether when none asked); prompt logprobs
-    of the prefill chunks that asked."""
+    of the prefill chunks that asked; with a draft model (speculative decoding), the drafts it
+    proposes for each sequence that got tokens, by sequence id."""
 
     sampled_token_ids: list[int]
     logprobs: list[TokenLogprobs | None] | None = None
     prompt_logprobs: list[PromptLogprobsChunk] = field(default_factory=list)
+    draft_token_ids: dict[int, list[int]] | None = None
 
 
 EMPTY_STEP_OUTPUT = StepOutput([])

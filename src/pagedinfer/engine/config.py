@@ -202,6 +202,16 @@ class EngineConfig:
                 "follow the previous step's tokens, so no step can be planned ahead of them. "
                 "Drop one of the two."
             )
+        if (
+            speculation is not None
+            and speculation.method == "draft_model"
+            and self.tensor_parallel_size > 1
+        ):
+            raise ConfigurationError(
+                f"speculative_config method='draft_model' runs with tensor_parallel_size=1 "
+                f"only (got {self.tensor_parallel_size}; not implemented): use method "
+                "'ngram', or one rank."
+            )
         if speculation is not None and self.pipeline_parallel_size > 1:
             raise ConfigurationError(
                 f"speculative_config cannot run with pipeline_parallel_size="

@@ -275,6 +275,14 @@ class Engine:
             kv_cache_dtype=config.kv_cache_dtype,
             pipeline_parallel_size=config.pipeline_parallel_size,
             distributed_executor_backend=config.distributed_executor_backend,
+            draft_model_path=(
+                self.speculation.model
+                if self.speculation is not None and self.speculation.method == "draft_model"
+                else None
+            ),
+            num_speculative_tokens=(
+                0 if self.speculation is None else self.speculation.num_speculative_tokens
+            ),
         )
         if num_threads is not None:
             # Process-wide (torch has one pool of CPU threads per process), so only when the
@@ -305,8 +313,12 @@ class Engine:
                     enable_prefix_caching=config.enable_prefix_caching,
                     eos_token_ids=frozenset(self.model_config.eos_token_ids),
                     scheduling_policy=config.scheduling_policy,
-                    num_speculative_tokens=(
-                        0 if self.speculation is None else self.speculation.num_speculative_tokens
+                    num_speculative_tokens=runner_config.num_speculative_tokens,
+                    # A draft model writes the K/V of its next drafts past a verify row.
+                    num_lookahead_tokens=(
+                        runner_config.num_speculative_tokens
+                        if runner_config.draft_model_path is not None
+                        else 0
                     ),
                 )
             )
@@ -738,7 +750,7 @@ class Engine:
                 drafts = sum(count for _, _, count in plan.verify_rows)
                 self._generated_tokens -= drafts - (self.scheduler.num_accepted_tokens - accepted)
             if self.speculation is not None:
-                self._propose(seqs)
+                self._propose(seqs, output.draft_token_ids)
             if logprobs is None and not self._num_following:
                 self._finalize_finished(seqs)
                 return
@@ -750,19 +762,23 @@ class Engine:
                         completion.add_logprobs(entries, self.tokenizer)
             self._update(updated)
 
-    def _propose(self, seqs: list[DomainSequence]) -> None:
-        """Speculative decoding: drafts for the sequences that just got tokens (the n-gram
-        lookup over their own tokens)."""
+    def _propose(self, seqs: list[DomainSequence], drafted: Mapping[int, list[int]] | None) -> None:
+        """Speculative decoding: drafts for the sequences that just got tokens: the draft
+        model's (proposed in the step, ``drafted``), or the n-gram lookup over their tokens."""
         speculation = self.speculation
         assert speculation is not None
         scheduler = self.scheduler
         running = SequenceStatus.RUNNING
+        k = speculation.num_speculative_tokens
         for seq in seqs:
             if seq.status is running and seq.num_uncomputed_tokens == 1:
-                scheduler.set_drafts(
-                    seq.seq_id,
-                    speculation.propose(seq.token_ids, speculation.num_speculative_tokens),
-                )
+                if drafted is not None:
+                    drafts = drafted.get(seq.seq_id, [])
+                elif speculation.method == "ngram":
+                    drafts = speculation.propose(seq.token_ids, k)
+                else:
+                    continue
+                scheduler.set_drafts(seq.seq_id, drafts)
 
     def _finalize_finished(self, seqs: list[DomainSequence]) -> None:
         """:meth:`_update` when no request follows every step (no text is tracked, no sink

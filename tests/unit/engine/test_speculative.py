@@ -116,6 +116,7 @@ class _OracleProposer:
 
     def __init__(self, completions: dict[tuple[int, ...], list[int]], k: int) -> None:
         self.completions = completions
+        self.method = "ngram"  # proposes on the host, as the n-gram lookup does
         self.num_speculative_tokens = k
         self.calls = 0
 
@@ -158,3 +159,41 @@ def test_penalties_see_the_drafts_before_each_sample(checkpoint: Path, baseline:
         stats = engine.stats()
     assert [_summary(o) for o in got] == [_summary(o) for o in expected]
     assert stats.spec_decode_num_accepted_tokens_per_pos[2] > 0, "full runs were accepted"
+
+
+@pytest.mark.parametrize("draft", ["same", "smaller"])
+def test_draft_model_equals_no_speculation(
+    checkpoint: Path, baseline: Engine, make_checkpoint: Callable[..., Path], draft: str
+) -> None:
+    """A draft model (the target itself: every greedy draft right; a smaller random model:
+    mostly wrong) changes nothing in the outputs, with the draft's own cache preempted,
+    prefix-hit and copied for forks along with the target's."""
+    if draft == "same":
+        draft_path = checkpoint
+    else:
+        draft_path = make_checkpoint("tiny", seed=3, num_hidden_layers=1, hidden_size=32)
+    prompts = _prompts(4, 12)
+    params = _params(4, 12, _stop_strings(baseline, prompts))
+    expected, _ = _run_staggered(baseline, prompts, params, 2)
+    config = {"method": "draft_model", "model": str(draft_path), "num_speculative_tokens": 3}
+    tight = OPTIONS | {"num_kv_blocks": 17}  # drafts' lookahead blocks: preempts more
+    with Engine(checkpoint, speculative_config=config, **tight) as engine:
+        finals, seen = _run_staggered(engine, prompts, params, 2)
+        assert engine.stats().num_preemptions > 0, "the test should preempt"
+        greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+        before = engine.stats()
+        runs = engine.generate(prompts[:4], greedy, use_tqdm=False)
+        after = engine.stats()
+        # Every block (the draft's K/V lives in the same block ids) is back in the pool.
+        assert after.kv_cache_usage == 0.0
+    for index, (want, got) in enumerate(zip(expected, finals, strict=True)):
+        _check_ends(got, params[index], seen)
+        assert _summary(got) == _summary(want), f"request {index} differs"
+    assert [o.outputs[0].token_ids for o in runs] == [
+        o.outputs[0].token_ids for o in baseline.generate(prompts[:4], greedy, use_tqdm=False)
+    ]
+    drafted = after.spec_decode_num_draft_tokens - before.spec_decode_num_draft_tokens
+    accepted = after.spec_decode_num_accepted_tokens - before.spec_decode_num_accepted_tokens
+    assert drafted > 0
+    if draft == "same":  # greedy drafts of the target itself: (nearly) all right
+        assert accepted >= 0.9 * drafted

@@ -103,3 +103,29 @@ def test_moe_engine_on_the_triton_path_matches_transformers(
         assert runner.model.get_submodule("model.layers.0.mlp").run_experts is fused_moe
     assert [o.outputs[0].token_ids for o in cold] == expected
     assert [o.outputs[0].token_ids for o in warm] == expected
+
+
+def test_speculative_verify_rows_on_the_triton_path(make_checkpoint: Callable[..., Path]) -> None:
+    """Speculative decoding's verify rows (a few query tokens over a cached context) through
+    the varlen prefill kernel, and the draft model's one-token steps through the decode
+    kernel: the target as its own draft gives transformers' greedy tokens, drafts accepted."""
+    checkpoint = make_checkpoint("tiny")
+    prompts = _prompts()[1:]
+    max_tokens = 8
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    expected = [hf_greedy(checkpoint, prompt, max_tokens) for prompt in prompts]
+    config = {"method": "draft_model", "model": str(checkpoint), "num_speculative_tokens": 3}
+    with Engine(
+        checkpoint,
+        device="cpu",
+        attention_backend="triton",
+        kv_block_size=BLOCK_SIZE,
+        max_model_len=128,
+        max_num_batched_tokens=MAX_BATCHED,
+        num_kv_blocks=32,
+        speculative_config=config,
+    ) as engine:
+        outputs = engine.generate(prompts, params, use_tqdm=False)
+        stats = engine.stats()
+    assert [o.outputs[0].token_ids for o in outputs] == expected
+    assert stats.spec_decode_num_accepted_tokens >= stats.spec_decode_num_draft_tokens // 2 > 0
