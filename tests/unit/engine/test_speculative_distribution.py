@@ -10,12 +10,15 @@ exact target probabilities ``p(t2 | t1)`` and ``p(t3 | t1, t2)`` come from the m
 (the logprobs of an engine without speculation, over the whole vocabulary), filtered by
 top-k / top-p as the sampler does. A chi-square test over the counts of ``t2`` given ``t1``
 and of ``t3`` given ``(t1, t2)`` must not reject at p = 0.001, for a GOOD proposer (the most
-likely token: often accepted), a BAD one (the least likely: almost always rejected) and with
-top-k / top-p; and the acceptance rate must be the probability the target gives the drafts.
+likely token: often accepted), a BAD one (the least likely: almost always rejected), with
+top-k / top-p, and for the draft-model proposer (the target as its own draft, and a smaller
+random draft); and the number of accepted drafts must match the probability the target gives
+them (a rule that never accepts keeps the distribution but fails that).
 
-Accepting a draft whenever it was proposed, or whenever the sample is the draft or its
-neighbouring token id, makes this test fail (checked by breaking ``accepted_length`` by
-hand). The engine's seed is fixed, so the unseeded draws, and the outcome, are reproducible.
+Breaking ``accepted_length`` by hand makes these tests fail: accepting every draft (all five
+cases), accepting when the sample is the draft or its neighbouring token id (four: the fifth's
+neighbours are outside its top-k) and never accepting (all five, by the acceptance count).
+The engine's seed is fixed, so the unseeded draws, and the outcome, are reproducible.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ from pagedinfer import Engine, SamplingParams
 VOCAB = 16
 PROMPT = [1, 2, 3, 4, 5]
 N = 128  # completions per request (forks of one prompt)
-REQUESTS = 48  # 6144 completions per case
+REQUESTS = 32  # 4096 completions per case (fixed proposers)
+DRAFT_REQUESTS = 2048  # draft-model cases: separate requests, slower per token
 P_VALUE = 0.001
 OPTIONS = {
     "device": "cpu",
@@ -121,6 +125,7 @@ class _FixedProposer:
     def __init__(self, drafts: dict[int, int]) -> None:
         self.drafts = drafts
         self.num_speculative_tokens = 1
+        self.method = "ngram"  # proposes on the host, as the n-gram lookup does
 
     def propose(self, token_ids: list[int], max_drafts: int) -> list[int]:
         if len(token_ids) != len(PROMPT) + 1 or max_drafts < 1:
@@ -164,27 +169,69 @@ def _p_value(statistic: float, dof: int) -> float:
 def test_sampled_speculation_draws_from_the_target(
     plain: Engine, speculative: Engine, proposer: str, top_k: int, top_p: float
 ) -> None:
+    target = _TargetModel(plain)
+    target.fetch([(*PROMPT, t1) for t1 in range(VOCAB)])
+    pick = max if proposer == "good" else min
+    drafts = {
+        t1: pick(range(VOCAB), key=lambda t, t1=t1: target((*PROMPT, t1))[t])  # type: ignore[misc]
+        for t1 in range(VOCAB)
+    }
+    speculative.speculation = _FixedProposer(drafts)  # type: ignore[assignment]
     params = SamplingParams(
         temperature=1.0, top_k=top_k, top_p=top_p, max_tokens=3, ignore_eos=True, n=N
     )
+    _check(speculative, [PROMPT] * REQUESTS, params, target, drafts, good=proposer == "good")
+
+
+@pytest.mark.parametrize("draft", ["same", "smaller"])
+def test_draft_model_sampling_draws_from_the_target(
+    checkpoint: Path, make_checkpoint: Callable[..., Path], plain: Engine, draft: str
+) -> None:
+    """The draft-model proposer: the target as its own draft (its greedy token: often
+    accepted), and a smaller random draft with other weights (mostly rejected). Its drafts
+    after each ``t1`` are the draft checkpoint's greedy tokens. Separate requests (``n = 1``):
+    a completion forked in a step gets no drafts from that step."""
+    draft_path = (
+        checkpoint
+        if draft == "same"
+        else make_checkpoint(
+            "tiny", seed=5, vocab_size=VOCAB, initializer_range=0.2, num_hidden_layers=1
+        )
+    )
     target = _TargetModel(plain)
+    target.fetch([(*PROMPT, t1) for t1 in range(VOCAB)])
+    with Engine(draft_path, **OPTIONS) as drafting:  # type: ignore[arg-type]
+        greedy = SamplingParams(temperature=0.0, max_tokens=1)
+        outputs = drafting.generate([[*PROMPT, t1] for t1 in range(VOCAB)], greedy, use_tqdm=False)
+    drafts = {t1: output.outputs[0].token_ids[0] for t1, output in enumerate(outputs)}
+    config = {"method": "draft_model", "model": str(draft_path), "num_speculative_tokens": 1}
+    params = SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True)
+    with Engine(checkpoint, speculative_config=config, **OPTIONS) as engine:  # type: ignore[arg-type]
+        _check(engine, [PROMPT] * DRAFT_REQUESTS, params, target, drafts, good=draft == "same")
+
+
+def _check(
+    speculative: Engine,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    target: _TargetModel,
+    drafts: dict[int, int],
+    *,
+    good: bool,
+) -> None:
+    """Run the prompts; chi-square of t2 given t1 and t3 given (t1, t2) against the target,
+    and the acceptance count against the drafts' target probabilities."""
     start = tuple(PROMPT)
-    target.fetch([(*start, t1) for t1 in range(VOCAB)])
+    top_k, top_p = params.top_k, params.top_p
 
     def after(*tokens: int) -> Distribution:
         return _filtered(target((*start, *tokens)), top_k, top_p)
 
-    pick = max if proposer == "good" else min
-    drafts = {
-        t1: pick(range(VOCAB), key=lambda t, t1=t1: target((*start, t1))[t])  # type: ignore[misc]
-        for t1 in range(VOCAB)
-    }
-    speculative.speculation = _FixedProposer(drafts)  # type: ignore[assignment]
     before = speculative.stats()
-    outputs = speculative.generate([PROMPT] * REQUESTS, params, use_tqdm=False)
+    outputs = speculative.generate(prompts, params, use_tqdm=False)
     stats = speculative.stats()
     triples = [tuple(completion.token_ids) for output in outputs for completion in output.outputs]
-    assert len(triples) == N * REQUESTS and all(len(t) == 3 for t in triples)
+    assert len(triples) == len(prompts) * params.n and all(len(t) == 3 for t in triples)
     # Every completion verified exactly one draft, right after its first token.
     rows = stats.spec_decode_num_drafts - before.spec_decode_num_drafts
     assert rows == len(triples)
@@ -212,5 +259,5 @@ def test_sampled_speculation_draws_from_the_target(
     )
     assert accepted == sum(c[drafts[t1]] for t1, c in second.items())
     assert abs(accepted - mean) <= 4.5 * math.sqrt(variance) + 1, (accepted, mean)
-    if proposer == "good":
+    if good:
         assert accepted > len(triples) // 5, "the good proposer should often be accepted"
