@@ -215,6 +215,10 @@ class BatchPlan:
     # sample carried_samples[i] (PENDING_TOKEN in input_ids); empty otherwise.
     carried_rows: array[int] = field(default_factory=lambda: array("q"))
     carried_samples: array[int] = field(default_factory=lambda: array("q"))
+    # Set by Scheduler.schedule_ahead(): made while plan step_id - 1 runs, which is then
+    # recorded after this plan was made (its step is not lost, though recorded_step_id is
+    # older). False: every plan after recorded_step_id was dropped (pagedinfer.domain.executor).
+    made_ahead: bool = False
     # Speculative decoding: (row, first sample index, number of drafts) of each verify row,
     # and (plans from build_batch_plan) each row's block count before the filler: a draft
     # model writes its next drafts' K/V into the blocks past the context.
