@@ -696,6 +696,12 @@ def _run_demo(args: argparse.Namespace) -> int:
         f"tok/s, decode {stats.decode_throughput:.0f} tok/s) on {engine.device}, "
         f"{engine.attention_backend} attention"
     )
+    if stats.spec_decode_num_drafts:
+        print(
+            f"speculative decoding: {stats.spec_decode_acceptance_rate:.0%} of "
+            f"{stats.spec_decode_num_draft_tokens} drafts accepted, "
+            f"{stats.spec_decode_mean_acceptance_length:.2f} tokens per verify row"
+        )
     return 0
 
 

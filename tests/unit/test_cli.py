@@ -309,3 +309,17 @@ def test_generate_with_speculation_prints_the_same_tokens(
     status, speculative, err = _run([*argv, "--speculative-config", json.dumps(NGRAM)], capsys)
     assert status == 0, err
     assert speculative == plain and len(plain.split()) == 2 + 16
+
+
+def test_demo_reports_the_acceptance(checkpoint: str, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    argv = ["demo", "--model", checkpoint, "--device", "cpu", "--kv-block-size", "16"]
+    argv += ["--max-model-len", "128", "--max-tokens", "24", "--temperature", "0"]
+    status, out, err = _run(argv, capsys)
+    assert status == 0, err
+    assert "speculative decoding" not in out
+    status, out, err = _run([*argv, "--speculative-config", json.dumps(NGRAM)], capsys)
+    assert status == 0, err
+    (line,) = [line for line in out.splitlines() if line.startswith("speculative decoding: ")]
+    assert "% of " in line and "drafts accepted" in line and "tokens per verify row" in line
