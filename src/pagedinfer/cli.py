@@ -126,6 +126,31 @@ def _host_list(text: str) -> list[str]:
     return hosts
 
 
+_SPECULATIVE_EXAMPLE = '{"method": "ngram", "num_speculative_tokens": 3}'
+
+
+def _speculative_config(text: str) -> dict[str, object]:
+    """argparse type of ``--speculative-config``: vLLM's JSON object, checked here (before
+    the model loads) and handed to the engine as the dict."""
+    import json
+
+    from pagedinfer.domain.speculative import SpeculativeConfig
+    from pagedinfer.errors import ConfigurationError
+
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(
+            f"expected a JSON object such as '{_SPECULATIVE_EXAMPLE}', got {text!r} ({error})"
+        ) from None
+    try:
+        SpeculativeConfig.from_value(value)
+    except ConfigurationError as error:
+        raise argparse.ArgumentTypeError(" ".join(str(error).split())) from None
+    result: dict[str, object] = value  # a dict: from_value refuses anything else
+    return result
+
+
 def _engine_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine")
     group.add_argument(
@@ -252,6 +277,15 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="plan each step while the previous one runs (one step in flight); default: "
         "where measured faster (docs/api.md)",
+    )
+    group.add_argument(
+        "--speculative-config",
+        "--speculative_config",
+        type=_speculative_config,
+        default=None,
+        metavar="JSON",
+        help=f"speculative decoding, vLLM's JSON, e.g. '{_SPECULATIVE_EXAMPLE}' (also "
+        "prompt_lookup_max, prompt_lookup_min; docs/api.md); default: off",
     )
     group.add_argument(
         "--no-prefix-caching",
@@ -573,6 +607,7 @@ def _engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
         "enforce_eager": args.enforce_eager,
         "enable_prefix_caching": args.enable_prefix_caching,
         "async_scheduling": args.async_scheduling,
+        "speculative_config": args.speculative_config,
         "seed": args.seed,
         "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
         "num_threads": args.num_threads,
@@ -661,6 +696,12 @@ def _run_demo(args: argparse.Namespace) -> int:
         f"tok/s, decode {stats.decode_throughput:.0f} tok/s) on {engine.device}, "
         f"{engine.attention_backend} attention"
     )
+    if stats.spec_decode_num_drafts:
+        print(
+            f"speculative decoding: {stats.spec_decode_acceptance_rate:.0%} of "
+            f"{stats.spec_decode_num_draft_tokens} drafts accepted, "
+            f"{stats.spec_decode_mean_acceptance_length:.2f} tokens per verify row"
+        )
     return 0
 
 

@@ -53,6 +53,8 @@ def knobs(
             "scheduling_policy": st.sampled_from(["mixed", "prefill_first"]),
             "enable_prefix_caching": st.booleans(),
             "max_num_seqs": st.sampled_from([MAX_N, 16]),
+            # Speculative decoding (issue 26) must not change a greedy or seeded output.
+            "speculation": st.sampled_from(["off", "off", "off", "ngram", "draft"]),
         }
     )
 
@@ -95,11 +97,25 @@ class Engines:
         if key in self._built and self._built[key][0].is_dead:  # a failed example killed it
             self._built.pop(key)[0].close()
         if key not in self._built:
+            settings = dict(knobs)
+            speculation = settings.pop("speculation", "off")
+            if speculation == "ngram":
+                settings["speculative_config"] = {
+                    "method": "ngram",
+                    "num_speculative_tokens": 3,
+                    "prompt_lookup_max": 2,
+                }
+            elif speculation == "draft":  # the target as its own draft: many accepted
+                settings["speculative_config"] = {
+                    "method": "draft_model",
+                    "model": str(self.checkpoint),
+                    "num_speculative_tokens": 2,
+                }
             engine = Engine(
                 self.checkpoint,
                 device="cpu",
                 **self.common,
-                **knobs,
+                **settings,
             )
             self._built[key] = (engine, Checker(engine, self.reference))
         return self._built[key]
@@ -152,6 +168,9 @@ def run_batch(
     event(f"preempted: {after.num_preemptions > before.num_preemptions}")
     event(f"mixed steps: {after.num_mixed_steps > before.num_mixed_steps}")
     event(f"prefix-cache hit: {any(o.num_cached_tokens for o in outputs)}")
+    if engine.speculation is not None:
+        accepted = engine.stats().spec_decode_num_accepted_tokens
+        event(f"speculative ({engine.speculation.method}), drafts accepted: {accepted > 0}")
     for (prompt, request_params), output in zip(batch, outputs, strict=True):
         checker.check_final(output, prompt, request_params)
     assert not engine.has_unfinished_requests()

@@ -75,6 +75,25 @@ def _assert_one_line_error(status: int, err: str, *needles: str) -> None:
         (["generate", "--model", "CKPT", "--prompt", "hi", "--num-threads", "0"], ["'0'"]),
         (["generate", "--model", "CKPT", "--prompt", "hi", "--num-threads", "x"], ["'x'"]),
         (["generate", "--model", "CKPT", "--prompt", "hi", "--kv-block-size", "0"], ["kv_block"]),
+        (
+            ["generate", "CKPT", "--prompt", "hi", "--speculative-config", "{method: ngram}"],
+            ["--speculative-config", "JSON object", "'{method: ngram}'"],
+        ),
+        (
+            ["generate", "CKPT", "--prompt", "hi", "--speculative_config", '{"method": "ngram"}'],
+            ["--speculative-config", "num_speculative_tokens"],
+        ),
+        (
+            ["generate", "CKPT", "--prompt", "hi", "--speculative-config", '"ngram"'],
+            ["--speculative-config", "expected a dict"],
+        ),
+        (
+            [
+                *("generate", "CKPT", "--prompt", "hi", "--async-scheduling"),
+                *("--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}'),
+            ],
+            ["speculative_config cannot run with async_scheduling=True"],
+        ),
         (["generate", "--model", "CKPT"], ["--prompt"]),
         (["generate", "--model", "CKPT", "--prompt", "hi", "--no-such-flag"], ["--no-such-flag"]),
         (["no-such-command"], ["no-such-command"]),
@@ -252,3 +271,55 @@ def test_kv_cache_dtype_fp8_shows_its_capacity_in_the_startup_line(
         (lines[dtype],) = [line for line in err.splitlines() if line.startswith(STARTUP_LINE)]
     assert "8 KV blocks of 16 tokens," in lines["auto"], lines
     assert "32 KV blocks of 16 tokens (float8_e4m3fn)" in lines["fp8"], lines
+
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2}
+
+
+@pytest.mark.parametrize("command", ["generate", "demo", "bench", "serve"])
+def test_speculative_config_flag_reaches_the_engine(
+    command: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's --speculative-config JSON (or --speculative_config): the dict, for every
+    command that builds an engine; off by default."""
+    import json
+
+    from pagedinfer import cli
+
+    seen: list[object] = []
+    monkeypatch.setitem(cli._COMMANDS, command, lambda args: seen.append(args) or 0)
+    model = ["m", "--prompt", "x"] if command == "generate" else ["m"] * (command == "serve")
+    assert main([command, *model]) == 0
+    assert cli._engine_kwargs(seen[-1])["speculative_config"] is None
+    for flag in ("--speculative-config", "--speculative_config"):
+        assert main([command, *model, flag, json.dumps(NGRAM)]) == 0
+        assert cli._engine_kwargs(seen[-1])["speculative_config"] == NGRAM
+
+
+def test_generate_with_speculation_prints_the_same_tokens(
+    checkpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    argv = ["generate", checkpoint, "--device", "cpu", "--kv-block-size", "16"]
+    argv += ["--max-model-len", "64", "--token-ids", "5,6,7,8", "--max-tokens", "16"]
+    argv += ["--ignore-eos", "--skip-tokenizer-init"]  # the token ids are printed
+    status, plain, err = _run(argv, capsys)
+    assert status == 0, err
+    status, speculative, err = _run([*argv, "--speculative-config", json.dumps(NGRAM)], capsys)
+    assert status == 0, err
+    assert speculative == plain and len(plain.split()) == 2 + 16
+
+
+def test_demo_reports_the_acceptance(checkpoint: str, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    argv = ["demo", "--model", checkpoint, "--device", "cpu", "--kv-block-size", "16"]
+    argv += ["--max-model-len", "128", "--max-tokens", "24", "--temperature", "0"]
+    status, out, err = _run(argv, capsys)
+    assert status == 0, err
+    assert "speculative decoding" not in out
+    status, out, err = _run([*argv, "--speculative-config", json.dumps(NGRAM)], capsys)
+    assert status == 0, err
+    (line,) = [line for line in out.splitlines() if line.startswith("speculative decoding: ")]
+    assert "% of " in line and "drafts accepted" in line and "tokens per verify row" in line

@@ -60,7 +60,7 @@ from pagedinfer.adapters.sampling.grammar import (
     GrammarStep,
     apply_token_bitmask,
 )
-from pagedinfer.adapters.sampling.logits_processors import LogitsProcessors
+from pagedinfer.adapters.sampling.logits_processors import LogitsProcessors, ProcessingStep
 from pagedinfer.adapters.sampling.logprobs import (
     LogprobsRequests,
     compute_logprobs,
@@ -84,6 +84,20 @@ from pagedinfer.errors import ConfigurationError, EngineClosedError
 __all__ = ["DecodeGraphRunner", "ModelRunner"]
 
 _logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(slots=True)
+class _Record:
+    """What sampling step ``step_id`` changed in the per-request state (penalty counts, grammar
+    matchers), kept until a later plan says the scheduler recorded that step, or undone when
+    a plan shows it never will (:meth:`ModelRunner._settle_records`)."""
+
+    step_id: int
+    processing: ProcessingStep | None
+    token_ids: torch.Tensor
+    kept: torch.Tensor | None
+    grammar: GrammarStep | None
+    grammar_accepted: bool = False
 
 
 class DecodeGraphRunner(Protocol):
@@ -192,6 +206,8 @@ class ModelRunner:
         # The latest step's sampled ids on the device, by its plan's step_id: the inputs of
         # the rows a plan made ahead of that step carries (BatchPlan.carried_rows).
         self._last_sampled: tuple[int, torch.Tensor] | None = None
+        # Sampling steps whose record by the scheduler is not known yet (see _settle_records).
+        self._unconfirmed: list[_Record] = []
         # Decode steps go through graph_runner when it is set; the warm-up pass that sizes
         # the cache runs eagerly, and graphs are captured once the cache is bound.
         self.graph_runner: DecodeGraphRunner | None = None
@@ -223,6 +239,8 @@ class ModelRunner:
         tokens."""
         if self._closed:
             raise EngineClosedError("the model runner was used after close()")
+        if self._unconfirmed:  # before the plan's deltas release or reuse any row
+            self._settle_records(plan)
         inputs = self.prepare(plan)
         table = self.sampling_table
         with torch.inference_mode():
@@ -246,6 +264,26 @@ class ModelRunner:
             if logits is None or table is None:
                 return _ready(EMPTY_STEP_OUTPUT)
             return self._sample(plan, inputs, logits, table, prompt_chunks, grammar)
+
+    def _settle_records(self, plan: BatchPlan) -> None:
+        """Forget the records of the steps the scheduler recorded (up to
+        ``plan.recorded_step_id``), keep the one ``plan`` was made ahead of (still running
+        or about to be recorded), and undo the others: their steps were dropped (a failure,
+        or Ctrl-C before the record) and their tokens will be sampled again, so the
+        penalties must not count them twice nor the grammars advance twice."""
+        processors, matchers = self.processors, self.grammar_matchers
+        kept: list[_Record] = []
+        for record in reversed(self._unconfirmed):  # undo the newest first
+            if record.step_id <= plan.recorded_step_id:
+                continue
+            if plan.made_ahead and record.step_id == plan.step_id - 1:
+                kept.append(record)
+                continue
+            if record.processing is not None and processors is not None:
+                processors.record(record.processing, record.token_ids, record.kept, undo=True)
+            if record.grammar is not None and record.grammar_accepted and matchers is not None:
+                matchers.undo(record.grammar)
+        self._unconfirmed = kept[::-1]
 
     def _carry_tokens(self, plan: BatchPlan, inputs: StepInputs) -> StepInputs:
         """A plan made ahead of the previous one's tokens (async scheduling): its carried
@@ -306,9 +344,13 @@ class ModelRunner:
         batch = table.rows(inputs.sample_slots, sample_positions)
         token_ids = self.sampler(logits, batch, processors, processing)
         self._last_sampled = (plan.step_id, token_ids)  # what a plan made ahead carries
-        if processing is not None:
+        record = None
+        if processing is not None or grammar is not None:
             kept = _accepted_samples(plan, token_ids) if plan.verify_rows else None
-            processors.record(processing, token_ids, kept)
+            if processing is not None:
+                processors.record(processing, token_ids, kept)
+            record = _Record(plan.step_id, processing, token_ids, kept, grammar)
+            self._unconfirmed.append(record)
         logprobs: list[TokenLogprobs | None] | None = None
         if wanted is not None and raw is not None:
             chosen = token_ids if rows is None else token_ids.index_select(0, rows)
@@ -335,8 +377,9 @@ class ModelRunner:
                 event.synchronize()  # this step only, not what was launched after it
             sampled: list[int] = ids.tolist()
             if grammar is not None:
-                assert matchers is not None
+                assert matchers is not None and record is not None
                 matchers.accept(grammar, sampled)
+                record.grammar_accepted = True
             return StepOutput(sampled, logprobs, prompt_chunks, drafts)
 
         return output
@@ -475,6 +518,7 @@ class ModelRunner:
         self.execute(self._warm_up_plan())
         self._unbind_kv_cache()
         self.sampling_table = self._new_sampling_table()  # forget the warm-up's request
+        self._unconfirmed = []
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(device)

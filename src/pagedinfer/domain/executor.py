@@ -71,7 +71,11 @@ plan says which plans were recorded: plans are numbered ``plan.step_id`` (1, 2, 
 per :meth:`Scheduler.schedule` call that returned a plan), and ``plan.recorded_step_id`` is the
 number of the latest plan recorded before this one was made (0: none). Before running a plan
 ``P``, keep what was derived from plans numbered up to ``P.recorded_step_id`` and discard what
-came from later ones: they were never recorded (a failed step, or ``P`` itself on a re-run).
+came from later ones: they were never recorded (a failed step, a Ctrl-C between sampling and
+the record, or ``P`` itself on a re-run) and their tokens will be sampled again. The one
+exception is a plan made ahead (``P.made_ahead``, below): plan ``P.step_id - 1`` was still
+running when ``P`` was made and is recorded after it, so what it derived stays. Discard
+before applying ``P``'s deltas, which may hand a released request's rows to another.
 An executor whose state depends only on the plan (KV, the sampling table) needs none of this.
 
 Plans made ahead (async scheduling)

@@ -215,11 +215,18 @@ class BatchPlan:
     # sample carried_samples[i] (PENDING_TOKEN in input_ids); empty otherwise.
     carried_rows: array[int] = field(default_factory=lambda: array("q"))
     carried_samples: array[int] = field(default_factory=lambda: array("q"))
+    # Set by Scheduler.schedule_ahead(): made while plan step_id - 1 runs, which is then
+    # recorded after this plan was made (its step is not lost, though recorded_step_id is
+    # older). False: every plan after recorded_step_id was dropped (pagedinfer.domain.executor).
+    made_ahead: bool = False
     # Speculative decoding: (row, first sample index, number of drafts) of each verify row,
     # and (plans from build_batch_plan) each row's block count before the filler: a draft
     # model writes its next drafts' K/V into the blocks past the context.
     verify_rows: tuple[tuple[int, int, int], ...] = ()
     block_table_lens: array[int] = field(default_factory=lambda: array("i"))
+    # Query tokens of chunks that are a sequence's last generated token (and its drafts):
+    # decoding work outside decode rows (speculative decoding), for the engine's counters.
+    num_generation_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not self.is_prefill:  # a decode step: every row is a decode row
@@ -298,12 +305,15 @@ def build_batch_plan(
     logprob_rows: list[tuple[int, int, int]] = []
     logprob_targets: list[int] = []
     verify_rows: list[tuple[int, int, int]] = []
+    generation_tokens = 0
     for chunk in chunks:
         seq = chunk.seq
         start = seq.num_computed_tokens
         end = start + chunk.num_tokens
         table = seq.block_table
         num_drafts = end - seq.num_tokens  # > 0: the chunk runs into its drafts
+        if seq.num_completion_tokens and end >= seq.num_tokens:  # from the last token on
+            generation_tokens += end - max(start, seq.num_tokens - 1)
         if num_drafts > 0:
             input_ids.extend(seq.token_ids[start:])
             input_ids.extend(seq.spec_token_ids[:num_drafts])
@@ -367,6 +377,7 @@ def build_batch_plan(
         prompt_logprob_targets=array("q", logprob_targets),
         verify_rows=tuple(verify_rows),
         block_table_lens=array("i", [len(table) for table in tables]),
+        num_generation_tokens=generation_tokens,
     )
 
 
@@ -428,6 +439,7 @@ def mixed_batch_plan(
             if decode.block_table_lens and prefill.block_table_lens
             else array("i")
         ),
+        num_generation_tokens=prefill.num_generation_tokens,
     )
 
 

@@ -423,6 +423,7 @@ class Scheduler:
         self._in_flight = None
         planned = self._plan_next()
         if planned is not None:
+            object.__setattr__(planned, "made_ahead", True)
             self._carry(plan, planned)
         return planned
 

@@ -20,6 +20,7 @@ tokens with and without speculation (docs/speculative-decoding.md).
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
@@ -136,23 +137,29 @@ def propose_ngram(token_ids: Sequence[int], k: int, min_n: int, max_n: int) -> l
     close to the end continues into the tokens it proposes, so a loop of any period yields
     ``k`` drafts (``[7, 8, 7, 8, 7]`` proposes ``8, 7, 8...``).
 
-    Scans the history once per ``n`` (from the end, so the latest occurrence is found first):
-    O(len(token_ids)) per call."""
+    The search runs over the history's bytes (``bytes.rfind``, in C), so a long history costs
+    microseconds, not a Python loop per token."""
     length = len(token_ids)
-    if k <= 0:
+    if k <= 0 or length < 2:
         return []
+    tokens = array("q", token_ids)
+    history = tokens.tobytes()
+    width = tokens.itemsize  # bytes per token
     for n in range(min(max_n, length - 1), min_n - 1, -1):
-        suffix = list(token_ids[length - n :])
-        last = suffix[-1]
-        # An occurrence ending at `end` (exclusive) < length, with a token after it.
-        for end in range(length - 1, n - 1, -1):
-            if token_ids[end - 1] == last and list(token_ids[end - n : end]) == suffix:
-                # Copied as the history continued from there; past the end, the copy
-                # continues from its own start (a loop of period length - end repeats).
+        pattern = history[(length - n) * width :]
+        # An occurrence that ends before the last token (so a token follows it).
+        stop = (length - 1) * width
+        while True:
+            found = history.rfind(pattern, 0, stop)
+            if found < 0:
+                break
+            if found % width == 0:  # aligned on a token
+                end = found // width + n
                 drafts: list[int] = []
                 for index in range(end, end + k):
                     drafts.append(token_ids[index] if index < length else drafts[index - length])
                 return drafts
+            stop = found + len(pattern) - 1  # a misaligned match: look further back
     return []
 
 

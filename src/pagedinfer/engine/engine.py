@@ -916,7 +916,11 @@ class Engine:
         with self._locked():
             self._check_open()
             requests = self._enqueue_all(prompts, params, sink)
-            progress = ProgressBar(total=len(requests), enabled=use_tqdm)
+            progress = ProgressBar(
+                total=len(requests),
+                enabled=use_tqdm,
+                spec_decode=None if self.speculation is None else self.scheduler.stats,
+            )
 
             def report_step() -> None:
                 progress.update(len(requests) - sink.num_unfinished, *self._last_step)
@@ -1048,14 +1052,15 @@ class Engine:
             self.scheduler.pool.reset_prefix_cache()
 
     def _account(self, plan: BatchPlan, num_sampled: int, seconds: float) -> None:
-        # A mixed step's time is shared between prefill and decode by their token counts.
-        prompt_tokens = plan.num_tokens - plan.num_decode_rows
+        # A mixed step's time is shared between prefill and decode by their token counts
+        # (speculative decoding's verify rows are chunks, but decoding work).
+        prompt_tokens = plan.num_tokens - plan.num_decode_rows - plan.num_generation_tokens
         prefill_seconds = seconds * prompt_tokens / plan.num_tokens if plan.num_tokens else 0.0
         self._prompt_tokens += prompt_tokens
         self._prefill_seconds += prefill_seconds
         self._decode_seconds += seconds - prefill_seconds
         self._generated_tokens += num_sampled
-        self._last_step = (plan.is_prefill, prompt_tokens or plan.num_tokens, seconds)
+        self._last_step = (prompt_tokens > 0, prompt_tokens or plan.num_tokens, seconds)
 
     # -------------------------------------------------------------------- close
     def close(self) -> None:

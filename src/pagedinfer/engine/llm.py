@@ -5,8 +5,8 @@ A vLLM script runs with ``from pagedinfer import LLM, SamplingParams`` in place 
 :class:`Engine` (every Engine method works) whose constructor takes vLLM's arguments:
 
 * those that map onto the Engine are passed on (``dtype``, ``max_model_len``,
-  ``tensor_parallel_size``, ``block_size`` as ``kv_block_size``, ...), and so are the Engine's
-  own (``num_threads``, ``attention_backend``, ...);
+  ``tensor_parallel_size``, ``block_size`` as ``kv_block_size``, ``speculative_config``, ...),
+  and so are the Engine's own (``num_threads``, ``attention_backend``, ...);
 * those that select something pagedinfer does not have (quantization, LoRA, multimodal
   inputs, downloads, ...) are accepted at the value that means "off"
   and raise :class:`~pagedinfer.errors.ConfigurationError` naming the argument and why
@@ -163,7 +163,6 @@ VLLM_ARGUMENTS: dict[str, _VllmArgument] = {
         "the one grammar engine is llguidance ('guidance'); constrain each request with "
         "SamplingParams(structured_outputs=...)",
     ),
-    "speculative_config": _VllmArgument(_empty, "speculative decoding is not implemented"),
     "enable_lora": _VllmArgument(_is(False), "LoRA adapters are not supported"),
     "enable_sleep_mode": _VllmArgument(_is(False), "there is no sleep mode"),
     "enable_chunked_prefill": _VllmArgument(

@@ -1,9 +1,13 @@
-"""The ``generate`` progress bar: finished requests, with live prefill and decode tok/s."""
+"""The ``generate`` progress bar: finished requests, with live prefill and decode tok/s, and
+with speculative decoding the acceptance of this call's drafts."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
+
+from pagedinfer.domain.scheduler import SchedulerStats
 
 __all__ = ["ProgressBar"]
 
@@ -16,14 +20,29 @@ class ProgressBar:
 
     The rates change after every step, so the bar redraws on a timer as well as when a
     request finishes (tqdm alone redraws only when the count moves).
+
+    ``spec_decode`` (speculative decoding: the scheduler's ``stats``, read when the bar
+    redraws) adds ``accept=`` (drafts accepted / drafts verified) and ``accept_len=`` (mean
+    acceptance length: tokens per verify row, 1 + accepted / rows), counted from the bar's
+    creation, once this call has verified a draft.
     """
 
-    def __init__(self, total: int, *, enabled: bool) -> None:
+    def __init__(
+        self,
+        total: int,
+        *,
+        enabled: bool,
+        spec_decode: Callable[[], SchedulerStats] | None = None,
+    ) -> None:
         self._bar: Any = None
+        self._spec_decode = spec_decode if enabled else None
+        self._spec_start = (0, 0, 0)
         if enabled:
             from tqdm.auto import tqdm
 
             self._bar = tqdm(total=total, desc="Generating", unit="req", dynamic_ncols=True)
+            if spec_decode is not None:
+                self._spec_start = _spec_counts(spec_decode())
         self._prefill_rate = 0.0
         self._decode_rate = 0.0
         self._last_refresh = 0.0
@@ -43,11 +62,17 @@ class ProgressBar:
         if not moved and now - self._last_refresh < _REFRESH_SECONDS:
             return
         self._last_refresh = now
-        bar.set_postfix(
-            prefill=f"{self._prefill_rate:.0f}tok/s",
-            decode=f"{self._decode_rate:.0f}tok/s",
-            refresh=False,
-        )
+        postfix = {
+            "prefill": f"{self._prefill_rate:.0f}tok/s",
+            "decode": f"{self._decode_rate:.0f}tok/s",
+        }
+        if self._spec_decode is not None:
+            counts = _spec_counts(self._spec_decode())
+            rows, drafts, accepted = (c - s for c, s in zip(counts, self._spec_start, strict=True))
+            if drafts > 0:
+                postfix["accept"] = f"{accepted / drafts:.0%}"
+                postfix["accept_len"] = f"{1 + accepted / rows:.2f}"
+        bar.set_postfix(postfix, refresh=False)
         bar.n = num_finished
         bar.refresh()
 
@@ -55,3 +80,8 @@ class ProgressBar:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+def _spec_counts(stats: SchedulerStats) -> tuple[int, int, int]:
+    """(verify rows with drafts, drafts verified, drafts accepted) since the start."""
+    return stats.num_spec_verify_rows, stats.num_draft_tokens, stats.num_accepted_tokens

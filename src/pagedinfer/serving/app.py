@@ -110,12 +110,12 @@ def build_app(
     """
     options = options or ServingOptions()
     app = FastAPI(title="pagedinfer", docs_url=None, redoc_url=None, openapi_url=None)
-    metrics = ServerMetrics()
+    sync_engine = engine.engine
+    metrics = ServerMetrics(speculative=sync_engine.speculation is not None)
     app.state.engine = engine
     app.state.metrics = metrics
     created = int(time.time())
     limits = engine.request_limits
-    sync_engine = engine.engine
     vocab_size = sync_engine.model_config.vocab_size
     policy = FieldPolicy(ignore_unknown=options.ignore_unknown_fields)
 

@@ -6,7 +6,9 @@ latencies are observed by the request handlers as tokens reach them: time to fir
 the gap between consecutive tokens (inter-token latency), and the whole request. The
 handlers also count each request's prompt tokens once, when its first token arrives (vLLM's
 ``prompt_tokens_total``: every prompt token, whether computed or served by the prefix
-cache), and the ones the prefix cache served.
+cache), and the ones the prefix cache served. An engine with ``speculative_config`` adds
+vLLM's ``spec_decode`` counters (drafts, draft tokens, accepted tokens, accepted tokens by
+position); without it they are not registered, as in vLLM.
 """
 
 from __future__ import annotations
@@ -35,10 +37,12 @@ _E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 
 
 
 class _EngineStatsCollector(Collector):
-    """Reports the latest ``EngineStats`` snapshot (taken by the ``/metrics`` handler)."""
+    """Reports the latest ``EngineStats`` snapshot (taken by the ``/metrics`` handler); the
+    speculative-decoding counters only if the engine speculates (as vLLM registers them)."""
 
-    def __init__(self) -> None:
+    def __init__(self, speculative: bool) -> None:
         self.stats: EngineStats | None = None
+        self.speculative = speculative
 
     def collect(self) -> Iterator[Metric]:
         stats = self.stats
@@ -73,6 +77,36 @@ class _EngineStatsCollector(Collector):
             "Requests the engine finished (any reason).",
             stats.num_requests_finished,
         )
+        if self.speculative:
+            yield from _spec_decode_metrics(stats)
+
+
+def _spec_decode_metrics(stats: EngineStats) -> Iterator[Metric]:
+    """vLLM's ``spec_decode`` counters: acceptance rate = accepted / draft tokens, mean
+    acceptance length = 1 + accepted / drafts."""
+    yield _counter(
+        "spec_decode_num_drafts",
+        "Verify rows that carried drafts (speculative decoding).",
+        stats.spec_decode_num_drafts,
+    )
+    yield _counter(
+        "spec_decode_num_draft_tokens",
+        "Draft tokens verified (speculative decoding).",
+        stats.spec_decode_num_draft_tokens,
+    )
+    yield _counter(
+        "spec_decode_num_accepted_tokens",
+        "Draft tokens accepted (speculative decoding).",
+        stats.spec_decode_num_accepted_tokens,
+    )
+    per_position = CounterMetricFamily(
+        _PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+        "Draft tokens accepted at each position of a verify row (0: the first draft).",
+        labels=["position"],
+    )
+    for position, accepted in enumerate(stats.spec_decode_num_accepted_tokens_per_pos):
+        per_position.add_metric([str(position)], accepted)
+    yield per_position
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
@@ -84,11 +118,12 @@ def _counter(name: str, documentation: str, value: float) -> CounterMetricFamily
 
 
 class ServerMetrics:
-    """The registry of one server and the metrics its handlers observe."""
+    """The registry of one server and the metrics its handlers observe. ``speculative``:
+    the engine decodes speculatively, so the ``spec_decode`` counters are exported."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, speculative: bool = False) -> None:
         self.registry = CollectorRegistry()
-        self._engine = _EngineStatsCollector()
+        self._engine = _EngineStatsCollector(speculative)
         self.registry.register(self._engine)
         self.time_to_first_token = Histogram(
             _PREFIX + "time_to_first_token_seconds",

@@ -26,6 +26,32 @@ def test_ngram_continues_loops_past_the_end() -> None:
     assert propose_ngram([3, 3, 3], 4, 1, 3) == [3, 3, 3, 3]
 
 
+def _reference_ngram(history: list[int], k: int, low: int, high: int) -> list[int]:
+    """The rule in plain Python: the largest n, the latest earlier occurrence, then copy."""
+    length = len(history)
+    for n in range(min(high, length - 1), low - 1, -1):
+        for end in range(length - 1, n - 1, -1):
+            if history[end - n : end] == history[length - n :]:
+                extended = list(history)
+                while len(extended) < end + k:
+                    extended.append(extended[len(extended) - (length - end)])
+                return extended[end : end + k]
+    return []
+
+
+@given(
+    st.lists(st.integers(-3, 4) | st.integers(0, 2**40), min_size=0, max_size=40),
+    st.integers(1, 6),
+    st.integers(1, 3),
+    st.integers(0, 3),
+)
+def test_ngram_equals_the_plain_rule(history: list[int], k: int, low: int, extra: int) -> None:
+    # Large and negative ids too: the byte search must only match whole tokens.
+    assert propose_ngram(history, k, low, low + extra) == _reference_ngram(
+        history, k, low, low + extra
+    )
+
+
 @given(st.lists(st.integers(0, 4), min_size=1, max_size=30), st.integers(1, 6))
 def test_ngram_drafts_continue_a_real_occurrence(history: list[int], k: int) -> None:
     drafts = propose_ngram(history, k, 1, 3)

@@ -419,3 +419,34 @@ def test_add_request_stream_true_carries_text_while_running(offline: Engine) -> 
     assert finals[plain].outputs[0].text == finals[streamed].outputs[0].text
     assert all(text == "" for text in texts[plain])  # decoded once, at the end
     assert texts[streamed][-1] and finals[streamed].outputs[0].text.startswith(texts[streamed][-1])
+
+
+def test_speculative_config_reaches_the_engine(checkpoint: Path, offline: Engine) -> None:
+    """``AsyncEngine(..., speculative_config=...)`` is the Engine's argument: n-gram drafts
+    are accepted, and the streamed greedy and seeded completions are the offline engine's
+    without speculation."""
+    prompts = ["hello hello hello", "the cat"]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True),
+        SamplingParams(temperature=0.9, seed=5, max_tokens=32, ignore_eos=True),
+    ]
+    expected = offline.generate(prompts, params, use_tqdm=False)
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+    engine = AsyncEngine(checkpoint, speculative_config=ngram, **ENGINE_KWARGS)
+
+    async def generate(prompt: str, p: SamplingParams) -> list[RequestOutput]:
+        return [output async for output in engine.generate(prompt, p)]
+
+    async def main() -> list[list[RequestOutput]]:
+        return list(await asyncio.gather(*map(generate, prompts, params)))
+
+    try:
+        streams = _run(main())
+        stats = _run(engine.stats())
+    finally:
+        engine.close()
+    for outputs, want in zip(streams, expected, strict=True):
+        assert outputs[-1].finished
+        assert outputs[-1].outputs[0].token_ids == want.outputs[0].token_ids
+        assert outputs[-1].outputs[0].text == want.outputs[0].text
+    assert stats.spec_decode_num_accepted_tokens > 0, "no draft was accepted: a weak test"

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from pagedinfer import Engine, RequestOutput, SamplingParams
+from pagedinfer.domain.structured import StructuredOutputsParams
 from pagedinfer.engine.requests import RequestState
 
 from .bounded import within
@@ -238,4 +239,50 @@ def test_a_failure_in_generate_alone(
     assert [o.outputs[0].token_ids for o in outputs] == [
         reference[tuple(p)] for p in GENERATE_PROMPTS
     ]
+    _check_idle(engine)
+
+
+PENALIZED = SamplingParams(
+    temperature=0.0, max_tokens=10, ignore_eos=True, presence_penalty=1.5, frequency_penalty=1.0
+)
+
+
+CONSTRAINED = SamplingParams(
+    temperature=0.0,
+    max_tokens=10,
+    structured_outputs=StructuredOutputsParams(regex=r"[0-9]{3}-[a-z]{2,4}x{0,4}"),
+)
+
+
+@pytest.mark.parametrize("params", [PENALIZED, CONSTRAINED], ids=["penalties", "grammar"])
+@pytest.mark.parametrize(("stage", "when"), [("execute", "after"), ("postprocess", "before")])
+def test_a_step_interrupted_before_its_record_counts_its_tokens_once(
+    engine: Engine,
+    checkpoint: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    stage: str,
+    when: str,
+    params: SamplingParams,
+) -> None:
+    """Ctrl-C between sampling and the record: the step runs again, and what the executor
+    derives from sampled tokens as it samples (the penalties' history, a grammar's position)
+    must not take the lost step's tokens into account."""
+    with Engine(checkpoint, device="cpu", kv_block_size=16, max_model_len=64) as clean:
+        expected = [o.outputs[0].token_ids for o in clean.generate(STEP_PROMPTS, params, False)]
+    ids = [engine.add_request(prompt, params) for prompt in STEP_PROMPTS]
+    _inject(monkeypatch, engine, stage, when, FAILURES["keyboard-interrupt"], on_call=4)
+    finals: dict[str, RequestOutput] = {}
+    raised = 0
+    for _ in range(200):
+        try:
+            outputs = engine.step()
+        except KeyboardInterrupt:
+            raised += 1
+            continue
+        finals.update({o.request_id: o for o in outputs if o.finished})
+        if len(finals) == len(ids):
+            break
+    monkeypatch.undo()
+    assert raised == 1
+    assert [finals[i].outputs[0].token_ids for i in ids] == expected
     _check_idle(engine)

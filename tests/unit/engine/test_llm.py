@@ -153,6 +153,26 @@ def test_parallelism_arguments_reach_the_engine(checkpoint: Path) -> None:
         LLM(str(checkpoint), distributed_executor_backend="external_launcher", **SMALL)
 
 
+def test_speculative_config_reaches_the_engine(llm: LLM, checkpoint: Path) -> None:
+    """vLLM's ``speculative_config`` dict: n-gram drafts are verified and accepted, and the
+    greedy tokens are those of the LLM without it; a malformed one is refused by name."""
+    prompts = [[5, 6, 7, 8], [9, 10, 11]]
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    expected = llm.generate(prompts, greedy, use_tqdm=False)
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+    with LLM(str(checkpoint), speculative_config=ngram, **SMALL) as speculative:
+        assert speculative.speculation is not None
+        assert speculative.speculation.num_speculative_tokens == 3
+        got = speculative.generate(prompts, greedy, use_tqdm=False)
+        stats = speculative.stats()
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in expected]
+    assert stats.spec_decode_num_accepted_tokens > 0, "no draft was accepted: a weak test"
+    with pytest.raises(ConfigurationError, match="num_speculative_tokens"):
+        LLM(str(checkpoint), speculative_config={"method": "ngram"}, **SMALL)
+    with pytest.raises(ConfigurationError, match="not supported"):
+        LLM(str(checkpoint), speculative_config={"method": "eagle3", "k": 2}, **SMALL)
+
+
 @pytest.mark.parametrize(
     ("argument", "value", "needle"),
     [
@@ -164,7 +184,6 @@ def test_parallelism_arguments_reach_the_engine(checkpoint: Path) -> None:
         ("tokenizer_mode", "mistral", "AutoTokenizer"),
         ("cpu_offload_gb", 4, "not offloaded"),
         ("task", "embed", "generative models only"),
-        ("speculative_config", {"method": "ngram"}, "speculative decoding"),
         ("enable_chunked_prefill", False, "always prefilled in chunks"),
         ("scheduling_policy", "priority", "first come, first served"),
         ("hf_overrides", {"num_hidden_layers": 1}, "config.json is used as it is"),
@@ -250,7 +269,6 @@ VLLM_DEFAULTS: dict[str, object] = {
     "logits_processors": None,
     "structured_outputs_config": None,
     "guided_decoding_backend": None,
-    "speculative_config": None,
     "enable_lora": False,
     "enable_sleep_mode": False,
     "enable_chunked_prefill": None,

@@ -197,3 +197,20 @@ def test_draft_model_equals_no_speculation(
     assert drafted > 0
     if draft == "same":  # greedy drafts of the target itself: (nearly) all right
         assert accepted >= 0.9 * drafted
+
+
+def test_counters_count_verify_rows_as_decoding(checkpoint: Path, baseline: Engine) -> None:
+    """Verify rows are chunks in the plan but decoding in the counters: the prompt tokens
+    computed are the same as without speculation, and decode throughput is measured."""
+    prompts = [[5, 6, 7, 8]] * 4
+    greedy = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    roomy = OPTIONS | {"num_kv_blocks": 64}  # no preemption: no recomputed tokens
+    with Engine(checkpoint, **roomy) as plain:
+        plain.generate(prompts, greedy, use_tqdm=False)
+        expected = plain.stats()
+    with Engine(checkpoint, speculative_config=_ngram(3), **roomy) as engine:
+        engine.generate(prompts, greedy, use_tqdm=False)
+        stats = engine.stats()
+    assert stats.num_prompt_tokens == expected.num_prompt_tokens
+    assert stats.num_generated_tokens == expected.num_generated_tokens == 4 * 30
+    assert stats.decode_throughput > 0

@@ -232,6 +232,8 @@ def test_vllm_serve_spellings_reach_the_server(
         (("--header-timeout-s", "inf"), {}, "--header-timeout-s"),
         (("--body-timeout-s", "-1"), {}, "--body-timeout-s"),
         (("--allowed-hosts", ","), {}, "--allowed-hosts"),
+        (("--speculative-config", "{'k': 3}"), {}, "--speculative-config"),
+        (("--speculative_config", '{"method": "eagle"}'), {}, "num_speculative_tokens"),
     ],
 )
 def test_bad_serve_options_are_user_errors(

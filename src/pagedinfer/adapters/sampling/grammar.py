@@ -326,6 +326,14 @@ class GrammarMatchers:
             rows = torch.tensor(indices, dtype=torch.int64).to(device, non_blocking=True)
         return GrammarStep(tuple(indices), tuple(row_matchers), rows, bitmask)
 
+    def undo(self, step: GrammarStep) -> None:
+        """Take back :meth:`accept` of ``step`` (its tokens were never recorded: the step
+        runs again). Matchers released since are left alone."""
+        live = {id(matcher) for matcher in self._matchers.values()}
+        for matcher in step.matchers:
+            if id(matcher) in live:
+                matcher.rollback(1)
+
     def accept(self, step: GrammarStep, sampled: Sequence[int]) -> None:
         """Advance each constrained row's matcher by its sampled token."""
         for index, matcher in zip(step.row_indices, step.matchers, strict=True):

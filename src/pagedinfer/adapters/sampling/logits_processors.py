@@ -299,10 +299,17 @@ class LogitsProcessors:
             logits.index_copy_(0, step.batch_rows, rows)
 
     def record(
-        self, step: ProcessingStep, sampled: torch.Tensor, kept: torch.Tensor | None = None
+        self,
+        step: ProcessingStep,
+        sampled: torch.Tensor,
+        kept: torch.Tensor | None = None,
+        *,
+        undo: bool = False,
     ) -> None:
         """Count this step's sampled tokens ``[n]`` in the penalties' history; with ``kept``
-        (``[n]`` bool, speculative decoding) only those it marks."""
+        (``[n]`` bool, speculative decoding) only those it marks. ``undo`` takes a recorded
+        step's tokens out again (a step whose tokens were never recorded by the scheduler:
+        it runs again)."""
         if not step.any_penalties:
             return
         assert self._output_counts is not None
@@ -314,6 +321,8 @@ class LogitsProcessors:
             ones = (kept if step.batch_rows is None else kept.index_select(0, step.batch_rows)).to(
                 dtype
             )
+        if undo:
+            ones = -ones
         self._output_counts.index_put_((step.table_rows, tokens), ones, accumulate=True)
 
     # --------------------------------------------------------------- internals

@@ -18,7 +18,6 @@ step gets no drafts yet: its copy of the prompt's last block is made before the 
 
 from __future__ import annotations
 
-import logging
 from array import array
 from dataclasses import replace
 
@@ -35,8 +34,6 @@ from pagedinfer.domain.speculative import accepted_length
 from pagedinfer.errors import ConfigurationError
 
 __all__ = ["DraftModelProposer"]
-
-_logger = logging.getLogger(__name__)
 
 
 class DraftModelProposer:
@@ -129,10 +126,10 @@ class DraftModelProposer:
             max(0, min(self.num_speculative_tokens, len(table) * size - position))
             for (_, _, position), table in zip(rows, tables, strict=True)
         ]
-        drafts: dict[int, list[torch.Tensor]] = {plan.seq_ids[row]: [] for row, _, _ in rows}
         tokens = torch.tensor([token for _, token, _ in rows], dtype=torch.int64)
         tokens = tokens.to(self.device)
         active = list(range(len(rows)))
+        produced: list[tuple[list[int], torch.Tensor]] = []  # (rows, their drafts) per step
         with torch.inference_mode():
             for step in range(self.num_speculative_tokens):
                 keep = [i for i in active if steps[i] > step]
@@ -155,12 +152,16 @@ class DraftModelProposer:
                 logits = self.model.compute_logits(hidden)
                 assert logits is not None  # one rank: the whole vocabulary
                 tokens = logits.argmax(dim=-1)
-                for position, i in enumerate(active):
-                    drafts[plan.seq_ids[rows[i][0]]].append(tokens[position])
-        return {
-            seq_id: torch.stack(guesses).tolist() if guesses else []
-            for seq_id, guesses in drafts.items()
-        }
+                produced.append((active, tokens))
+        drafts: dict[int, list[int]] = {plan.seq_ids[row]: [] for row, _, _ in rows}
+        if produced:  # one device-to-host copy for all steps
+            values = torch.cat([step_tokens for _, step_tokens in produced]).tolist()
+            offset = 0
+            for step_rows, _ in produced:
+                for i in step_rows:
+                    drafts[plan.seq_ids[rows[i][0]]].append(values[offset])
+                    offset += 1
+        return drafts
 
 
 def _sampled_rows(plan: BatchPlan, sampled: list[int]) -> list[tuple[int, int, int]]:
