@@ -43,6 +43,7 @@ the baseline's ``ms/token`` to the row's (``speedup``). One torch thread by defa
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import platform
 import random
@@ -62,14 +63,15 @@ from pagedinfer import Engine, SamplingParams
 from pagedinfer.adapters.models.random_checkpoint import build_random_checkpoint
 
 # The random targets: the ``small`` preset (4 layers, hidden 256, vocabulary 4096; ~4 M
-# parameters) and a ~29 M-parameter Qwen3 (8 layers, hidden 512, vocabulary 8192).
+# parameters) and a ~29 M-parameter Qwen3 (6 layers, hidden 512, 8 / 4 heads of 64, MLP 1536,
+# vocabulary 20480, tied embeddings; no tokenizer).
 TARGETS: dict[str, dict[str, Any]] = {
     "small": {},
     "29m": {
-        "vocab_size": 8192,
+        "vocab_size": 20480,
         "hidden_size": 512,
         "intermediate_size": 1536,
-        "num_hidden_layers": 8,
+        "num_hidden_layers": 6,
         "num_attention_heads": 8,
         "num_key_value_heads": 4,
         "head_dim": 64,
@@ -113,7 +115,10 @@ class Results:
 
 
 def checkpoint(cache: Path, name: str, seed: int, **overrides: Any) -> Path:
-    directory = cache / name
+    """A random checkpoint under ``cache``, built once per shape (the name holds a digest of
+    the shape, so that a changed shape is built anew)."""
+    shape = hashlib.sha256(repr((seed, sorted(overrides.items()))).encode()).hexdigest()[:8]
+    directory = cache / f"{name}-{shape}"
     if not (directory / "config.json").exists():
         build_random_checkpoint(directory, "small", seed=seed, **overrides)
     return directory
