@@ -516,6 +516,41 @@ def run_async_scheduling(
     )
 
 
+def run_speculative(report: Report, args: argparse.Namespace, model: str) -> None:
+    """Speculative decoding at batch 1 and 8 (issue 26): n-gram, the target as its own draft
+    (the upper bound of a draft model) and a smaller random draft, each beside the same
+    engine without speculation (``benchmarks/speculative.py``'s workloads and table)."""
+    import speculative
+
+    config = json.loads((Path(model) / "config.json").read_text())
+    draft = speculative.checkpoint(
+        Path(args.cache_dir),
+        f"spec-draft-v{config['vocab_size']}",
+        1,
+        vocab_size=int(config["vocab_size"]),
+        **speculative.DRAFT,
+    )
+    options: dict[str, Any] = {
+        "device": str(args.device),
+        "kv_block_size": 16,
+        "max_model_len": 512,
+        "num_kv_blocks": 256,  # several engines at once: a fixed cache each
+        "enforce_eager": args.enforce_eager,
+    }
+    lines = speculative.run(Path(model), draft, options, [3], [1, 8], args.spec_rounds)
+    report.add(
+        f"`speculative_config` with k = 3 drafts against no speculation, medians of "
+        f"{args.spec_rounds} rounds; {speculative.PROMPT_TOKENS}-token random prompts, "
+        f"{speculative.OUTPUT_TOKENS} output tokens, greedy; `loop` is plain greedy decoding "
+        "(a random model repeats itself: prompt lookup is nearly always right), `no-loop` adds "
+        "frequency_penalty=0.5 (every n-gram draft wrong). The acceptance rates are synthetic "
+        "(random weights); the draft-model rows are the upper bound (the target as its own "
+        "draft) and the lower bound (a 1-layer random draft).",
+        "",
+        *lines,
+    )
+
+
 def run_fp8_kv(
     report: Report,
     args: argparse.Namespace,
@@ -1279,6 +1314,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--async-rounds", type=int, default=2, help="alternating sync/async rounds per workload"
     )
+    parser.add_argument(
+        "--spec-rounds", type=int, default=2, help="rounds of the speculative decoding section"
+    )
     args = parser.parse_args(argv)
     args.device = torch.device(args.device)
     cuda = args.device.type == "cuda"
@@ -1386,6 +1424,8 @@ def main(argv: list[str] | None = None) -> int:
         run_async_scheduling(report, args, model, workload, bandwidth, facts)
     with report.section("Structured outputs (0 % and 50 % JSON-schema constrained)"):
         run_structured_outputs(report, args)
+    with report.section("Speculative decoding (batch 1 and 8)"):
+        run_speculative(report, args, model)
     with report.section(DECODE_GEMMS):
         run_decode_gemms(report, args, bandwidth)
     return finish(report, args)

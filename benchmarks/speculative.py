@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import platform
 import random
@@ -225,6 +226,39 @@ def table(results: Results, names: list[str], loads: list[str]) -> list[str]:
     return lines
 
 
+def run(
+    target: Path,
+    draft: Path,
+    options: dict[str, Any],
+    ks: list[int],
+    batches: list[int],
+    rounds: int,
+    only: list[str] | None = None,
+    with_draft: bool = True,
+) -> list[str]:
+    """Every workload on every engine, ``rounds`` times in turn; the markdown table."""
+    vocab = int(json.loads((target / "config.json").read_text())["vocab_size"])
+    built = engines(target, draft, ks, options, with_draft)
+    try:
+        loads = {
+            name: load
+            for name, load in workloads(vocab, batches).items()
+            if not only or any(name.startswith(prefix) for prefix in only)
+        }
+        for engine in built.values():  # warm-up
+            engine.generate([[1, 2, 3]] * 2, SamplingParams(max_tokens=8), use_tqdm=False)
+        results = Results()
+        for round_index in range(rounds):
+            for load_name, load in loads.items():
+                for name, engine in built.items():
+                    results.runs.setdefault((load_name, name), []).append(measure(engine, load))
+            print(f"round {round_index + 1} done", file=sys.stderr, flush=True)
+        return table(results, list(built), list(loads))
+    finally:
+        for engine in built.values():
+            engine.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -252,20 +286,9 @@ def main() -> None:
     }
     if args.device == "cpu":
         options["num_threads"] = args.threads  # torch's threads: process-wide
-    built = engines(target, draft, args.k, options, not args.no_draft_model)
-    loads = {
-        name: load
-        for name, load in workloads(vocab, args.batch).items()
-        if not args.only or any(name.startswith(prefix) for prefix in args.only)
-    }
-    for engine in built.values():  # warm-up
-        engine.generate([[1, 2, 3]] * 2, SamplingParams(max_tokens=8), use_tqdm=False)
-    results = Results()
-    for round_index in range(args.rounds):
-        for load_name, load in loads.items():
-            for name, engine in built.items():
-                results.runs.setdefault((load_name, name), []).append(measure(engine, load))
-        print(f"round {round_index + 1} done", file=sys.stderr, flush=True)
+    lines = run(
+        target, draft, options, args.k, args.batch, args.rounds, args.only, not args.no_draft_model
+    )
     load_avg = ", ".join(f"{value:.2f}" for value in os.getloadavg())
     print(
         f"\n{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load average "
@@ -274,9 +297,7 @@ def main() -> None:
         f"({args.target}), draft {draft}; {PROMPT_TOKENS}-token prompts, "
         f"{OUTPUT_TOKENS} output tokens, greedy\n"
     )
-    print("\n".join(table(results, list(built), list(loads))))
-    for engine in built.values():
-        engine.close()
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -43,7 +43,9 @@ def run_on_cpu(script: str, out: Path, *options: str) -> str:
 
 
 def test_gpu_report_cpu_smoke_run(tmp_path: Path) -> None:
-    report = run_on_cpu("gpu_report.py", tmp_path / "report.md", "--async-rounds=1")
+    report = run_on_cpu(
+        "gpu_report.py", tmp_path / "report.md", "--async-rounds=1", "--spec-rounds=1"
+    )
     for heading in (
         "# pagedinfer GPU report",
         "## Device",
@@ -56,6 +58,7 @@ def test_gpu_report_cpu_smoke_run(tmp_path: Path) -> None:
         "## FP8 checkpoint (block-wise)",
         "## Async scheduling (one step in flight)",
         "## Structured outputs (0 % and 50 % JSON-schema constrained)",
+        "## Speculative decoding (batch 1 and 8)",
     ):
         assert heading in report, heading
     assert "This section failed" not in report
@@ -73,6 +76,7 @@ def test_gpu_report_cpu_smoke_run(tmp_path: Path) -> None:
     assert report.count("of the bound**") == 3
     assert "KV blocks of 16 tokens (4.00x the" in report  # FP8 cache vs float32 (CPU)
     assert "| 50% |" in report
+    assert "| loop b=8 | ngram k=3 |" in report and "| no-loop b=1 | draft=small k=3 |" in report
 
 
 def test_step_profile_cpu_smoke_run(tmp_path: Path) -> None:
