@@ -72,14 +72,20 @@ def store_kv_torch(
         slot_mapping, key, value = slot_mapping[keep], key[keep], value[keep]
     scales = fp8_scales(k_cache, kv_scales)
     if scales is None:
-        flat_k.index_copy_(0, slot_mapping, key.to(flat_k.dtype))
-        flat_v.index_copy_(0, slot_mapping, value.to(flat_v.dtype))
+        flat_k.index_copy_(0, slot_mapping, _as(key, flat_k.dtype))
+        flat_v.index_copy_(0, slot_mapping, _as(value, flat_v.dtype))
         return
     # torch has no index_copy_ for float8: copy the bytes.
     stored_k = quantize_fp8(key, scales[2], flat_k.dtype).view(torch.uint8)
     stored_v = quantize_fp8(value, scales[3], flat_v.dtype).view(torch.uint8)
     flat_k.view(torch.uint8).index_copy_(0, slot_mapping, stored_k)
     flat_v.view(torch.uint8).index_copy_(0, slot_mapping, stored_v)
+
+
+def _as(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``tensor.to(dtype)`` without a dispatch when it has that dtype (the common case: a
+    decode step would pay for 4 no-op calls per layer)."""
+    return tensor if tensor.dtype == dtype else tensor.to(dtype)
 
 
 def fp8_scales(cache: torch.Tensor, kv_scales: torch.Tensor | None) -> torch.Tensor | None:
@@ -95,7 +101,7 @@ def _readable(
 ) -> torch.Tensor:
     """Cache contents as ``dtype`` values (dequantized with ``scales[index]`` when FP8)."""
     if scales is None:
-        return stored.to(dtype)
+        return _as(stored, dtype)
     return dequantize_fp8(stored, scales[index], dtype)
 
 

@@ -28,7 +28,7 @@ from torch import nn
 
 from pagedinfer.adapters.attention.base import AttendsStoredKV, AttentionBackend, AttentionMetadata
 from pagedinfer.adapters.layers.norm import RMSNorm
-from pagedinfer.adapters.layers.rotary import RotaryStep, qk_norm_rope_torch
+from pagedinfer.adapters.layers.rotary import RotaryStep, qk_norm_rotate
 from pagedinfer.errors import UnsupportedModelError
 
 __all__ = ["PagedAttention"]
@@ -162,7 +162,7 @@ class PagedAttention(nn.Module):
             value = qkv[:, (heads + kv_heads) * dim :].view(-1, kv_heads, dim)
         else:
             assert rope.cos is not None and rope.sin is not None, "torch path: look cos/sin up"
-            query, key, value = qk_norm_rope_torch(
+            query, key, value = qk_norm_rotate(
                 qkv, rope.cos, rope.sin,
                 num_heads=heads, num_kv_heads=kv_heads, head_dim=dim,
                 q_weight=q_weight, k_weight=k_weight, eps=eps,
