@@ -9,7 +9,8 @@ thread; it warms the engine up, then, ``--reps`` times, ``Engine.generate`` of o
 ``--output-len`` + 1 tokens:
 
 * **time to first token**: the 1-token generate (prefill, LM head, sampling, detokenizing);
-* **decode tok/s**: ``--output-len`` over the difference of the two (the decode steps alone);
+* **decode**: the difference of the two over ``--output-len`` (ms per token of the decode
+  steps alone; tok/s is its inverse);
 
 medians over the repetitions, wall-clock time and the process's CPU time. Then one more
 request with timers around the parts of a step (the forward, the LM head, sampling, packing
@@ -162,8 +163,8 @@ def measure(checkout: Path, cache_dir: Path, args: argparse.Namespace) -> dict[s
     engine.close()
     steps = args.output_len + 1  # the prefill step's share is small next to 256 decode steps
     result = {
-        "decode_tok_s": 1.0 / statistics.median(decode_wall),
-        "decode_cpu_tok_s": 1.0 / statistics.median(decode_cpu),
+        "decode_ms": statistics.median(decode_wall) * 1e3,
+        "decode_cpu_ms": statistics.median(decode_cpu) * 1e3,
         "ttft_ms": statistics.median(first_wall) * 1e3,
         "ttft_cpu_ms": statistics.median(first_cpu) * 1e3,
         "step_ms": wall_n / steps * 1e3,
@@ -226,13 +227,18 @@ def main() -> int:
     results = alternate(checkouts, args.rounds, lambda checkout: run(checkout, cache_dir, args))
     print()
     rows = (
-        ("decode_tok_s", "decode, tok/s (wall)"),
-        ("decode_cpu_tok_s", "decode, tok/s (CPU time)"),
+        ("decode_ms", "decode, ms per token (wall)"),
+        ("decode_cpu_ms", "decode, ms per token (CPU time)"),
         ("ttft_ms", "time to first token, ms (wall)"),
         ("ttft_cpu_ms", "time to first token, ms (CPU time)"),
     )
     print("\n".join(comparison_table(results, rows)))
-    print("\n(ratios: baseline / this; for tok/s, below 1 means this checkout is faster)\n")
+    print()
+    for name, runs in results.items():
+        rates = sorted(1e3 / run_result["decode_ms"] for run_result in runs)
+        median = statistics.median(rates)
+        print(f"{name}: decode {median:.1f} tok/s (median of runs), {rates[-1]:.1f} best")
+    print()
     for name, runs in results.items():
         print(f"{name}, where a decode step's time goes:\n")
         print("\n".join(breakdown(runs)))
