@@ -45,6 +45,7 @@ __all__ = [
     "qk_norm_rope_torch",
     "qk_norm_rotate",
     "rotate",
+    "stacked_qk_weight",
 ]
 
 ROPE_TYPES: tuple[str, ...] = ("default", "linear", "dynamic", "llama3", "yarn")
@@ -168,8 +169,8 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     same two float32 products and one sum as ``x1 cos - x2 sin`` / ``x2 cos + x1 sin``
     (``a + x2 * -sin`` is exactly ``a - x2 * sin``), so the result is bitwise the same."""
     xf = x if x.dtype == torch.float32 else x.float()
-    x1, x2 = xf.chunk(2, dim=-1)
-    out = xf * cos + torch.cat((x2, x1), dim=-1) * sin
+    swapped = torch.roll(xf, xf.shape[-1] // 2, dims=-1)  # (x2, x1), one copy
+    out = xf * cos + swapped * sin
     return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
@@ -206,22 +207,34 @@ def qk_norm_rotate(
     q_weight: torch.Tensor | None = None,
     k_weight: torch.Tensor | None = None,
     eps: float = 1e-6,
+    qk_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`qk_norm_rope_torch` with full-width ``cos, sin`` (``[T, 1, D]``, see
     :func:`full_width`; ``RotaryStep.cos`` / ``sin``). q and k are adjacent in ``qkv``: their
     heads are normalised and rotated together, one call each (the q and k norm weights
-    stacked per head), the same per-element arithmetic as one call per part."""
+    stacked per head, :func:`stacked_qk_weight`; pass ``qk_weight`` if it is at hand), the
+    same per-element arithmetic as one call per part."""
     num_tokens = qkv.shape[0]
     qk_heads = num_heads + num_kv_heads
     qk = qkv[:, : qk_heads * head_dim].view(num_tokens, qk_heads, head_dim)
-    if q_weight is not None and k_weight is not None:
-        weight = torch.cat(
-            (q_weight.expand(num_heads, head_dim), k_weight.expand(num_kv_heads, head_dim))
-        )
-        qk = rms_norm_torch(qk, weight, eps)
+    if qk_weight is None and q_weight is not None and k_weight is not None:
+        qk_weight = stacked_qk_weight(q_weight, k_weight, num_heads, num_kv_heads)
+    if qk_weight is not None:
+        qk = rms_norm_torch(qk, qk_weight, eps)
     rotated = rotate(qk, cos, sin)
     value = qkv[:, qk_heads * head_dim :].view(num_tokens, num_kv_heads, head_dim)
     return rotated[:, :num_heads], rotated[:, num_heads:], value
+
+
+def stacked_qk_weight(
+    q_weight: torch.Tensor, k_weight: torch.Tensor, num_heads: int, num_kv_heads: int
+) -> torch.Tensor:
+    """``[num_heads + num_kv_heads, head_dim]``: the q norm's weight for every query head,
+    then the k norm's for every KV head (the per-head weights of :func:`qk_norm_rotate`)."""
+    head_dim = q_weight.shape[-1]
+    return torch.cat(
+        (q_weight.expand(num_heads, head_dim), k_weight.expand(num_kv_heads, head_dim))
+    )
 
 
 def _exponents(head_dim: int, device: torch.device) -> torch.Tensor:
