@@ -15,7 +15,10 @@ thread; it warms the engine up, then, ``--reps`` times, ``Engine.generate`` of o
 medians over the repetitions, wall-clock time and the process's CPU time. Then one more
 request with timers around the parts of a step (the forward, the LM head, sampling, packing
 the inputs, scheduling, the engine's bookkeeping): milliseconds per decode step, the rest of
-the step's wall time being the engine loop's own Python.
+the step's wall time being the engine loop's own Python. Last, the floor: bare matmuls of a
+1-row input over every weight matrix of the model once (the bytes a decode step must read),
+and for comparison one layer's matrices as often as there are layers (a working set that
+stays in the caches, which is what a loop over one layer measures).
 
 With ``--baseline DIR`` (another checkout, e.g. ``git worktree add /tmp/base main``) the two
 alternate, ``--rounds`` times; the table shows medians, the best run and the ratios::
@@ -160,6 +163,7 @@ def measure(checkout: Path, cache_dir: Path, args: argparse.Namespace) -> dict[s
         wall_n, _ = timed_generate(args.output_len + 1)
     finally:
         timers.unwrap()
+    floor_ms, resident_ms = weight_stream(runner.model)
     engine.close()
     steps = args.output_len + 1  # the prefill step's share is small next to 256 decode steps
     result = {
@@ -168,10 +172,40 @@ def measure(checkout: Path, cache_dir: Path, args: argparse.Namespace) -> dict[s
         "ttft_ms": statistics.median(first_wall) * 1e3,
         "ttft_cpu_ms": statistics.median(first_cpu) * 1e3,
         "step_ms": wall_n / steps * 1e3,
+        "floor_ms": floor_ms,
+        "resident_ms": resident_ms,
     }
     for phase, seconds in timers.seconds.items():
         result[f"phase:{phase}"] = seconds / steps * 1e3
     return result
+
+
+def weight_stream(model: Any, rounds: int = 20) -> tuple[float, float]:
+    """The floor of a decode step: ms for one pass of bare matmuls of a 1-row input over
+    every weight matrix of ``model`` (each once; a tied LM head is the embedding), nothing
+    else in between; and the same for one decoder layer's matrices done as often as there
+    are layers (a working set that stays in the caches, for comparison)."""
+    import torch
+    import torch.nn.functional as F
+
+    weights = [p for p in model.parameters() if p.dim() == 2]
+    layer = [p for p in model.model.layers[0].parameters() if p.dim() == 2]
+    repeated = layer * len(model.model.layers)
+    inputs = {w.shape[1]: torch.randn(1, w.shape[1], dtype=w.dtype) for w in weights}
+
+    def timed(matrices: list[torch.Tensor]) -> float:
+        best = float("inf")
+        with torch.inference_mode():
+            for _ in range(3):
+                began = time.perf_counter()
+                for _ in range(rounds):
+                    for w in matrices:
+                        F.linear(inputs[w.shape[1]], w)
+                best = min(best, (time.perf_counter() - began) / rounds)
+        return best * 1e3
+
+    timed(weights)  # warm-up
+    return timed(weights), timed(repeated)
 
 
 def run(checkout: Path, cache_dir: Path, args: argparse.Namespace) -> dict[str, float]:
@@ -231,6 +265,8 @@ def main() -> int:
         ("decode_cpu_ms", "decode, ms per token (CPU time)"),
         ("ttft_ms", "time to first token, ms (wall)"),
         ("ttft_cpu_ms", "time to first token, ms (CPU time)"),
+        ("floor_ms", "floor: bare matmuls over all weights, ms per pass"),
+        ("resident_ms", "for comparison: one layer's matmuls x layers (cache-resident), ms"),
     )
     print("\n".join(comparison_table(results, rows)))
     print()
