@@ -15,7 +15,9 @@ thread; it warms the engine up, then, ``--reps`` times, ``Engine.generate`` of o
 medians over the repetitions, wall-clock time and the process's CPU time. Then one more
 request with timers around the parts of a step (the forward, the LM head, sampling, packing
 the inputs, scheduling, the engine's bookkeeping): milliseconds per decode step, the rest of
-the step's wall time being the engine loop's own Python. Last, the floor: bare matmuls of a
+the step's wall time being the engine loop's own Python. Then that request's last decode
+step replayed on its own inputs: as is, the time inside its matmuls, and the rest run warm
+(matmuls stubbed). Last, the floor: bare matmuls of a
 1-row input over every weight matrix of the model once (the bytes a decode step must read),
 and for comparison one layer's matrices as often as there are layers (a working set that
 stays in the caches, which is what a loop over one layer measures).
@@ -92,6 +94,7 @@ class PhaseTimers:
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
+        self.last_args: dict[str, tuple[Any, ...]] = {}  # of each phase's latest call
         self._wrapped: list[tuple[Any, str]] = []
 
     def wrap(self, owner: Any, attribute: str, phase: str) -> None:
@@ -100,6 +103,7 @@ class PhaseTimers:
             return
 
         def timed(*args: Any, **kwargs: Any) -> Any:
+            self.last_args[phase] = args
             began = time.perf_counter()
             try:
                 return original(*args, **kwargs)
@@ -164,6 +168,8 @@ def measure(checkout: Path, cache_dir: Path, args: argparse.Namespace) -> dict[s
     finally:
         timers.unwrap()
     floor_ms, resident_ms = weight_stream(runner.model)
+    # The inputs of the last forward: a decode step's.
+    replay = replayed_step(runner.model, timers.last_args["forward (decoder layers)"][0])
     engine.close()
     steps = args.output_len + 1  # the prefill step's share is small next to 256 decode steps
     result = {
@@ -174,6 +180,7 @@ def measure(checkout: Path, cache_dir: Path, args: argparse.Namespace) -> dict[s
         "step_ms": wall_n / steps * 1e3,
         "floor_ms": floor_ms,
         "resident_ms": resident_ms,
+        **replay,
     }
     for phase, seconds in timers.seconds.items():
         result[f"phase:{phase}"] = seconds / steps * 1e3
@@ -206,6 +213,58 @@ def weight_stream(model: Any, rounds: int = 20) -> tuple[float, float]:
 
     timed(weights)  # warm-up
     return timed(weights), timed(repeated)
+
+
+def replayed_step(model: Any, inputs: Any, rounds: int = 20) -> dict[str, float]:
+    """One decode step's forward, LM head and argmax, replayed on its own inputs (medians of
+    5 x ``rounds`` passes, ms): as is; the time spent inside its matmuls, timed in place;
+    and the rest warm, i.e. the same step with every matmul replaced by a stored result (its
+    small ops then find their data and code in the caches, which a real step's 117 MB of
+    weights flush)."""
+    import torch
+    import torch.nn.functional as F
+
+    real_linear = F.linear
+    stored: dict[tuple[int, ...], torch.Tensor] = {}
+    inside = [0.0]
+
+    def timed_linear(x: torch.Tensor, w: torch.Tensor, b: Any = None) -> torch.Tensor:
+        began = time.perf_counter()
+        out = real_linear(x, w, b)
+        inside[0] += time.perf_counter() - began
+        return out
+
+    def stored_linear(x: torch.Tensor, w: torch.Tensor, b: Any = None) -> torch.Tensor:
+        key = (*x.shape, *w.shape)
+        if key not in stored:
+            stored[key] = real_linear(x, w, b)
+        return stored[key]
+
+    def step() -> None:
+        inputs.meta.derived.clear()  # what the attention backend derives per step
+        hidden = model(inputs.input_ids, inputs.positions, inputs.meta)
+        model.compute_logits(hidden).argmax(dim=-1)
+
+    def timed(linear: Any) -> float:
+        times = []
+        F.linear = linear  # type: ignore[assignment]
+        try:
+            with torch.inference_mode():
+                step()
+                for _ in range(5):
+                    inside[0] = 0.0
+                    began = time.perf_counter()
+                    for _ in range(rounds):
+                        step()
+                    times.append((time.perf_counter() - began) / rounds * 1e3)
+        finally:
+            F.linear = real_linear  # type: ignore[assignment]
+        return statistics.median(times)
+
+    whole = timed(real_linear)
+    timed(timed_linear)
+    matmuls = inside[0] / rounds * 1e3
+    return {"replay_ms": whole, "replay_mm_ms": matmuls, "replay_rest_ms": timed(stored_linear)}
 
 
 def run(checkout: Path, cache_dir: Path, args: argparse.Namespace) -> dict[str, float]:
@@ -265,6 +324,9 @@ def main() -> int:
         ("decode_cpu_ms", "decode, ms per token (CPU time)"),
         ("ttft_ms", "time to first token, ms (wall)"),
         ("ttft_cpu_ms", "time to first token, ms (CPU time)"),
+        ("replay_ms", "a decode step replayed (forward, LM head, argmax), ms"),
+        ("replay_mm_ms", "... of which inside its matmuls, ms"),
+        ("replay_rest_ms", "... the rest, run warm (matmuls stubbed), ms"),
         ("floor_ms", "floor: bare matmuls over all weights, ms per pass"),
         ("resident_ms", "for comparison: one layer's matmuls x layers (cache-resident), ms"),
     )
