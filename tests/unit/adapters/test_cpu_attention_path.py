@@ -14,7 +14,7 @@ HEADS, KV_HEADS, DIM = 4, 2, 16
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("num_tokens", [1, 5])
+@pytest.mark.parametrize("num_tokens", [1, 5, 200])  # 200: one part at a time
 def test_q_and_k_normalised_and_rotated_together_are_bitwise_one_part_at_a_time(
     dtype: torch.dtype, num_tokens: int
 ) -> None:
