@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from paged_batches import dense_reference, make_batch, tolerance
 
 from pagedinfer.adapters.attention import torch_ref
+from pagedinfer.adapters.attention.base import AttentionMetadata
 from pagedinfer.adapters.attention.torch_ref import TorchAttentionBackend, split_by_length
 
 # Very different lengths in a scrambled order: sorting and grouping them matters.
@@ -106,3 +107,49 @@ def test_bounded_groups_keep_every_row_once() -> None:
     assert groups == [[0, 1], [2, 3]]  # 2 x 500 and 2 x 300 padded positions
     assert torch_ref._bounded([[0, 1, 2, 3]], lengths, max_tokens=2000) is None
     assert torch_ref._bounded([[3, 1], [2, 0]], lengths, max_tokens=400) == [[3, 1], [2], [0]]
+
+
+def _single_sequence_decode(
+    blocks: list[int], length: int
+) -> tuple[torch.Tensor, torch_ref._DecodeGroup]:
+    """One sequence's decode step over the pages ``blocks`` (the same contents wherever
+    they lie): (output, its decode group)."""
+    block_size, kv_heads, heads, dim = 16, 2, 4, 8
+    generator = torch.Generator().manual_seed(0)
+    keys = torch.randn(length, kv_heads, dim, generator=generator)
+    values = torch.randn(length, kv_heads, dim, generator=generator)
+    query = torch.randn(1, heads, dim, generator=generator)
+    k_cache = torch.zeros(8, block_size, kv_heads, dim)
+    v_cache = torch.zeros(8, block_size, kv_heads, dim)
+    for position in range(length - 1):  # the last token is stored by the step itself
+        page, offset = blocks[position // block_size], position % block_size
+        k_cache[page, offset], v_cache[page, offset] = keys[position], values[position]
+    last = length - 1
+    meta = AttentionMetadata(
+        is_prefill=False,
+        block_size=block_size,
+        slot_mapping=torch.tensor([blocks[last // block_size] * block_size + last % block_size]),
+        cu_seqlens_q=torch.tensor([0, 1], dtype=torch.int32),
+        cu_seqlens_k=torch.tensor([0, length], dtype=torch.int32),
+        context_lens=torch.tensor([length], dtype=torch.int32),
+        block_tables=torch.tensor([blocks], dtype=torch.int32),
+        max_seqlen_q=1,
+        max_seqlen_k=length,
+        has_cached_prefix=True,
+        query_lens_host=[1],
+        context_lens_host=[length],
+    )
+    out = TorchAttentionBackend(block_size).forward(
+        query, keys[last:], values[last:], k_cache, v_cache, meta, dim**-0.5
+    )
+    groups = meta.derived["torch.decode_groups"]
+    assert isinstance(groups, list) and len(groups) == 1
+    return out, groups[0]
+
+
+def test_a_sequence_in_adjacent_pages_attends_over_a_view_with_the_same_result() -> None:
+    adjacent, view_group = _single_sequence_decode([3, 4, 5], 40)
+    scattered, gather_group = _single_sequence_decode([6, 1, 4], 40)
+    assert view_group.first_slot == 3 * 16 and view_group.mask is None
+    assert gather_group.first_slot is None and gather_group.mask is None
+    torch.testing.assert_close(adjacent, scattered, rtol=0, atol=0)

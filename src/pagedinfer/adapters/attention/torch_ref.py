@@ -72,14 +72,20 @@ def store_kv_torch(
         slot_mapping, key, value = slot_mapping[keep], key[keep], value[keep]
     scales = fp8_scales(k_cache, kv_scales)
     if scales is None:
-        flat_k.index_copy_(0, slot_mapping, key.to(flat_k.dtype))
-        flat_v.index_copy_(0, slot_mapping, value.to(flat_v.dtype))
+        flat_k.index_copy_(0, slot_mapping, _as(key, flat_k.dtype))
+        flat_v.index_copy_(0, slot_mapping, _as(value, flat_v.dtype))
         return
     # torch has no index_copy_ for float8: copy the bytes.
     stored_k = quantize_fp8(key, scales[2], flat_k.dtype).view(torch.uint8)
     stored_v = quantize_fp8(value, scales[3], flat_v.dtype).view(torch.uint8)
     flat_k.view(torch.uint8).index_copy_(0, slot_mapping, stored_k)
     flat_v.view(torch.uint8).index_copy_(0, slot_mapping, stored_v)
+
+
+def _as(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``tensor.to(dtype)`` without a dispatch when it has that dtype (the common case: a
+    decode step would pay for 4 no-op calls per layer)."""
+    return tensor if tensor.dtype == dtype else tensor.to(dtype)
 
 
 def fp8_scales(cache: torch.Tensor, kv_scales: torch.Tensor | None) -> torch.Tensor | None:
@@ -95,7 +101,7 @@ def _readable(
 ) -> torch.Tensor:
     """Cache contents as ``dtype`` values (dequantized with ``scales[index]`` when FP8)."""
     if scales is None:
-        return stored.to(dtype)
+        return _as(stored, dtype)
     return dequantize_fp8(stored, scales[index], dtype)
 
 
@@ -135,9 +141,14 @@ class _DecodeGroup:
 
     rows: torch.Tensor | None  # batch rows in this group; None: the whole batch, in order
     slots: torch.Tensor  # [n * longest] flat cache slot of each padded position
-    mask: torch.Tensor  # [n, 1, 1, longest] True where the position is in the context
+    # [n, 1, 1, longest] True where the position is in the context; None: no padding (every
+    # sequence of the group is `longest` long), so SDPA needs no mask.
+    mask: torch.Tensor | None
     num_seqs: int
     longest: int
+    # One sequence whose context lies in consecutive cache slots (its blocks are adjacent):
+    # the first of them. Its K/V are then a view of the cache, not a gathered copy.
+    first_slot: int | None = None
 
 
 def _build_decode_group(
@@ -147,21 +158,44 @@ def _build_decode_group(
     row_index = None if rows is None else torch.tensor(rows, device=device)
     tables = meta.block_tables if row_index is None else meta.block_tables[row_index]
     context_lens = meta.context_lens if row_index is None else meta.context_lens[row_index]
+    group_lengths = None
     if lengths is not None:
-        longest = max(lengths[row] for row in rows) if rows is not None else max(lengths)
+        group_lengths = lengths if rows is None else [lengths[row] for row in rows]
+        longest = max(group_lengths)
     else:
         longest = int(context_lens.max().item())
+    num_seqs = int(tables.shape[0])
     positions = torch.arange(longest, device=device)
     slots = tables.long()[:, positions // meta.block_size] * meta.block_size
     slots += positions % meta.block_size
-    mask = positions[None, :] < context_lens[:, None].to(positions.dtype)
+    mask = None
+    if group_lengths is None or min(group_lengths) < longest:  # padded rows: mask them
+        mask = (positions[None, :] < context_lens[:, None].to(positions.dtype))[:, None, None, :]
+    first_slot = None
+    if num_seqs == 1:
+        first_slot = _contiguous_context(tables, longest, meta.block_size)
     return _DecodeGroup(
         rows=row_index,
         slots=slots.view(-1),
-        mask=mask[:, None, None, :],
-        num_seqs=int(tables.shape[0]),
+        mask=mask,
+        num_seqs=num_seqs,
         longest=longest,
+        first_slot=first_slot,
     )
+
+
+def _contiguous_context(tables: torch.Tensor, length: int, block_size: int) -> int | None:
+    """The first cache slot of a single sequence's first ``length`` tokens when its blocks
+    holding them are adjacent in the cache (block ``b``, ``b + 1``, ...), else ``None``.
+    Reads the block table on the host: CPU tensors only."""
+    if tables.device.type != "cpu":
+        return None
+    num_blocks = -(-length // block_size)
+    blocks = tables[0, :num_blocks].tolist()
+    first = blocks[0]
+    if blocks != list(range(first, first + num_blocks)):
+        return None
+    return int(first) * block_size
 
 
 def _decode_groups(meta: AttentionMetadata, row_bytes: int) -> list[_DecodeGroup]:
@@ -372,10 +406,17 @@ class TorchAttentionBackend:
     ) -> torch.Tensor:
         # Gather each sequence's first `longest` slots (not whole pages): one index_select per
         # cache over flat slot ids, [n, longest] -> [n, longest, kv_heads, head_dim].
+        # A single sequence in adjacent blocks attends over a view of the cache instead.
         num_kv_heads, head_dim = k_cache.shape[-2], k_cache.shape[-1]
         shape = (group.num_seqs, group.longest, num_kv_heads, head_dim)
-        k = k_cache.view(-1, num_kv_heads, head_dim).index_select(0, group.slots).view(shape)
-        v = v_cache.view(-1, num_kv_heads, head_dim).index_select(0, group.slots).view(shape)
+        flat_k = k_cache.view(-1, num_kv_heads * head_dim)
+        flat_v = v_cache.view(-1, num_kv_heads * head_dim)
+        if group.first_slot is not None:
+            k = flat_k.narrow(0, group.first_slot, group.longest).view(shape)
+            v = flat_v.narrow(0, group.first_slot, group.longest).view(shape)
+        else:
+            k = flat_k.index_select(0, group.slots).view(shape)
+            v = flat_v.index_select(0, group.slots).view(shape)
         out = _sdpa(
             query.view(group.num_seqs, -1, 1, head_dim),
             _readable(k, scales, 0, query.dtype).transpose(1, 2),

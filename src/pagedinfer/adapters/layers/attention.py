@@ -28,7 +28,7 @@ from torch import nn
 
 from pagedinfer.adapters.attention.base import AttendsStoredKV, AttentionBackend, AttentionMetadata
 from pagedinfer.adapters.layers.norm import RMSNorm
-from pagedinfer.adapters.layers.rotary import RotaryStep, qk_norm_rope_torch
+from pagedinfer.adapters.layers.rotary import RotaryStep, qk_norm_rotate, stacked_qk_weight
 from pagedinfer.errors import UnsupportedModelError
 
 __all__ = ["PagedAttention"]
@@ -69,6 +69,8 @@ class PagedAttention(nn.Module):
         self.checkpoint_k_scale: float | None = None
         self.checkpoint_v_scale: float | None = None
         # The fused kernels, imported only when chosen (the CPU path never imports Triton).
+        # The torch path's stacked q/k norm weight, keyed by what it was built from.
+        self._qk_weight: tuple[tuple[int, int, int, int], torch.Tensor] | None = None
         self._rope: Callable[..., Any] | None = None
         self._rope_store: Callable[..., Any] | None = None
         if fused:
@@ -162,12 +164,24 @@ class PagedAttention(nn.Module):
             value = qkv[:, (heads + kv_heads) * dim :].view(-1, kv_heads, dim)
         else:
             assert rope.cos is not None and rope.sin is not None, "torch path: look cos/sin up"
-            query, key, value = qk_norm_rope_torch(
+            qk_weight = None
+            if q_weight is not None and k_weight is not None:
+                qk_weight = self._stacked_qk_weight(q_weight, k_weight)
+            query, key, value = qk_norm_rotate(
                 qkv, rope.cos, rope.sin,
                 num_heads=heads, num_kv_heads=kv_heads, head_dim=dim,
-                q_weight=q_weight, k_weight=k_weight, eps=eps,
+                eps=eps, qk_weight=qk_weight,
             )  # fmt: skip
         return self.forward(query, key, value, meta)
+
+    def _stacked_qk_weight(self, q_weight: torch.Tensor, k_weight: torch.Tensor) -> torch.Tensor:
+        """The torch path's per-head q/k norm weights (:func:`stacked_qk_weight`), built once
+        and rebuilt only when either weight is replaced or written to (its version moves)."""
+        key = (q_weight.data_ptr(), q_weight._version, k_weight.data_ptr(), k_weight._version)
+        if self._qk_weight is None or self._qk_weight[0] != key:
+            stacked = stacked_qk_weight(q_weight, k_weight, self.num_heads, self.num_kv_heads)
+            self._qk_weight = (key, stacked)
+        return self._qk_weight[1]
 
 
 def _checked_scale(name: str, value: float | torch.Tensor) -> float:
