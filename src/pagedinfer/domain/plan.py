@@ -376,8 +376,9 @@ def build_batch_plan(
         prompt_logprob_rows=tuple(logprob_rows),
         prompt_logprob_targets=array("q", logprob_targets),
         verify_rows=tuple(verify_rows),
-        block_table_lens=array("i", [len(table) for table in tables]),
-        num_generation_tokens=generation_tokens,
+        # Decode plans (every row a decode row) carry neither, as DecodeBatch's do not.
+        block_table_lens=array("i", [len(table) for table in tables] if is_prefill else []),
+        num_generation_tokens=generation_tokens if is_prefill else 0,
     )
 
 
