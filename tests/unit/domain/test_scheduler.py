@@ -719,11 +719,23 @@ def test_stats_count_queues_and_steps() -> None:
 
 
 # ------------------------------------------------------------------- the decode hot path
+# Not compared: the deltas and step numbers, and what only chunks carry for speculative
+# decoding (a decode row built as a one-token chunk would count as a generation token).
+_NOT_COMPARED = (
+    "released_slots",
+    "new_requests",
+    "step_id",
+    "recorded_step_id",
+    "block_table_lens",
+    "num_generation_tokens",
+)
+
+
 def plan_fields(plan: BatchPlan) -> dict[str, object]:
     return {
         field.name: getattr(plan, field.name)
         for field in dataclasses.fields(plan)
-        if field.name not in ("released_slots", "new_requests", "step_id", "recorded_step_id")
+        if field.name not in _NOT_COMPARED
     }
 
 
