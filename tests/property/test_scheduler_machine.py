@@ -74,19 +74,23 @@ def oracle(
             return completion, FinishReason.LENGTH
 
 
+# The settings every machine draws (variants add their own to these).
+SETUP = {
+    "block_size": st.sampled_from([1, 2, 4, 16]),
+    "max_model_len": st.integers(2, 40),
+    "spare_blocks": st.integers(0, 4),
+    "budget": st.sampled_from([1, 2, 3, 5, 8, 64]),
+    "max_num_seqs": st.integers(1, 5),
+    "caching": st.booleans(),
+    "prefixes": st.lists(st.lists(TOKEN, min_size=1, max_size=40), min_size=1, max_size=3),
+    "policy": st.sampled_from(["mixed", "mixed", "prefill_first"]),
+}
+
+
 class SchedulerMachine(RuleBasedStateMachine):
     scheduler: Scheduler
 
-    @initialize(
-        block_size=st.sampled_from([1, 2, 4, 16]),
-        max_model_len=st.integers(2, 40),
-        spare_blocks=st.integers(0, 4),
-        budget=st.sampled_from([1, 2, 3, 5, 8, 64]),
-        max_num_seqs=st.integers(1, 5),
-        caching=st.booleans(),
-        prefixes=st.lists(st.lists(TOKEN, min_size=1, max_size=40), min_size=1, max_size=3),
-        policy=st.sampled_from(["mixed", "mixed", "prefill_first"]),
-    )
+    @initialize(**SETUP)
     def setup(
         self,
         block_size: int,
@@ -300,19 +304,25 @@ class SchedulerMachine(RuleBasedStateMachine):
                 self.admitted.append(seq_id)
                 self.cached_at_admission[seq_id] = self.seqs[seq_id].num_cached_tokens
 
-    def execute(self, plan: BatchPlan) -> list[int]:
+    def apply_deltas_and_copies(self, plan: BatchPlan) -> None:
+        """The executor's first work on a plan: the sampling table's deltas (releases, then
+        new requests), then the block copies (before the step's writes)."""
         size = plan.block_size
-        for slot_id in plan.released_slots:  # releases first, then new requests
+        for slot_id in plan.released_slots:
             self.table.pop(slot_id, None)
         for request in plan.new_requests:
             self.table[request.slot] = (request.seq_id, request.params, request.num_prompt_tokens)
-        for source, target in plan.block_copies:  # before the step's writes
+        for source, target in plan.block_copies:
             for offset in range(size):
                 entry = self.kv.get(source * size + offset)
                 if entry is None:
                     self.kv.pop(target * size + offset, None)
                 else:
                     self.kv[target * size + offset] = entry
+
+    def execute(self, plan: BatchPlan) -> list[int]:
+        size = plan.block_size
+        self.apply_deltas_and_copies(plan)
         for j, seq_id in enumerate(plan.sampled_seq_ids):
             owner, params, prompt_len = self.table[plan.sample_slots[j]]
             seq = self.seqs[seq_id]

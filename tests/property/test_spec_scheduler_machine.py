@@ -26,22 +26,11 @@ from hypothesis.stateful import initialize, invariant
 from pagedinfer.domain import BatchPlan, Scheduler, SequenceStatus, cdiv
 
 from .profiles import sized
-from .test_scheduler_machine import TOKEN, SchedulerMachine, fake_sample
+from .test_scheduler_machine import SETUP, SchedulerMachine, fake_sample
 
 
 class SpecSchedulerMachine(SchedulerMachine):
-    @initialize(
-        block_size=st.sampled_from([1, 2, 4, 16]),
-        max_model_len=st.integers(2, 40),
-        spare_blocks=st.integers(0, 4),
-        budget=st.sampled_from([1, 2, 3, 5, 8, 64]),
-        max_num_seqs=st.integers(1, 5),
-        caching=st.booleans(),
-        prefixes=st.lists(st.lists(TOKEN, min_size=1, max_size=40), min_size=1, max_size=3),
-        policy=st.sampled_from(["mixed", "prefill_first"]),
-        k=st.integers(1, 5),
-        lookahead=st.sampled_from([0, 0, 3]),
-    )
+    @initialize(**SETUP, k=st.integers(1, 5), lookahead=st.sampled_from([0, 0, 3]))
     def setup(self, k: int, lookahead: int, **base: Any) -> None:  # type: ignore[override]
         SchedulerMachine.setup(self, **base)
         self.config = dataclasses.replace(
@@ -87,17 +76,7 @@ class SpecSchedulerMachine(SchedulerMachine):
         if not plan.verify_rows:
             return super().execute(plan)
         size = plan.block_size
-        for slot_id in plan.released_slots:
-            self.table.pop(slot_id, None)
-        for request in plan.new_requests:
-            self.table[request.slot] = (request.seq_id, request.params, request.num_prompt_tokens)
-        for source, target in plan.block_copies:
-            for offset in range(size):
-                entry = self.kv.get(source * size + offset)
-                if entry is None:
-                    self.kv.pop(target * size + offset, None)
-                else:
-                    self.kv[target * size + offset] = entry
+        self.apply_deltas_and_copies(plan)
         for slot, token, position in zip(
             plan.slot_mapping, plan.input_ids, plan.positions, strict=True
         ):
