@@ -100,3 +100,36 @@ def test_config_from_vllm_dicts() -> None:
     ]:
         with pytest.raises(ConfigurationError, match=match):
             SpeculativeConfig.from_value(bad)  # type: ignore[arg-type]
+
+
+def test_ngram_edges_found_by_mutation_testing() -> None:
+    # The shortest history with an earlier occurrence.
+    assert propose_ngram([3, 3], 2, 1, 1) == [3, 3]
+    # Every n from the longest down: n = 2 matches ("5 6" -> 1) where n = 1 would not agree
+    # (the latest "6" is followed by 2) and n = 3 does not occur.
+    assert propose_ngram([5, 6, 1, 7, 6, 2, 9, 5, 6], 1, 1, 3) == [1]
+    assert propose_ngram([5, 6, 1, 7, 6, 2, 9, 5, 6], 1, 1, 1) == [2]
+    # A byte match that straddles two tokens is no occurrence: 2**56 then 0 hold the bytes of
+    # the token 1 at a misaligned offset.
+    assert propose_ngram([2**56, 0, 9, 1], 2, 1, 1) == []
+    assert propose_ngram([1, 5, 2**56, 0, 9, 1], 2, 1, 1) == [5, 2**56]
+
+
+def test_config_defaults_bounds_and_propose() -> None:
+    config = SpeculativeConfig.from_value({"method": "ngram", "num_speculative_tokens": 4})
+    assert (config.prompt_lookup_min, config.prompt_lookup_max) == (1, 4)
+    same = SpeculativeConfig("ngram", 2, prompt_lookup_max=2, prompt_lookup_min=2)
+    assert same.prompt_lookup_min == same.prompt_lookup_max == 2
+    SpeculativeConfig("ngram", 16)  # the largest k
+    with pytest.raises(ConfigurationError, match="num_speculative_tokens"):
+        SpeculativeConfig("ngram", 17)
+    # propose: at most k and at most max_drafts, with the config's n-gram lengths.
+    loop = [7, 8, 7, 8, 7]
+    assert SpeculativeConfig("ngram", 3).propose(loop, 5) == [8, 7, 8]
+    assert SpeculativeConfig("ngram", 3).propose(loop, 2) == [8, 7]
+    assert (
+        SpeculativeConfig("ngram", 3, prompt_lookup_min=3, prompt_lookup_max=3).propose(
+            [1, 2, 3, 9, 2, 3], 3
+        )
+        == []
+    )
