@@ -121,6 +121,7 @@ def test_config_defaults_bounds_and_propose() -> None:
     same = SpeculativeConfig("ngram", 2, prompt_lookup_max=2, prompt_lookup_min=2)
     assert same.prompt_lookup_min == same.prompt_lookup_max == 2
     SpeculativeConfig("ngram", 16)  # the largest k
+    SpeculativeConfig("ngram", 1)  # and the smallest
     with pytest.raises(ConfigurationError, match="num_speculative_tokens"):
         SpeculativeConfig("ngram", 17)
     # propose: at most k and at most max_drafts, with the config's n-gram lengths.
