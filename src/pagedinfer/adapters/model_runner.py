@@ -711,10 +711,8 @@ def _draft_history(plan: BatchPlan) -> dict[int, list[int]]:
     """Speculative decoding: the drafts generated before each verify sample (sample ``i`` of
     a verify row follows its drafts ``0..i-1``), by sample index."""
     history: dict[int, list[int]] = {}
-    for row, first, count in plan.verify_rows:
-        end = plan.cu_seqlens_q[row + 1]
-        drafts = plan.input_ids[end - count : end].tolist()
-        for i in range(1, count + 1):
+    for _, first, drafts in plan.verify_drafts():
+        for i in range(1, len(drafts) + 1):
             history[first + i] = drafts[:i]
     return history
 
@@ -726,10 +724,10 @@ def _accepted_samples(plan: BatchPlan, token_ids: torch.Tensor) -> torch.Tensor:
     compared: list[int] = []
     drafts: list[int] = []
     row_first = list(range(plan.num_samples))  # each sample's row's first sample
-    for row, first, count in plan.verify_rows:
-        end = plan.cu_seqlens_q[row + 1]
+    for _, first, row_drafts in plan.verify_drafts():
+        count = len(row_drafts)
         compared.extend(range(first, first + count))
-        drafts.extend(plan.input_ids[end - count : end])
+        drafts.extend(row_drafts)
         for j in range(first, first + count + 1):
             row_first[j] = first
     device = token_ids.device

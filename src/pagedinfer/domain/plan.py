@@ -269,6 +269,15 @@ class BatchPlan:
             seq_ids[j] = seq_id
         return seq_ids
 
+    def verify_drafts(self) -> list[tuple[int, int, list[int]]]:
+        """``(row, first sample index, drafts)`` of each verify row: its drafts are its last
+        ``count`` input ids (see the module docstring)."""
+        ends = self.cu_seqlens_q
+        return [
+            (row, first, self.input_ids[ends[row + 1] - count : ends[row + 1]].tolist())
+            for row, first, count in self.verify_rows
+        ]
+
     def block_table(self, row: int) -> list[int]:
         """Row ``row`` of ``block_tables``, filler entries included."""
         width = self.block_table_width

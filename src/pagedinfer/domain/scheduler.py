@@ -997,12 +997,10 @@ class Scheduler:
         self, plan: BatchPlan, tokens: list[int]
     ) -> dict[int, tuple[list[int], list[int]]]:
         """Each verify row's sequence id -> (its drafts in the plan, its samples)."""
-        verified = {}
-        for row, first, count in plan.verify_rows:
-            start = plan.cu_seqlens_q[row + 1] - count
-            drafts = plan.input_ids[start : start + count].tolist()
-            verified[plan.seq_ids[row]] = (drafts, tokens[first : first + count + 1])
-        return verified
+        return {
+            plan.seq_ids[row]: (drafts, tokens[first : first + len(drafts) + 1])
+            for row, first, drafts in plan.verify_drafts()
+        }
 
     def _record_verified(
         self, seq: Sequence, num_tokens: int, drafts: list[int], samples: list[int]

@@ -167,15 +167,15 @@ class DraftModelProposer:
 def _sampled_rows(plan: BatchPlan, sampled: list[int]) -> list[tuple[int, int, int]]:
     """``(row, new last token, its position)`` of each row that sampled (not forks): a verify
     row's kept last sample, or a chunk's sample after its last token."""
-    verify = {row: (first, count) for row, first, count in plan.verify_rows}
+    verify = {row: (first, drafts) for row, first, drafts in plan.verify_drafts()}
     fork_samples = {j for j, _ in plan.forks}
     result = []
     sample = 0
     for row in range(plan.num_seqs):
         end = plan.cu_seqlens_q[row + 1]
         if row in verify:
-            first, count = verify[row]
-            drafts = plan.input_ids[end - count : end].tolist()
+            first, drafts = verify[row]
+            count = len(drafts)
             samples = sampled[first : first + count + 1]
             accepted = accepted_length(samples, drafts)
             position = plan.positions[end - count - 1] + accepted + 1
