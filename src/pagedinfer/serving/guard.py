@@ -3,7 +3,10 @@
 :class:`RequestGuard` is a plain ASGI middleware in front of the FastAPI app. For every
 HTTP request, before the app sees it:
 
-1. the ``Host`` header must name an allowed host (against DNS rebinding), else 400;
+1. the request must carry one ``Host`` header, well formed (``host`` or ``host:port``, read
+   strictly by :mod:`pagedinfer.serving.hosts`) and naming an allowed host (against DNS
+   rebinding), else 400 (a repeated or malformed ``Host`` is refused even when any host is
+   allowed);
 2. with an API key, every route but ``/health`` and ``/version`` (and ``/metrics`` if
    public) needs ``Authorization: Bearer <key>``, compared in constant time, else 401;
 3. the body is read whole, at most ``max_request_bytes`` (a ``Content-Length`` over it is a
@@ -25,7 +28,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from pagedinfer.serving.errors import INTERNAL_ERROR_MESSAGE, error_body, logger
-from pagedinfer.serving.options import ServingOptions, host_allowed
+from pagedinfer.serving.hosts import admits_host
+from pagedinfer.serving.options import ServingOptions
 
 __all__ = ["RequestGuard"]
 
@@ -67,12 +71,14 @@ class RequestGuard:
             return
         headers = _headers(scope)
         allowed = self.options.allowed_hosts
-        if allowed is not None and not host_allowed(headers.get("host"), allowed):
+        version = str(scope.get("http_version", "1.1"))
+        if not admits_host(scope.get("headers", ()), allowed, http_version=version):
             await self._refuse(
                 send,
                 400,
-                "The Host header does not name a host this server answers to (see its "
-                "--allowed-hosts).",
+                "The Host header is malformed, repeated or does not name a host this server "
+                "answers to: send one Host header, 'name' or 'name:port' ('[IPv6]' or "
+                "'[IPv6]:port'), naming one of its --allowed-hosts.",
                 code="invalid_host",
             )
             return
@@ -204,7 +210,7 @@ class RequestGuard:
 
 def _headers(scope: Scope) -> dict[str, str]:
     """The headers a check reads (the first of each name), decoded as Latin-1."""
-    wanted = (b"host", b"authorization", b"content-length")
+    wanted = (b"authorization", b"content-length")
     found: dict[str, str] = {}
     for name, value in scope.get("headers", ()):
         if name in wanted and name.decode() not in found:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import ipaddress
 import math
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pagedinfer.errors import ConfigurationError, PagedInferError
+from pagedinfer.serving.hosts import host_allowed
 from pagedinfer.serving.tools.formats import TOOL_CALL_PARSERS
 
 __all__ = [
@@ -144,29 +144,6 @@ def default_allowed_hosts(bind_host: str) -> tuple[str, ...] | None:
     if not loopback:
         return None
     return LOOPBACK_HOSTS if host in LOOPBACK_HOSTS else (*LOOPBACK_HOSTS, host)
-
-
-def host_allowed(header: str | None, allowed: Sequence[str]) -> bool:
-    """Whether a ``Host`` header value names one of ``allowed`` (port ignored)."""
-    if "*" in allowed:
-        return True
-    if not header:
-        return False
-    value = header.strip().lower()
-    if value.startswith("["):  # [::1]:8000
-        host = value[1 : value.find("]")] if "]" in value else ""
-    elif value.count(":") == 1:  # name:port
-        host = value.partition(":")[0]
-    else:
-        host = value
-    host = host.rstrip(".")
-    for pattern in allowed:
-        if pattern.startswith("*."):
-            if host.endswith(pattern[1:]) and len(host) > len(pattern) - 1:
-                return True
-        elif host == pattern:
-            return True
-    return False
 
 
 def load_chat_template(value: str) -> str:

@@ -156,7 +156,17 @@ def test_loopback_names_are_allowed(secured: ServerProcess, host: str) -> None:
     assert response.status_code == 200
 
 
-@pytest.mark.parametrize("host", ["evil.example", "127.0.0.1.evil.example", "localhost.evil"])
+@pytest.mark.parametrize(
+    "host",
+    [
+        "evil.example",
+        "127.0.0.1.evil.example",
+        "localhost.evil",
+        # Issue 36: a bracketed IPv6 host may be followed by :port only.
+        "[::1]evil.example",
+        "[::1].evil.example",
+    ],
+)
 def test_other_hosts_are_refused(secured: ServerProcess, host: str) -> None:
     # A page on evil.example whose name was rebound to 127.0.0.1 sends Host: evil.example.
     for path in ("/health", "/v1/models"):
@@ -165,6 +175,31 @@ def test_other_hosts_are_refused(secured: ServerProcess, host: str) -> None:
         )
         assert response.status_code == 400, path
         assert response.json()["error"]["code"] == "invalid_host"
+
+
+@pytest.mark.parametrize(
+    "host_lines",
+    [
+        ["Host: [::1]evil.example"],
+        ["Host: [::1].evil.example:{port}"],
+        ["Host: localhost:"],  # ports: digits, at most 65535
+        ["Host: localhost:99999"],
+        ["Host: localhost:{port}:{port}"],
+        ["Host: user@localhost:{port}"],
+        ["Host: "],
+        ["Host: localhost:{port}", "Host: evil.example"],  # two Host headers
+        ["Host: localhost:{port}", "Host: localhost:{port}"],
+    ],
+)
+def test_malformed_or_repeated_host_headers_are_refused(
+    secured: ServerProcess, host_lines: list[str]
+) -> None:
+    port = port_of(secured)
+    lines = ["GET /health HTTP/1.1", *(line.format(port=port) for line in host_lines)]
+    received, _ = exchange(secured, ("\r\n".join(lines) + "\r\n\r\n").encode())
+    status, body = status_and_body(received)
+    assert status == 400, received
+    assert body["error"]["code"] == "invalid_host"  # type: ignore[index]
 
 
 # ---------------------------------------------------------------------- body limits
