@@ -257,8 +257,13 @@ def test_required_decodes_an_array_of_calls_under_their_schemas() -> None:
     assert first["properties"]["name"] == {"type": "string", "enum": ["get_weather"]}
     assert first["required"] == ["name", "parameters"]
     assert first["additionalProperties"] is False  # a call is its name and parameters only
-    assert "$defs" not in first["properties"]["parameters"]  # gathered at the root
-    assert schema["$defs"] == {"City": {"type": "string", "enum": ["Paris", "Rome"]}}
+    # A tool with $refs moves to the root's $defs under its name, its $refs rewritten to
+    # resolve there as they did in its own schema.
+    assert first["properties"]["parameters"] == {"$ref": "#/$defs/get_weather"}
+    moved = schema["$defs"]["get_weather"]
+    assert moved["properties"]["city"] == {"$ref": "#/$defs/get_weather/$defs/City"}
+    assert moved["$defs"] == {"City": {"type": "string", "enum": ["Paris", "Rome"]}}
+    assert set(schema["$defs"]) == {"get_weather"}
     assert second["properties"]["parameters"] == {"type": "object", "properties": {}}
     assert plan.constraint.whitespace_pattern == " ?"
     assert plan.calls.finish_reason("stop", called=True) == "tool_calls"

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pagedinfer.domain.structured import StructuredOutputsParams
 from pagedinfer.errors import InvalidStructuredOutputError
@@ -36,6 +36,12 @@ from pagedinfer.serving.tools.formats import (
     RequiredCallsFormat,
     ToolCallFormat,
     tool_call_format,
+)
+from pagedinfer.serving.tools.schemas import (
+    ToolSchemaError,
+    check_tool_depth,
+    check_tool_references,
+    embed_tool_parameters,
 )
 from pagedinfer.serving.tools.stream import ToolCallStream
 
@@ -56,6 +62,7 @@ _NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 _EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 
 Finish = Literal["auto", "required", "named"]
+_R = TypeVar("_R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +149,7 @@ def template_tools(tools: Sequence[Any] | None) -> list[dict[str, Any]] | None:
                 f"{where}.function.parameters",
                 f"{where}.function.parameters must be a JSON schema object",
             )
+        _checked(check_tool_depth, parameters, f"{where}.function.parameters")
         description = function.get("description")
         if description is not None and not isinstance(description, str):
             where = f"{where}.function.description"
@@ -187,7 +195,9 @@ def plan_tools(
         return ToolPlan(tools=checked, constraint=constraint, calls=calls)
     index = next(i for i, t in enumerate(checked) if t["function"]["name"] == choice)
     schema = dict(checked[index]["function"].get("parameters") or _EMPTY_PARAMETERS)
-    constraint = _constraint(schema, f"tools[{index}].function.parameters")
+    field = f"tools[{index}].function.parameters"
+    _checked(check_tool_references, schema, field)
+    constraint = _constraint(schema, field)
     return ToolPlan(
         tools=checked, constraint=constraint, calls=ToolCalls(NamedCallFormat(choice), "named")
     )
@@ -228,26 +238,24 @@ def _required_schema(tools: list[dict[str, Any]], parallel: bool) -> dict[str, A
     """vLLM's schema for ``tool_choice="required"``: an array of one call or more (one at
     most without ``parallel_tool_calls``), each ``{"name": <a tool's name>, "parameters":
     <that tool's parameters>}`` and nothing else (vLLM's leaves other members open, and a
-    model may then write one that never ends); the tools' ``$defs`` are gathered at the root,
-    where their ``$ref``s point."""
+    model may then write one that never ends). A tool whose parameters hold ``$ref``s goes to
+    the root's ``$defs`` under its name, its ``$ref``s rewritten to resolve there as they did
+    in the tool's own schema (:mod:`~pagedinfer.serving.tools.schemas`)."""
     variants = []
     defs: dict[str, Any] = {}
     for index, tool in enumerate(tools):
         function = tool["function"]
-        parameters = dict(function.get("parameters") or _EMPTY_PARAMETERS)
-        for name, definition in dict(parameters.pop("$defs", None) or {}).items():
-            if name in defs and defs[name] != definition:
-                raise _bad(
-                    f"tools[{index}].function.parameters",
-                    f"two tools define $defs/{name} differently: with tool_choice "
-                    '"required" their definitions share one namespace; rename one',
-                )
-            defs[name] = definition
+        name = function["name"]
+        parameters = function.get("parameters") or _EMPTY_PARAMETERS
+        field = f"tools[{index}].function.parameters"
+        embedded = _checked(embed_tool_parameters, parameters, field, name)
+        if embedded.definition is not None:
+            defs[name] = embedded.definition
         variants.append(
             {
                 "properties": {
-                    "name": {"type": "string", "enum": [function["name"]]},
-                    "parameters": parameters,
+                    "name": {"type": "string", "enum": [name]},
+                    "parameters": embedded.schema,
                 },
                 "required": ["name", "parameters"],
                 "additionalProperties": False,
@@ -263,6 +271,14 @@ def _required_schema(tools: list[dict[str, Any]], parallel: bool) -> dict[str, A
     if defs:
         schema["$defs"] = defs
     return schema
+
+
+def _checked(check: Callable[..., _R], *args: Any) -> _R:
+    """``check(*args)``, its :class:`ToolSchemaError` a 400 naming the tool's parameters."""
+    try:
+        return check(*args)
+    except ToolSchemaError as error:
+        raise _bad(error.field, str(error)) from None
 
 
 def _constraint(schema: dict[str, Any], field: str) -> StructuredOutputsParams:
