@@ -1,4 +1,4 @@
-"""Command line: ``pagedinfer generate``, ``demo``, ``bench`` and ``serve``.
+"""Command line: ``pagedinfer generate``, ``demo``, ``bench``, ``serve`` and ``check-weights``.
 
 Also reachable as ``python -m pagedinfer``. A user error (a path that is no checkpoint, a
 value out of range, a malformed option) prints one line on stderr and exits with status 2,
@@ -443,6 +443,13 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     _serve_arguments(serve)
     _engine_arguments(serve)
+
+    check_weights = command(
+        "check-weights",
+        "read every tensor of a checkpoint and list those holding NaN or infinite values "
+        "(exit status 1 if any; loading checks only scales, norms and biases by default)",
+    )
+    check_weights.add_argument("checkpoint", metavar="DIR", help="checkpoint directory")
     return parser
 
 
@@ -798,11 +805,23 @@ def _run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_check_weights(args: argparse.Namespace) -> int:
+    from pagedinfer.adapters.models.checkpoint_scan import scan_checkpoint
+
+    report = scan_checkpoint(args.checkpoint)
+    for finding in report.findings:
+        print(finding.describe())
+    verdict = f"{len(report.findings)} not finite" if report.findings else "all finite"
+    print(f"{report.tensors} floating-point tensors in {report.files} files: {verdict}")
+    return 0 if report.clean else EXIT_FAILURE
+
+
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "generate": _run_generate,
     "demo": _run_demo,
     "bench": _run_bench,
     "serve": _run_serve,
+    "check-weights": _run_check_weights,
 }
 
 

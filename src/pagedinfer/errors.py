@@ -20,6 +20,7 @@ __all__ = [
     "InvalidStructuredOutputError",
     "KVCacheMemoryError",
     "MissingDependencyError",
+    "NonFiniteWeightError",
     "PagedInferError",
     "StepFailedError",
     "UnsupportedModelError",
@@ -51,6 +52,11 @@ class ConfigurationError(PagedInferError, ValueError):
 
 class UnsupportedModelError(PagedInferError, ValueError):
     """The checkpoint exists but is not a model this library can run, or lacks weights."""
+
+
+class NonFiniteWeightError(UnsupportedModelError):
+    """A checkpoint tensor holds NaN or infinite values (a corrupt checkpoint); the message
+    names the tensor and its file."""
 
 
 class CheckpointNotFoundError(PagedInferError, FileNotFoundError):

@@ -162,7 +162,7 @@ class ModelRunner:
             device=self.device,
             dtype=self.dtype,
         )
-        load_weights(self.model, config.model_path)
+        load_weights(self.model, config.model_path, check=config.weight_check)
         # Speculative decoding with a draft model: its cache shares the target's block ids.
         self.drafter: DraftModelProposer | None = None
         if config.draft_model_path is not None:

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from pagedinfer.adapters.models.finite import WeightCheck
+
 __all__ = ["RunnerConfig"]
 
 
@@ -33,3 +35,5 @@ class RunnerConfig:
     # Speculative decoding with a draft model: its checkpoint and the drafts per step.
     draft_model_path: str | None = None
     num_speculative_tokens: int = 0
+    # Which tensors must be finite at load (adapters/models/finite.py).
+    weight_check: WeightCheck = "default"

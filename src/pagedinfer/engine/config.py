@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedinfer.adapters.kv_cache import KV_CACHE_DTYPES
+from pagedinfer.adapters.models.finite import WeightCheck, validate_weight_check
 from pagedinfer.domain.limits import (
     DEFAULT_MAX_LOGPROBS,
     DEFAULT_MAX_N,
@@ -90,6 +91,7 @@ class EngineConfig:
     async_scheduling: bool | None = None  # None: resolve_async_scheduling's default
     # Speculative decoding: vLLM's dict ({"method": "ngram", ...}) or the checked config.
     speculative_config: SpeculativeConfig | Mapping[str, object] | None = None
+    weight_check: WeightCheck = "default"  # which tensors must be finite at load
 
     @property
     def speculation(self) -> SpeculativeConfig | None:
@@ -145,6 +147,7 @@ class EngineConfig:
                 )
             _positive_int("num_threads", self.num_threads)
         _positive_int("max_consecutive_failed_steps", self.max_consecutive_failed_steps)
+        validate_weight_check(self.weight_check)
         self.request_limits  # noqa: B018 (validates the limits: ConfigurationError)
         timeout = self.worker_timeout_s
         if (

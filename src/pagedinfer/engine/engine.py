@@ -39,6 +39,7 @@ import torch
 from pagedinfer.adapters.attention import resolve_backend_name
 from pagedinfer.adapters.executor import ModelExecutor, create_executor
 from pagedinfer.adapters.kv_cache import kv_cache_dtype_name, resolve_kv_cache_dtype
+from pagedinfer.adapters.models.finite import WeightCheck
 from pagedinfer.adapters.models.registry import read_model_config
 from pagedinfer.adapters.runner_config import RunnerConfig
 from pagedinfer.adapters.sampling.grammar import GrammarCompiler
@@ -152,8 +153,11 @@ class Engine:
     :attr:`request_limits`). A failed step fails its requests
     (:class:`~pagedinfer.errors.StepFailedError`); ``max_consecutive_failed_steps`` failed
     steps in a row, or a fatal failure, make the engine dead
-    (:class:`~pagedinfer.errors.EngineDeadError`). Unknown keyword arguments raise
-    ``TypeError``.
+    (:class:`~pagedinfer.errors.EngineDeadError`). ``weight_check`` picks the checkpoint
+    tensors that must hold no NaN or infinity at load (``"default"``: scales, norms, biases;
+    ``"all"``: every tensor, slower; ``"none"``; docs/models.md): a bad one raises
+    :class:`~pagedinfer.errors.NonFiniteWeightError` naming it. Unknown keyword arguments
+    raise ``TypeError``.
 
     Every method may be called from any thread (see docs/api.md, "Threads").
     """
@@ -191,6 +195,7 @@ class Engine:
         distributed_executor_backend: str = "mp",
         async_scheduling: bool | None = None,
         speculative_config: SpeculativeConfig | Mapping[str, object] | None = None,
+        weight_check: WeightCheck = "default",
     ) -> None:
         self._executor: ModelExecutor | None = None
         self._closed = True  # until construction succeeds
@@ -228,6 +233,7 @@ class Engine:
             distributed_executor_backend=distributed_executor_backend,
             async_scheduling=async_scheduling,
             speculative_config=speculative_config,
+            weight_check=weight_check,
         )
         self.config = config
         # Speculative decoding (docs/speculative-decoding.md): how drafts are proposed.
@@ -283,6 +289,7 @@ class Engine:
             num_speculative_tokens=(
                 0 if self.speculation is None else self.speculation.num_speculative_tokens
             ),
+            weight_check=config.weight_check,
         )
         if num_threads is not None:
             # Process-wide (torch has one pool of CPU threads per process), so only when the

@@ -15,7 +15,11 @@ For each tensor, in this order, before anything is read or narrowed for tensor p
    quantized layers' tensors have their format's dtypes (``F8_E4M3`` weights, ``I32`` packed
    4-bit words, float scales);
 4. its full shape must be the one the config (and the quantization format: block, group and
-   packing sizes) implies for it.
+   packing sizes) implies for it;
+5. once read, it must hold no NaN and no infinity, for the tensors ``check`` names
+   (:mod:`~pagedinfer.adapters.models.finite`: by default the scales, norms and biases, not
+   the big weight matrices; KV-cache scales always): else
+   :class:`~pagedinfer.errors.NonFiniteWeightError`, naming it.
 
 FP8 KV-cache scales (one number per layer for K and one for V, in the names vLLM accepts:
 ``self_attn.k_scale``, ``self_attn.attn.k_scale``, ``self_attn.k_proj.k_scale`` (ModelOpt),
@@ -54,6 +58,7 @@ from pagedinfer.adapters.layers.linear import (
     is_optional,
 )
 from pagedinfer.adapters.models.base import CausalLM
+from pagedinfer.adapters.models.finite import WeightCheck, check_finite, checks_tensor
 from pagedinfer.errors import UnsupportedModelError
 
 __all__ = ["FLOAT_DTYPES", "INDEX_FILE", "checkpoint_files", "load_weights"]
@@ -99,14 +104,17 @@ def checkpoint_files(root: Path) -> list[Path]:
     return files
 
 
-def load_weights(model: CausalLM, path: str | Path) -> None:
-    """Load the checkpoint at ``path`` into ``model`` (see the module docstring).
+def load_weights(model: CausalLM, path: str | Path, *, check: WeightCheck = "default") -> None:
+    """Load the checkpoint at ``path`` into ``model`` (see the module docstring); ``check``:
+    which tensors must hold no NaN or infinity (``"default"``, ``"all"``, ``"none"``).
 
     Raises :class:`UnsupportedModelError` when a file cannot be read, or a tensor is
-    duplicated, unknown, not a float, of the wrong shape, or missing.
+    duplicated, unknown, not a float, of the wrong shape, or missing;
+    :class:`~pagedinfer.errors.NonFiniteWeightError` (a subclass) when a checked tensor
+    holds a NaN or an infinity.
     """
     root = Path(path)
-    loader = _Loader(model, root)
+    loader = _Loader(model, root, check)
     for file in checkpoint_files(root):
         loader.load_file(file)
     loader.check_complete()
@@ -119,9 +127,10 @@ def load_weights(model: CausalLM, path: str | Path) -> None:
 class _Loader:
     """The state of one load: which tensors were seen, which parameter shards were filled."""
 
-    def __init__(self, model: CausalLM, root: Path) -> None:
+    def __init__(self, model: CausalLM, root: Path, check: WeightCheck) -> None:
         self.model = model
         self.root = root
+        self.check = check
         self.mapping = model.weight_mapping
         self.params: dict[str, nn.Parameter] = dict(model.named_parameters())
         self.seen: dict[str, Path] = {}  # tensor name -> the file it came from
@@ -131,6 +140,9 @@ class _Loader:
         return UnsupportedModelError(
             f"checkpoint {str(self.root)!r}: tensor {name!r} in {file.name}: {problem}."
         )
+
+    def where(self, file: Path) -> str:
+        return f"checkpoint {str(self.root)!r}, {file.name}"
 
     def load_file(self, file: Path) -> None:
         with _open_safetensors(file) as handle:
@@ -193,6 +205,8 @@ class _Loader:
             tensor = handle.get_tensor(name)
         except (SafetensorError, OSError, RuntimeError) as error:
             raise self.fail(name, file, f"cannot read its data: {error}") from error
+        if checks_tensor(name, tensor, self.check):
+            check_finite(name, tensor, self.where(file))
         get_weight_loader(param)(param, tensor, shard_id)
         self.filled[key] = name
 
@@ -222,6 +236,7 @@ class _Loader:
                 f"holds {tensor.numel()} {tensor.dtype} values: expected one float per layer "
                 "(per-head or per-channel KV-cache scales are not supported)",
             )
+        check_finite(name, tensor, self.where(file))
         try:
             setter(**{f"{which}_scale": tensor.float()})
         except UnsupportedModelError as error:
