@@ -104,6 +104,22 @@ def test_non_finite_scales_norms_and_biases_are_refused_by_name(
     load(broken, check="none")  # only the check refuses it
 
 
+def test_the_engine_refuses_the_issues_checkpoint(
+    quantized: Callable[[str], tuple[Path, Path]], tmp_path: Path
+) -> None:
+    """The issue's GPTQ checkpoint (every scale NaN) through ``Engine``, with and without
+    ``weight_check``."""
+    from pagedinfer import Engine
+
+    path, _ = quantized("gptq-g64")
+    name = "model.layers.0.self_attn.q_proj.scales"
+    broken = poisoned(path, tmp_path / "broken", name, math.nan, where=-1)
+    with pytest.raises(NonFiniteWeightError, match=repr(name)):
+        Engine(broken, device="cpu", num_kv_blocks=8, max_model_len=32)
+    with pytest.raises(NonFiniteWeightError, match=repr(name)):
+        Engine(broken, device="cpu", num_kv_blocks=8, max_model_len=32, weight_check="all")
+
+
 def test_big_weight_matrices_are_checked_with_all(
     make_checkpoint: Callable[..., Path], tmp_path: Path
 ) -> None:

@@ -43,8 +43,8 @@ __all__ = [
 
 MAX_TOOL_SCHEMA_DEPTH = 100
 """The most levels of JSON nesting a tool's ``parameters`` may have (the object itself is
-level 1). Real tools nest a handful; the server's required-calls schema adds three levels
-around them, which stays under the 128 levels any JSON schema may have."""
+level 1). Real tools nest a handful; the server's required-calls schema puts them six
+levels down at most, which stays under the 128 levels any JSON schema may have."""
 
 # Keywords whose value is one schema, a list of schemas, or a map of names to schemas.
 _ONE = frozenset(
