@@ -14,10 +14,10 @@ Which tensors (``weight_check``, an engine option; docs/models.md, "Checkpoint c
   Zero points and packed 4-bit weights are integers: they hold no NaN. These are a small
   fraction of the bytes, and the tensors a broken quantizer breaks (one bad scale spoils a
   whole group of weights); checking them is lost in the noise of the load time
-  (``benchmarks/load_check.py``, docs/benchmarks.md).
+  (26 to 46 ms for Qwen3-0.6B's shape; ``benchmarks/load_check.py``, docs/benchmarks.md).
 * ``"all"``: every floating-point tensor, the embedding, LM head and projection matrices
-  (dense or FP8) too: about +55 % load time for a dense checkpoint and +75 % for an FP8 one
-  on a loaded 2-core CPU (the same benchmark).
+  (dense or FP8) too: a second pass over every byte, 2.6 to 4.5 s for Qwen3-0.6B's shape
+  on a loaded 2-core CPU, +20 to 80 % of the load time (the same benchmark).
 * ``"none"``: nothing.
 
 ``pagedinfer check-weights DIR`` scans every tensor of a checkpoint without loading a model
