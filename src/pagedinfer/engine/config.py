@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedinfer.adapters.kv_cache import KV_CACHE_DTYPES
+from pagedinfer.domain.grammar_limits import DEFAULT_GRAMMAR_LIMITS, GrammarLimits
 from pagedinfer.domain.limits import (
     DEFAULT_MAX_LOGPROBS,
     DEFAULT_MAX_N,
@@ -90,6 +91,8 @@ class EngineConfig:
     async_scheduling: bool | None = None  # None: resolve_async_scheduling's default
     # Speculative decoding: vLLM's dict ({"method": "ngram", ...}) or the checked config.
     speculative_config: SpeculativeConfig | Mapping[str, object] | None = None
+    # Structured outputs: what one constraint may cost (domain/grammar_limits.py).
+    grammar_limits: GrammarLimits = DEFAULT_GRAMMAR_LIMITS
 
     @property
     def speculation(self) -> SpeculativeConfig | None:
@@ -146,6 +149,11 @@ class EngineConfig:
             _positive_int("num_threads", self.num_threads)
         _positive_int("max_consecutive_failed_steps", self.max_consecutive_failed_steps)
         self.request_limits  # noqa: B018 (validates the limits: ConfigurationError)
+        if not isinstance(self.grammar_limits, GrammarLimits):
+            raise ConfigurationError(
+                f"grammar_limits={self.grammar_limits!r} is invalid: expected a GrammarLimits "
+                "(pagedinfer.GrammarLimits(max_chars=..., step_lexer_fuel=..., ...))."
+            )
         timeout = self.worker_timeout_s
         if (
             not isinstance(timeout, (int, float))
