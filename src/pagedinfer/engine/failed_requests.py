@@ -40,9 +40,13 @@ def end_failed_samples(
         completion = completions.get(seq_id)
         if completion is None or seq_id in ended or completion.seq.is_finished:
             continue
-        completion.error = reason
         scheduler.finish(seq_id, FinishReason.ERROR)
-        ended[seq_id] = completion
+        # Completions still to fork from it (n > 1) end with it, for the same reason.
+        for sibling in completion.request.completions:
+            seq = sibling.seq
+            if seq.finish_reason is FinishReason.ERROR and sibling.error is None:
+                sibling.error = reason
+                ended[seq.seq_id] = sibling
         _logger.warning(
             "request %s (completion %d) failed: %s",
             completion.request.name,
