@@ -27,7 +27,20 @@ from dataclasses import dataclass, fields
 
 from pagedinfer.errors import ConfigurationError
 
-__all__ = ["DEFAULT_GRAMMAR_LIMITS", "GrammarLimits"]
+__all__ = ["DEFAULT_GRAMMAR_LIMITS", "GRAMMAR_LIMIT_HELP", "GrammarLimits"]
+
+GRAMMAR_LIMIT_HELP = {
+    "max_chars": "most characters of a constraint's text (schema JSON, regex, grammar, choices)",
+    "max_json_depth": "deepest JSON schema nesting (objects and arrays)",
+    "initial_lexer_fuel": "grammar engine fuel to build a constraint's lexer",
+    "step_lexer_fuel": "grammar engine lexer fuel per token (~14k per ms)",
+    "step_max_items": "grammar engine parser items per token (~20k per ms)",
+    "max_lexer_states": "most lexer states per constraint (about 1-2 kB each)",
+    "max_grammar_size": "most symbols in a constraint's grammar",
+    "max_items_in_row": "most parser items in one grammar row",
+    "probe_tokens": "tokens the submission probe walks (0: first mask only)",
+}
+"""One line per limit, for the ``--grammar-*`` flags' help."""
 
 
 @dataclass(frozen=True, slots=True)
