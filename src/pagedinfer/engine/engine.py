@@ -462,7 +462,7 @@ class Engine:
                 "to an engine without speculative_config, or drop structured_outputs."
             )
         constraint = params.structured_outputs
-        if constraint is not None and constraint.compiled is None:
+        if constraint is not None and self._grammars.pinned(constraint) is None:
             # Compiled and probed here, in the caller's thread and before any lock (shared
             # by its key): a constraint that does not compile, passes a grammar limit or
             # accepts no string is refused now, and a slow one does not stall the steps. The

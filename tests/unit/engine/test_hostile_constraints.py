@@ -198,3 +198,15 @@ def test_the_compiled_grammar_is_not_part_of_the_value() -> None:
     assert "compiled" not in repr(pinned)
     restored = pickle.loads(pickle.dumps(pinned))
     assert restored == constraint and restored.compiled is None
+
+
+def test_a_grammar_from_another_engine_is_compiled_again(engine: Engine, checkpoint: Path) -> None:
+    constraint = StructuredOutputsParams(regex="[a-c]{2}")
+    checked = engine.check_sampling_params(SamplingParams(structured_outputs=constraint))
+    assert checked.structured_outputs is not None
+    assert engine._grammars.pinned(checked.structured_outputs) is not None
+    with Engine(checkpoint, **SETTINGS) as other:
+        again = other.check_sampling_params(checked)
+        assert again.structured_outputs is not None
+        assert other._grammars.pinned(again.structured_outputs) is not None
+        assert other._grammars.pinned(checked.structured_outputs) is None

@@ -166,8 +166,9 @@ def _closed_objects(schema: Any) -> Any:
 class CompiledGrammar:
     """A validated grammar: a matcher in its start state, copied for every request."""
 
-    template: Any  # llguidance.LLMatcher, never advanced
+    template: Any  # llguidance.LLMatcher, in its start state (the probe resets it)
     text: str
+    owner: object = None  # the identity of the compiler that made it
 
     def new_matcher(self) -> Any:
         return self.template.deep_copy()
@@ -198,6 +199,7 @@ class GrammarCompiler:
         self.cache_size = cache_size
         self.limits = limits
         self._lock = threading.Lock()
+        self._identity = object()  # marks the grammars compiled here (see pinned)
         self._ll_tokenizer: Any = None
         self._cache: OrderedDict[tuple[object, ...], CompiledGrammar] = OrderedDict()
         self._refused: OrderedDict[tuple[object, ...], str] = OrderedDict()
@@ -218,8 +220,9 @@ class GrammarCompiler:
         ``InvalidRequestError`` when this engine cannot constrain outputs at all (no
         tokenizer, no EOS token); ``MissingDependencyError`` without llguidance.
         """
-        if params.compiled is not None and isinstance(params.compiled, CompiledGrammar):
-            return params.compiled  # pinned at submission
+        pinned = self.pinned(params)
+        if pinned is not None:  # carried by the request since its submission
+            return pinned
         key = params.cache_key
         with self._lock:
             found = self._cache.get(key)
@@ -251,6 +254,14 @@ class GrammarCompiler:
                 self._cache.popitem(last=False)
         return compiled
 
+    def pinned(self, params: StructuredOutputsParams) -> CompiledGrammar | None:
+        """The grammar ``params`` carries (``compiled``) if this compiler made it (the same
+        tokenizer and limits); ``None`` otherwise (another engine's, or none)."""
+        compiled = params.compiled
+        if isinstance(compiled, CompiledGrammar) and compiled.owner is self._identity:
+            return compiled
+        return None
+
     def _compile(self, params: StructuredOutputsParams) -> CompiledGrammar:
         llg = _llguidance()
         tokenizer = self._tokenizer()
@@ -270,7 +281,7 @@ class GrammarCompiler:
             raise InvalidStructuredOutputError(
                 f"StructuredOutputsParams.{params.kind} is refused: {reason}."
             )
-        return CompiledGrammar(template, text)
+        return CompiledGrammar(template, text, self._identity)
 
     def parser_limits(self) -> Any:
         """llguidance's ``LLParserLimits`` of :attr:`limits`."""
