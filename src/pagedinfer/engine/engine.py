@@ -416,7 +416,10 @@ class Engine:
         Sizes are checked first, in time independent of their values (:attr:`request_limits`,
         ``n`` against what runs at once); then token ids against the vocabulary. Takes no
         lock. Every method that takes parameters runs these checks; call it to refuse a
-        request before tokenizing its prompt.
+        request before tokenizing its prompt. A ``structured_outputs`` constraint is compiled
+        and probed under the grammar limits (``InvalidStructuredOutputError`` if refused); the
+        returned copy carries the compiled grammar, which the request keeps until it ends
+        (passing the returned params on skips compiling again).
         """
         if params is None:
             return SamplingParams()

@@ -52,6 +52,17 @@ CORPUS: list[tuple[str, dict[str, Any]]] = [
     ("guided_json", {"guided_json": nested_text(600)}),
     ("guided_regex", {"guided_regex": "(x{1000}){1000}"}),
     ("guided_choice", {"guided_choice": ["a" * 70000]}),
+    (
+        "guided_json",
+        {
+            "guided_json": {
+                "type": "object",
+                "properties": {"p": {"type": "string", "pattern": "^d{1000000}$"}},
+                "required": ["p"],
+                "additionalProperties": False,
+            }
+        },
+    ),
 ]
 PLAIN = {
     "model": MODEL_NAME,
