@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from pagedinfer.domain.grammar_limits import GrammarLimits
 from pagedinfer.domain.sampling import SamplingParams
 from pagedinfer.domain.sequence import FinishReason
 from pagedinfer.domain.structured import GuidedDecodingParams, StructuredOutputsParams
@@ -39,6 +40,7 @@ __all__ = [
     "CompletionOutput",
     "Engine",
     "FinishReason",
+    "GrammarLimits",
     "GuidedDecodingParams",
     "Logprob",
     "RequestOutput",

@@ -16,6 +16,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from pagedinfer.domain.grammar_limits import (
+    DEFAULT_GRAMMAR_LIMITS,
+    GRAMMAR_LIMIT_HELP,
+    GrammarLimits,
+)
+
 __all__ = ["EXIT_ENGINE_DEAD", "EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_USER_ERROR", "main"]
 
 EXIT_USER_ERROR = 2
@@ -324,6 +330,19 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
         default=1024,
         help="most characters per stop string",
     )
+    grammar = parser.add_argument_group(
+        "grammar limits (structured outputs; docs/structured-outputs.md)"
+    )
+    for name, text in GRAMMAR_LIMIT_HELP.items():
+        default = getattr(DEFAULT_GRAMMAR_LIMITS, name)
+        grammar.add_argument(
+            f"--grammar-{name.replace('_', '-')}",
+            type=int,
+            metavar="N",
+            default=default,
+            dest=f"grammar_{name}",
+            help=f"{text} (default {default})",
+        )
     limits.add_argument(
         "--max-consecutive-failed-steps",
         type=int,
@@ -627,6 +646,9 @@ def _engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
         "max_stop": args.max_stop,
         "max_stop_str_len": args.max_stop_str_len,
         "max_consecutive_failed_steps": args.max_consecutive_failed_steps,
+        "grammar_limits": GrammarLimits(
+            **{name: getattr(args, f"grammar_{name}") for name in GRAMMAR_LIMIT_HELP}
+        ),
     }
 
 

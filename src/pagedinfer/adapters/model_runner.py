@@ -54,6 +54,7 @@ from pagedinfer.adapters.layers.linear import divide
 from pagedinfer.adapters.models.loader import load_weights
 from pagedinfer.adapters.models.registry import build_model, read_model_config
 from pagedinfer.adapters.runner_config import RunnerConfig
+from pagedinfer.adapters.sampling.failed_rows import failed_samples
 from pagedinfer.adapters.sampling.grammar import (
     GrammarCompiler,
     GrammarMatchers,
@@ -342,7 +343,8 @@ class ModelRunner:
             )
         sample_positions = inputs.sample_positions() if table.any_seeded else None
         batch = table.rows(inputs.sample_slots, sample_positions)
-        token_ids = self.sampler(logits, batch, processors, processing)
+        sampled_ids = self.sampler(logits, batch, processors, processing)  # NO_TOKEN: failed
+        token_ids = sampled_ids.clamp(min=0)  # for the state below; failed rows end anyway
         self._last_sampled = (plan.step_id, token_ids)  # what a plan made ahead carries
         record = None
         if processing is not None or grammar is not None:
@@ -361,10 +363,10 @@ class ModelRunner:
                 logprobs[row] = entry
         # The step's one device-to-host wait (two with logprobs), when the output is read:
         # on CUDA a copy into pinned memory queued behind the step, and an event after it.
-        ids, event = token_ids, None
-        if token_ids.device.type == "cuda":
-            ids = torch.empty(token_ids.shape, dtype=token_ids.dtype, pin_memory=True)
-            ids.copy_(token_ids, non_blocking=True)
+        ids, event = sampled_ids, None
+        if sampled_ids.device.type == "cuda":
+            ids = torch.empty(sampled_ids.shape, dtype=sampled_ids.dtype, pin_memory=True)
+            ids.copy_(sampled_ids, non_blocking=True)
             event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record()
         matchers = self.grammar_matchers
@@ -380,7 +382,8 @@ class ModelRunner:
                 assert matchers is not None and record is not None
                 matchers.accept(grammar, sampled)
                 record.grammar_accepted = True
-            return StepOutput(sampled, logprobs, prompt_chunks, drafts)
+            failed = failed_samples(sampled, grammar.failed if grammar is not None else None)
+            return StepOutput(sampled, logprobs, prompt_chunks, drafts, failed)
 
         return output
 

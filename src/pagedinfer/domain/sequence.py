@@ -20,6 +20,9 @@ class FinishReason(str, enum.Enum):
     STOP = "stop"  # EOS, a stop token id or a stop string
     LENGTH = "length"  # max_tokens or max_model_len reached
     ABORT = "abort"  # aborted by the caller
+    # The request's own input failed it while running: its structured-output constraint hit
+    # a limit or reached a dead end, or its logits held no finite allowed value (NaN).
+    ERROR = "error"
 
     def __str__(self) -> str:
         return self.value

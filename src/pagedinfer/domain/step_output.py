@@ -42,12 +42,18 @@ class StepOutput:
     """One step's results: a token per sample; logprobs for the samples that asked
     (``None`` entries for the others, ``None`` altogether when none asked); prompt logprobs
     of the prefill chunks that asked; with a draft model (speculative decoding), the drafts it
-    proposes for each sequence that got tokens, by sequence id."""
+    proposes for each sequence that got tokens, by sequence id.
+
+    ``failed_samples`` maps the index of each sample that failed its own request (its
+    structured-output constraint failed or reached a dead end, or its logits held no finite
+    allowed value) to why; its entry in ``sampled_token_ids`` is a placeholder (0). The engine
+    ends those requests with ``finish_reason="error"``; the other samples are as usual."""
 
     sampled_token_ids: list[int]
     logprobs: list[TokenLogprobs | None] | None = None
     prompt_logprobs: list[PromptLogprobsChunk] = field(default_factory=list)
     draft_token_ids: dict[int, list[int]] | None = None
+    failed_samples: dict[int, str] | None = None
 
 
 EMPTY_STEP_OUTPUT = StepOutput([])

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import json as _json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, NoReturn
 
+from pagedinfer.domain.json_depth import json_depth_exceeds
 from pagedinfer.errors import InvalidStructuredOutputError
 
 __all__ = ["ConstraintKind", "GuidedDecodingParams", "StructuredOutputsParams"]
@@ -37,6 +38,9 @@ _CONSTRAINTS: tuple[ConstraintKind, ...] = (
 )
 # The knobs below shape the JSON grammar only (json and json_object).
 _JSON_KNOBS = ("disable_any_whitespace", "disable_additional_properties", "whitespace_pattern")
+MAX_SCHEMA_DEPTH = 512
+"""The deepest JSON schema this value holds at all (Python's ``json`` recurses per level);
+engines refuse much less deep ones (``GrammarLimits.max_json_depth``, default 128)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +75,10 @@ class StructuredOutputsParams:
     extra properties are allowed); ``whitespace_pattern`` is a regex for the whitespace
     allowed between JSON tokens. ``disable_fallback`` is accepted for vLLM's sake and changes
     nothing: there is one grammar engine and never a fallback.
+
+    ``compiled`` is not part of the value (not compared, hashed, shown or pickled): the
+    engine's compiled grammar, set on the copy that ``Engine.check_sampling_params`` returns,
+    so that a request carries its grammar from submission to finish.
     """
 
     json: str | Mapping[str, Any] | type[Any] | None = None
@@ -83,6 +91,7 @@ class StructuredOutputsParams:
     disable_any_whitespace: bool = False
     disable_additional_properties: bool = False
     whitespace_pattern: str | None = None
+    compiled: object | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.json is not None:
@@ -93,6 +102,28 @@ class StructuredOutputsParams:
                 _fail("choice", choice, "a non-empty list of strings")
             object.__setattr__(self, "choice", tuple(choice))
         self._validate()
+
+    def with_compiled(self, compiled: object) -> StructuredOutputsParams:
+        """A copy of this constraint carrying ``compiled`` (the engine's grammar)."""
+        copy = replace(self)
+        object.__setattr__(copy, "compiled", compiled)
+        return copy
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled (to other processes) without the compiled grammar: it stays in this one.
+        values = {item.name: getattr(self, item.name) for item in fields(self)}
+        values.pop("compiled")
+        return (_rebuild, (values,))
+
+    @property
+    def text_size(self) -> int:
+        """Characters of the constraint's text (schema JSON, regex, grammar, choices)."""
+        value = getattr(self, self.kind)
+        if isinstance(value, str):
+            return len(value)
+        if isinstance(value, tuple):
+            return sum(len(item) for item in value)
+        return 0
 
     # ------------------------------------------------------------------ derived
     @property
@@ -176,7 +207,7 @@ class StructuredOutputsParams:
         shown = []
         for item in fields(self):
             value = getattr(self, item.name)
-            if value != item.default:
+            if item.name != "compiled" and value != item.default:
                 text = repr(value)
                 if len(text) > 200:
                     text = f"{text[:160]}... ({len(text)} characters)"
@@ -188,6 +219,10 @@ GuidedDecodingParams = StructuredOutputsParams
 """vLLM's older name of :class:`StructuredOutputsParams` (the same class)."""
 
 
+def _rebuild(values: dict[str, Any]) -> StructuredOutputsParams:
+    return StructuredOutputsParams(**values)
+
+
 def _schema_text(value: object) -> str:
     """A JSON schema as JSON text: a dict, its JSON text, or a pydantic model class."""
     to_schema = getattr(value, "model_json_schema", None)
@@ -196,6 +231,8 @@ def _schema_text(value: object) -> str:
     if isinstance(value, str):
         try:
             parsed = _json.loads(value)
+        except RecursionError:
+            _too_deep()
         except ValueError as error:
             raise InvalidStructuredOutputError(
                 f"StructuredOutputsParams.json is not valid JSON ({error}): pass a JSON schema "
@@ -207,6 +244,8 @@ def _schema_text(value: object) -> str:
         _fail("json", value, "a JSON schema: a dict, its JSON text or a pydantic model class")
     if not isinstance(parsed, Mapping):
         _fail("json", value, "a JSON schema object ({...}), not another JSON value")
+    if json_depth_exceeds(parsed, MAX_SCHEMA_DEPTH) is not None:
+        _too_deep()
     try:
         return _json.dumps(parsed, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as error:
@@ -214,6 +253,13 @@ def _schema_text(value: object) -> str:
             f"StructuredOutputsParams.json holds something that is not JSON ({error}): a schema "
             "is made of dicts, lists, strings, finite numbers, booleans and None."
         ) from None
+
+
+def _too_deep() -> NoReturn:
+    raise InvalidStructuredOutputError(
+        f"StructuredOutputsParams.json nests deeper than {MAX_SCHEMA_DEPTH} levels (objects and "
+        "arrays): flatten the schema (use $defs and $ref for repeated parts)."
+    )
 
 
 def _check_structural_tag(text: str | None) -> None:

@@ -11,6 +11,7 @@ import torch
 
 from pagedinfer.adapters.kv_cache import KV_CACHE_DTYPES
 from pagedinfer.adapters.models.finite import WeightCheck, validate_weight_check
+from pagedinfer.domain.grammar_limits import DEFAULT_GRAMMAR_LIMITS, GrammarLimits
 from pagedinfer.domain.limits import (
     DEFAULT_MAX_LOGPROBS,
     DEFAULT_MAX_N,
@@ -92,6 +93,8 @@ class EngineConfig:
     # Speculative decoding: vLLM's dict ({"method": "ngram", ...}) or the checked config.
     speculative_config: SpeculativeConfig | Mapping[str, object] | None = None
     weight_check: WeightCheck = "default"  # which tensors must be finite at load
+    # Structured outputs: what one constraint may cost (domain/grammar_limits.py).
+    grammar_limits: GrammarLimits = DEFAULT_GRAMMAR_LIMITS
 
     @property
     def speculation(self) -> SpeculativeConfig | None:
@@ -149,6 +152,11 @@ class EngineConfig:
         _positive_int("max_consecutive_failed_steps", self.max_consecutive_failed_steps)
         validate_weight_check(self.weight_check)
         self.request_limits  # noqa: B018 (validates the limits: ConfigurationError)
+        if not isinstance(self.grammar_limits, GrammarLimits):
+            raise ConfigurationError(
+                f"grammar_limits={self.grammar_limits!r} is invalid: expected a GrammarLimits "
+                "(pagedinfer.GrammarLimits(max_chars=..., step_lexer_fuel=..., ...))."
+            )
         timeout = self.worker_timeout_s
         if (
             not isinstance(timeout, (int, float))

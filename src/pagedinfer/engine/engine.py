@@ -44,6 +44,7 @@ from pagedinfer.adapters.models.registry import read_model_config
 from pagedinfer.adapters.runner_config import RunnerConfig
 from pagedinfer.adapters.sampling.grammar import GrammarCompiler
 from pagedinfer.domain.forks import completion_seed, make_forks
+from pagedinfer.domain.grammar_limits import DEFAULT_GRAMMAR_LIMITS, GrammarLimits
 from pagedinfer.domain.plan import BatchPlan
 from pagedinfer.domain.sampling import SamplingParams
 from pagedinfer.domain.scheduler import Scheduler, SchedulerConfig, SchedulingPolicy
@@ -60,6 +61,7 @@ from pagedinfer.engine.config import (
     resolve_max_model_len,
     resolve_num_threads,
 )
+from pagedinfer.engine.failed_requests import end_failed_samples
 from pagedinfer.engine.failures import StepFailures, is_fatal
 from pagedinfer.engine.interrupts import InterruptDeferral
 from pagedinfer.engine.outputs import RequestOutput
@@ -79,6 +81,7 @@ from pagedinfer.errors import (
     EngineClosedError,
     EngineDeadError,
     InvalidRequestError,
+    InvalidStructuredOutputError,
     StepFailedError,
     UnsupportedModelError,
 )
@@ -196,6 +199,7 @@ class Engine:
         async_scheduling: bool | None = None,
         speculative_config: SpeculativeConfig | Mapping[str, object] | None = None,
         weight_check: WeightCheck = "default",
+        grammar_limits: GrammarLimits = DEFAULT_GRAMMAR_LIMITS,
     ) -> None:
         self._executor: ModelExecutor | None = None
         self._closed = True  # until construction succeeds
@@ -234,6 +238,7 @@ class Engine:
             async_scheduling=async_scheduling,
             speculative_config=speculative_config,
             weight_check=weight_check,
+            grammar_limits=grammar_limits,
         )
         self.config = config
         # Speculative decoding (docs/speculative-decoding.md): how drafts are proposed.
@@ -303,10 +308,13 @@ class Engine:
             max_model_len=self.max_model_len,
             model_path=config.model_path,
         )
-        # Structured outputs: grammars compile at submission (check_sampling_params) into this
-        # compiler's cache, where the sampling rank finds them.
+        # Structured outputs: grammars compile (and are probed) at submission
+        # (check_sampling_params) under the grammar limits; each request carries its own.
         self._grammars = GrammarCompiler(
-            self.tokenizer, vocab_size, self.model_config.eos_token_ids
+            self.tokenizer,
+            vocab_size,
+            self.model_config.eos_token_ids,
+            limits=config.grammar_limits,
         )
         executor = create_executor(runner_config, grammars=self._grammars)
         try:
@@ -415,7 +423,10 @@ class Engine:
         Sizes are checked first, in time independent of their values (:attr:`request_limits`,
         ``n`` against what runs at once); then token ids against the vocabulary. Takes no
         lock. Every method that takes parameters runs these checks; call it to refuse a
-        request before tokenizing its prompt.
+        request before tokenizing its prompt. A ``structured_outputs`` constraint is compiled
+        and probed under the grammar limits (``InvalidStructuredOutputError`` if refused); the
+        returned copy carries the compiled grammar, which the request keeps until it ends
+        (passing the returned params on skips compiling again).
         """
         if params is None:
             return SamplingParams()
@@ -460,11 +471,20 @@ class Engine:
                 "grammar would have to check every draft; not implemented): send the request "
                 "to an engine without speculative_config, or drop structured_outputs."
             )
-        if params.structured_outputs is not None:
-            # Compiled here, in the caller's thread and before any lock (cached by its key):
-            # a constraint that does not compile is refused now, and a slow one does not
-            # stall the steps.
-            self._grammars.compile(params.structured_outputs)
+        constraint = params.structured_outputs
+        if constraint is not None and self._grammars.pinned(constraint) is None:
+            # Compiled and probed here, in the caller's thread and before any lock (shared
+            # by its key): a constraint that does not compile, passes a grammar limit or
+            # accepts no string is refused now, and a slow one does not stall the steps. The
+            # request carries its compiled grammar to the sampling rank: no compile in step().
+            try:
+                compiled = self._grammars.compile(constraint)
+            except InvalidStructuredOutputError as error:
+                _logger.info("refused a structured-output constraint: %s", error)
+                raise
+            params = dataclasses.replace(
+                params, structured_outputs=constraint.with_compiled(compiled)
+            )
         return params
 
     def add_request(
@@ -752,7 +772,14 @@ class Engine:
                 for seq_id, entry in zip(plan.sampled_seq_ids, output.logprobs, strict=True):
                     logprobs.setdefault(seq_id, []).append(entry)
             accepted = self.scheduler.num_accepted_tokens
+            failed = None
+            if output.failed_samples:  # their own input failed them: they end, nothing else
+                failed = end_failed_samples(
+                    plan, output.failed_samples, self._completions, self.scheduler
+                )
             seqs = self.scheduler.postprocess(plan, sampled)
+            if failed:
+                self._update(failed)
             if plan.verify_rows:  # samples after a rejected draft are not generated tokens
                 drafts = sum(count for _, _, count in plan.verify_rows)
                 self._generated_tokens -= drafts - (self.scheduler.num_accepted_tokens - accepted)

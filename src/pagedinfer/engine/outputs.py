@@ -43,9 +43,12 @@ class CompletionOutput:
     stop string is cut off unless ``include_stop_str_in_output``). ``logprobs`` has one
     entry per generated token when the request asked for them, and ``cumulative_logprob``
     their sum (else both ``None``). ``finish_reason`` is ``"stop"`` (EOS, stop token, stop
-    string), ``"length"`` (``max_tokens`` or ``max_model_len``), ``"abort"``, or ``None`` while
-    running; ``stop_reason`` is the stop token id or stop string that ended it (``None`` for
-    EOS and the other reasons).
+    string; on a structured-output request, EOS comes only where the grammar accepts the
+    output), ``"length"`` (``max_tokens`` or ``max_model_len``), ``"abort"``, ``"error"``
+    (the request's own input failed it while running: its constraint hit a grammar limit or
+    a dead end, or its logits held no finite allowed token; ``error`` says why, and the
+    output so far is kept), or ``None`` while running; ``stop_reason`` is the stop token id or
+    stop string that ended it (``None`` for EOS and the other reasons).
     """
 
     index: int
@@ -55,6 +58,7 @@ class CompletionOutput:
     logprobs: SampleLogprobs | None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    error: str | None = None
 
     def finished(self) -> bool:
         return self.finish_reason is not None

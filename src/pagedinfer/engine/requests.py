@@ -109,6 +109,7 @@ class CompletionState:
         "emitted_finished",
         "emitted_logprobs",
         "emitted_tokens",
+        "error",
         "final_text",
         "holdback",
         "index",
@@ -163,6 +164,7 @@ class CompletionState:
         self.emitted_chars = 0
         self.emitted_logprobs = 0
         self.emitted_finished = False
+        self.error: str | None = None  # why it ended with finish_reason "error"
 
     def catch_up(self) -> bool:
         """Feed the text tracker the tokens it has not seen; True if a stop string matched.
@@ -301,6 +303,7 @@ class CompletionState:
             logprobs=list(logprobs) if logprobs is not None else None,
             finish_reason=reason.value if reason is not None else None,
             stop_reason=self.stop_reason(eos_token_ids) if reason is not None else None,
+            error=self.error if reason is FinishReason.ERROR else None,
         )
 
     def delta(self, eos_token_ids: Collection[int]) -> CompletionOutput | None:
@@ -327,6 +330,7 @@ class CompletionState:
             logprobs=logprobs,
             finish_reason=whole.finish_reason,
             stop_reason=whole.stop_reason,
+            error=whole.error,
         )
 
 

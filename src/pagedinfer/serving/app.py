@@ -45,6 +45,7 @@ from pagedinfer.serving.errors import (
     install_error_handlers,
     log_unexpected,
 )
+from pagedinfer.serving.failures import raise_if_failed
 from pagedinfer.serving.fields import FieldPolicy
 from pagedinfer.serving.guard import RequestGuard
 from pagedinfer.serving.metrics import CONTENT_TYPE, RequestTimer, ServerMetrics
@@ -401,6 +402,7 @@ async def _final(stream: AsyncRequestStream, timer: RequestTimer) -> RequestOutp
         raise
     assert output is not None and output.finished
     timer.finished(_finish_reason(output))
+    raise_if_failed(output)  # its own input failed it: an error response for it alone
     return output
 
 
@@ -447,6 +449,8 @@ async def _stream_completions(
     try:
         async for prompt_index, output in _merge(streams):
             _observe(timers[prompt_index], output)
+            if output.finished:
+                raise_if_failed(output)  # an error event for this stream, then [DONE]
             for completion in completions_of(output):
                 index = prompt_index * n + completion.index
                 cursor = cursors.setdefault(index, ChoiceCursor())
@@ -483,6 +487,8 @@ async def _stream_chat(
     try:
         async for output in stream:
             _observe(timer, output)
+            if output.finished:
+                raise_if_failed(output)  # an error event for this stream, then [DONE]
             prompt = prompt_of(output)
             for completion in completions_of(output):
                 cursor = cursors.setdefault(completion.index, ChoiceCursor())

@@ -38,6 +38,7 @@ from pagedinfer.adapters.distributed.stage_runner import StageRunner
 from pagedinfer.adapters.model_runner import ModelRunner
 from pagedinfer.adapters.runner_config import RunnerConfig
 from pagedinfer.adapters.sampling.grammar import GrammarCompiler
+from pagedinfer.domain.grammar_limits import DEFAULT_GRAMMAR_LIMITS, GrammarLimits
 from pagedinfer.domain.plan import BatchPlan
 from pagedinfer.domain.step_output import StepOutput
 from pagedinfer.errors import EngineClosedError
@@ -54,16 +55,27 @@ class GrammarSpec:
     vocab_size: int
     eos_token_ids: tuple[int, ...]
     cache_size: int
+    limits: GrammarLimits = DEFAULT_GRAMMAR_LIMITS
 
     @staticmethod
     def of(compiler: GrammarCompiler) -> GrammarSpec:
         return GrammarSpec(
-            compiler.tokenizer, compiler.vocab_size, compiler.eos_token_ids, compiler.cache_size
+            compiler.tokenizer,
+            compiler.vocab_size,
+            compiler.eos_token_ids,
+            compiler.cache_size,
+            compiler.limits,
         )
 
     def compiler(self) -> GrammarCompiler:
+        # The engine refused what fails these limits at submission: a grammar compiled here
+        # (a cache miss on this process) passes them too.
         return GrammarCompiler(
-            self.tokenizer, self.vocab_size, self.eos_token_ids, cache_size=self.cache_size
+            self.tokenizer,
+            self.vocab_size,
+            self.eos_token_ids,
+            cache_size=self.cache_size,
+            limits=self.limits,
         )
 
 

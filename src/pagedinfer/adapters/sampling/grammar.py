@@ -5,12 +5,17 @@ says why). Three pieces:
 
 * :class:`GrammarCompiler` turns a :class:`~pagedinfer.domain.structured.StructuredOutputsParams`
   into a compiled grammar for one tokenizer and vocabulary, and keeps the last
-  ``cache_size`` of them by :attr:`~StructuredOutputsParams.cache_key` (LRU). The engine calls
-  :meth:`GrammarCompiler.compile` in the submitting thread, before it takes its lock, so a
-  schema that does not compile is refused at submission and a slow one never stalls the step
-  loop; the sampling rank then finds the grammar in the cache. Thread-safe: the lock guards
-  only the cache, compiling runs outside it (two threads may compile one key at once; the
-  second result is dropped).
+  ``cache_size`` of them by :attr:`~StructuredOutputsParams.cache_key` (LRU), under the
+  engine's :class:`~pagedinfer.domain.grammar_limits.GrammarLimits` (text size, schema depth,
+  llguidance's lexer fuel, states and items). The engine calls :meth:`GrammarCompiler.compile`
+  in the submitting thread, before it takes its lock, so a schema that does not compile, is
+  too big or too complex, or accepts no string (the probe: ``grammar_probe.py``) is refused at
+  submission, and a slow one never stalls the step loop. The compiled grammar travels with the
+  request (``StructuredOutputsParams.compiled``), so the sampling rank never compiles in the
+  step loop whatever the cache evicted meanwhile (a rank in another process, Ray's, compiles
+  on a miss). Refusals are cached too (a repeated hostile constraint costs a dict lookup).
+  Thread-safe: the lock guards only the caches, compiling runs outside it (two threads may
+  compile one key at once; the second result is dropped).
 * :class:`GrammarMatchers` keeps one matcher (the grammar's parser state) per constrained
   slot, installed and released with the sampling table's deltas (like the logits processors).
   A preempted request keeps its slot and so its matcher: the tokens it generated stay
@@ -23,23 +28,32 @@ says why). Three pieces:
   :meth:`GrammarMatchers.accept` advances each matcher. A step without a constrained row does
   none of this (``fill`` returns ``None`` after one dict lookup per row).
 
+A matcher that fails at run time (a limit hit, any matcher error, or a dead end: no token
+allowed) fails its own row only: ``fill`` and ``accept`` report it in
+:attr:`GrammarStep.failed` (sample index -> reason) and the engine ends that request with
+``finish_reason="error"``; the other rows of the step go on.
+
 EOS is in a row's mask only where the grammar accepts the output as complete, so a completion
-that ends on EOS is valid; where the grammar cannot go on, EOS is the only token allowed.
+that ends on EOS is valid: ``"stop"`` on a constrained request means the grammar accepted it.
 """
 
 from __future__ import annotations
 
 import copy
+import ctypes
 import json
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from pagedinfer.adapters.sampling.grammar_probe import probe_grammar
 from pagedinfer.adapters.sampling.table import InstalledRequest
+from pagedinfer.domain.grammar_limits import DEFAULT_GRAMMAR_LIMITS, GrammarLimits
+from pagedinfer.domain.json_depth import json_depth_exceeds
 from pagedinfer.domain.structured import StructuredOutputsParams
 from pagedinfer.errors import (
     InvalidRequestError,
@@ -57,7 +71,8 @@ __all__ = [
 ]
 
 DEFAULT_GRAMMAR_CACHE_SIZE = 256
-"""Compiled grammars kept (LRU); a miss at install time compiles in the step loop."""
+"""Compiled grammars kept (LRU) to share compiles between requests."""
+_REFUSALS_KEPT = 1024  # refused constraints remembered (LRU), by cache key
 
 _INSTALL_HINT = (
     "structured outputs need the llguidance package: pip install 'pagedinfer[structured]' "
@@ -126,24 +141,34 @@ def grammar_text(params: StructuredOutputsParams) -> str:
 
 def _closed_objects(schema: Any) -> Any:
     """``schema`` with ``additionalProperties: false`` on every object schema that sets none
-    (``disable_additional_properties``). A new value; the argument is not changed."""
-    if isinstance(schema, list):
-        return [_closed_objects(item) for item in schema]
-    if not isinstance(schema, dict):
-        return schema
-    closed = {key: _closed_objects(value) for key, value in schema.items()}
-    is_object = schema.get("type") == "object" or "properties" in schema
-    if is_object and "additionalProperties" not in schema:
-        closed["additionalProperties"] = False
-    return closed
+    (``disable_additional_properties``). A new value; the argument is not changed. Iterative
+    (an explicit stack): any depth is safe."""
+    root: list[Any] = [None]
+    stack: list[tuple[Any, Any, Any]] = [(schema, root, 0)]
+    while stack:
+        value, parent, key = stack.pop()
+        if isinstance(value, list):
+            copied: Any = [None] * len(value)
+            stack.extend((item, copied, index) for index, item in enumerate(value))
+        elif isinstance(value, dict):
+            copied = dict(value)
+            stack.extend((item, copied, name) for name, item in value.items())
+            is_object = value.get("type") == "object" or "properties" in value
+            if is_object and "additionalProperties" not in value:
+                copied["additionalProperties"] = False
+        else:
+            copied = value
+        parent[key] = copied
+    return root[0]
 
 
 @dataclass(frozen=True, slots=True)
 class CompiledGrammar:
     """A validated grammar: a matcher in its start state, copied for every request."""
 
-    template: Any  # llguidance.LLMatcher, never advanced
+    template: Any  # llguidance.LLMatcher, in its start state (the probe resets it)
     text: str
+    owner: object = None  # the identity of the compiler that made it
 
     def new_matcher(self) -> Any:
         return self.template.deep_copy()
@@ -166,15 +191,20 @@ class GrammarCompiler:
         eos_token_ids: Sequence[int],
         *,
         cache_size: int = DEFAULT_GRAMMAR_CACHE_SIZE,
+        limits: GrammarLimits = DEFAULT_GRAMMAR_LIMITS,
     ) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_token_ids = tuple(eos_token_ids)
         self.cache_size = cache_size
+        self.limits = limits
         self._lock = threading.Lock()
+        self._identity = object()  # marks the grammars compiled here (see pinned)
         self._ll_tokenizer: Any = None
         self._cache: OrderedDict[tuple[object, ...], CompiledGrammar] = OrderedDict()
+        self._refused: OrderedDict[tuple[object, ...], str] = OrderedDict()
         self.num_compiled = 0  # compilations run (cache misses), for tests and stats
+        self.num_refused = 0  # constraints refused (each distinct one once), for tests and stats
 
     @property
     def bitmask_words(self) -> int:
@@ -185,17 +215,34 @@ class GrammarCompiler:
         """The compiled grammar of ``params`` (from the cache, or compiled now).
 
         Raises :class:`InvalidStructuredOutputError` naming the problem when the schema,
-        regex or grammar does not compile; ``InvalidRequestError`` when this engine cannot
-        constrain outputs at all (no tokenizer, no EOS token); ``MissingDependencyError``
-        without llguidance.
+        regex or grammar does not compile, passes a limit (:attr:`limits`) or accepts no
+        string (the same message again, from a cache, when the same constraint comes back);
+        ``InvalidRequestError`` when this engine cannot constrain outputs at all (no
+        tokenizer, no EOS token); ``MissingDependencyError`` without llguidance.
         """
+        pinned = self.pinned(params)
+        if pinned is not None:  # carried by the request since its submission
+            return pinned
         key = params.cache_key
         with self._lock:
             found = self._cache.get(key)
             if found is not None:
                 self._cache.move_to_end(key)
                 return found
-        compiled = self._compile(params)
+            refused = self._refused.get(key)
+        if refused is not None:
+            raise InvalidStructuredOutputError(refused)
+        try:
+            compiled = self._compile(params)
+        except InvalidStructuredOutputError as error:
+            with self._lock:
+                if key not in self._refused:
+                    self.num_refused += 1
+                self._refused[key] = str(error)
+                self._refused.move_to_end(key)
+                while len(self._refused) > _REFUSALS_KEPT:
+                    self._refused.popitem(last=False)
+            raise
         with self._lock:
             found = self._cache.get(key)
             if found is not None:  # another thread compiled it meanwhile
@@ -207,19 +254,57 @@ class GrammarCompiler:
                 self._cache.popitem(last=False)
         return compiled
 
+    def pinned(self, params: StructuredOutputsParams) -> CompiledGrammar | None:
+        """The grammar ``params`` carries (``compiled``) if this compiler made it (the same
+        tokenizer and limits); ``None`` otherwise (another engine's, or none)."""
+        compiled = params.compiled
+        if isinstance(compiled, CompiledGrammar) and compiled.owner is self._identity:
+            return compiled
+        return None
+
     def _compile(self, params: StructuredOutputsParams) -> CompiledGrammar:
         llg = _llguidance()
         tokenizer = self._tokenizer()
+        self._check_size(params)
         text = grammar_text(params)
-        error = llg.LLMatcher.validate_grammar(text, tokenizer)
+        limits = self.parser_limits()
+        error = llg.LLMatcher.validate_grammar(text, tokenizer, limits=limits)
         if not error:
-            template = llg.LLMatcher(tokenizer, text, log_level=0)
+            template = llg.LLMatcher(tokenizer, text, log_level=0, limits=limits)
             error = template.get_error() if template.is_error() else ""
         if error:
             raise InvalidStructuredOutputError(
                 f"StructuredOutputsParams.{params.kind} does not compile: {_first_lines(error)}"
             )
-        return CompiledGrammar(template, text)
+        reason = probe_grammar(template, tokenizer, self.eos_token_ids, self.limits.probe_tokens)
+        if reason is not None:
+            raise InvalidStructuredOutputError(
+                f"StructuredOutputsParams.{params.kind} is refused: {reason}."
+            )
+        return CompiledGrammar(template, text, self._identity)
+
+    def parser_limits(self) -> Any:
+        """llguidance's ``LLParserLimits`` of :attr:`limits`."""
+        return _llguidance().LLParserLimits(**self.limits.engine_limits(), verbose_errors=False)
+
+    def _check_size(self, params: StructuredOutputsParams) -> None:
+        """The text-size and schema-depth limits, before any grammar is built."""
+        limits = self.limits
+        size = params.text_size
+        if size > limits.max_chars:
+            raise InvalidStructuredOutputError(
+                f"StructuredOutputsParams.{params.kind} is {size} characters long; this engine "
+                f"takes at most {limits.max_chars} (GrammarLimits.max_chars, "
+                "--grammar-max-chars): shorten it."
+            )
+        schema = params.schema
+        if schema is not None and json_depth_exceeds(schema, limits.max_json_depth) is not None:
+            raise InvalidStructuredOutputError(
+                f"StructuredOutputsParams.json nests deeper than {limits.max_json_depth} "
+                "levels (objects and arrays); this engine takes at most that "
+                "(GrammarLimits.max_json_depth, --grammar-max-json-depth): flatten it (use "
+                "$defs and $ref for repeated parts)."
+            )
 
     def _tokenizer(self) -> Any:
         with self._lock:
@@ -253,6 +338,41 @@ class GrammarCompiler:
             return self._ll_tokenizer
 
 
+class _FailedMatcher:
+    """Stands for a matcher that could not be built: allows nothing, reports its error."""
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+    def unsafe_compute_mask_ptr(self, pointer: int, size: int) -> None:
+        ctypes.memset(pointer, 0, size)
+
+    def is_error(self) -> bool:
+        return True
+
+    def get_error(self) -> str:
+        return self.error
+
+    def stop_reason(self) -> str:
+        return "InternalError"
+
+    def consume_token(self, token: int) -> bool:
+        return False
+
+    def rollback(self, num_tokens: int) -> bool:
+        return False
+
+
+def _runtime_reason(matcher: Any) -> str:
+    """Why a matcher failed during generation, in one line."""
+    lines = str(matcher.get_error()).strip().splitlines()
+    first = lines[0] if lines else str(matcher.stop_reason())
+    return (
+        f"the structured-output constraint failed during generation ({_first_lines(first, 200)}); "
+        "it is too complex for the engine's grammar limits or cannot continue"
+    )
+
+
 def _first_lines(message: str, limit: int = 600) -> str:
     text = message.strip()
     return text if len(text) <= limit else f"{text[:limit]}..."
@@ -262,12 +382,15 @@ def _first_lines(message: str, limit: int = 600) -> str:
 class GrammarStep:
     """One step's constrained rows: ``rows`` (indices into the step's samples, on the host and
     as a device tensor, or ``None`` when every row is constrained) and their bitmask
-    ``[len(rows), words]`` int32 on the device."""
+    ``[len(rows), words]`` int32 on the device. ``failed`` maps the sample index of each row
+    whose matcher failed (in ``fill`` or ``accept``) to why: those requests end with an
+    error, the other rows go on."""
 
     row_indices: tuple[int, ...]
     matchers: tuple[Any, ...]
     rows: torch.Tensor | None
     bitmask: torch.Tensor
+    failed: dict[int, str] = field(default_factory=dict)
 
 
 class GrammarMatchers:
@@ -291,7 +414,11 @@ class GrammarMatchers:
         self._matchers.pop(request.slot, None)
         constraint = request.params.structured_outputs
         if constraint is not None:
-            self._matchers[request.slot] = self.compiler.compile(constraint).new_matcher()
+            try:  # pinned at submission (no compile here), or a cache hit or miss (Ray)
+                matcher = self.compiler.compile(constraint).new_matcher()
+            except InvalidStructuredOutputError as error:  # fails its own row at fill
+                matcher = _FailedMatcher(str(error))
+            self._matchers[request.slot] = matcher
 
     def release(self, slot: int) -> None:
         """The sampling table's release callback."""
@@ -315,16 +442,27 @@ class GrammarMatchers:
         host = self._host_rows(len(indices))
         row_bytes = host.shape[1] * 4
         base = host.data_ptr()
+        failed: dict[int, str] = {}
         for position, matcher in enumerate(row_matchers):
             # Writes the allowed tokens of the matcher's next step (releases the GIL).
             matcher.unsafe_compute_mask_ptr(base + position * row_bytes, row_bytes)
+            if matcher.is_error():
+                failed[indices[position]] = _runtime_reason(matcher)
+        empty = ~host.bool().any(dim=1)
+        if bool(empty.any()):  # a dead end: no token continues the output, EOS included
+            for position in empty.nonzero().flatten().tolist():
+                failed.setdefault(
+                    indices[position],
+                    "the constraint reached a dead end: no token continues the output and it "
+                    "is not complete",
+                )
         device = self.device
         every_row = len(indices) == len(sample_slots)
         bitmask = host.to(device, non_blocking=True) if device.type == "cuda" else host.clone()
         rows = None
         if not every_row:
             rows = torch.tensor(indices, dtype=torch.int64).to(device, non_blocking=True)
-        return GrammarStep(tuple(indices), tuple(row_matchers), rows, bitmask)
+        return GrammarStep(tuple(indices), tuple(row_matchers), rows, bitmask, failed)
 
     def undo(self, step: GrammarStep) -> None:
         """Take back :meth:`accept` of ``step`` (its tokens were never recorded: the step
@@ -335,14 +473,15 @@ class GrammarMatchers:
                 matcher.rollback(1)
 
     def accept(self, step: GrammarStep, sampled: Sequence[int]) -> None:
-        """Advance each constrained row's matcher by its sampled token."""
+        """Advance each constrained row's matcher by its sampled token; a matcher that
+        fails (a limit hit while consuming it) fails its row only (``step.failed``)."""
+        failed = step.failed
         for index, matcher in zip(step.row_indices, step.matchers, strict=True):
-            if not matcher.consume_token(sampled[index]):
-                # The mask allowed only tokens the matcher accepts: a broken invariant.
-                raise RuntimeError(
-                    f"the grammar refused token {sampled[index]} that its own mask allowed "
-                    f"({matcher.get_error()}): this is a bug in pagedinfer, please report it."
-                )
+            token = sampled[index]
+            if index in failed or token < 0:
+                continue
+            if not matcher.consume_token(token):
+                failed[index] = _runtime_reason(matcher)
 
     def _host_rows(self, num_rows: int) -> torch.Tensor:
         """``num_rows`` rows of the host bitmask buffer (grown by doubling)."""

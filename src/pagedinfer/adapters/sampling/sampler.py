@@ -39,7 +39,10 @@ from pagedinfer.adapters.sampling.logits_processors import LogitsProcessors, Pro
 from pagedinfer.adapters.sampling.noise import exponential_noise
 from pagedinfer.domain.sampling import GREEDY_TEMPERATURE_EPSILON
 
-__all__ = ["Sampler", "filtered_logits", "uses_fused_race"]
+__all__ = ["NO_TOKEN", "Sampler", "filtered_logits", "uses_fused_race"]
+
+NO_TOKEN = -1
+"""The sample of a row whose logits leave no finite allowed token (see :class:`Sampler`)."""
 
 _MASK64 = (1 << 64) - 1
 
@@ -49,6 +52,11 @@ class Sampler:
 
     A row is greedy when its request's temperature is below ``GREEDY_TEMPERATURE_EPSILON``
     (0 included): the table stores such rows with temperature 0.0.
+
+    A row gets :data:`NO_TOKEN` (-1) instead of a token when its chosen token's processed
+    logit is not finite: every token is masked (``-inf``: no allowed token) or the logits hold
+    NaN. The sampler never returns a token a mask forbids; the runner reports such rows as
+    failed requests.
     """
 
     def __init__(self, device: torch.device, seed: int = 0) -> None:
@@ -69,7 +77,7 @@ class Sampler:
         """``logits [n, vocab]`` -> token ids ``[n]`` (int64). ``logits`` may be changed in
         place (when ``processing`` applies and they are float32)."""
         if uses_fused_race(logits.device, batch, processing):
-            return self.race(logits, batch)
+            return _no_token_where_not_finite(logits, self.race(logits, batch))
         return self.sample_with_torch_ops(logits, batch, processors, processing)
 
     def race(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
@@ -100,17 +108,17 @@ class Sampler:
         top-p, then the race in its ratio form with noise from :meth:`_noise`."""
         logits = _processed(logits, processors, processing)
         if batch.all_greedy:
-            return logits.argmax(dim=-1)
+            return _no_token_where_not_finite(logits, logits.argmax(dim=-1))
         is_greedy = _greedy_rows(batch)
         greedy = None if is_greedy is None else logits.argmax(dim=-1)
         scaled = _scaled_and_filtered(logits, batch, is_greedy, processors, processing)
         probs = scaled.softmax(dim=-1)
         noise = self._noise(probs.shape, batch)
         sampled = probs.div_(noise).argmax(dim=-1)
-        if greedy is None:
-            return sampled
-        assert is_greedy is not None
-        return torch.where(is_greedy, greedy, sampled)
+        if greedy is not None:
+            assert is_greedy is not None
+            sampled = torch.where(is_greedy, greedy, sampled)
+        return _no_token_where_not_finite(logits, sampled)
 
     def _noise(self, shape: torch.Size, batch: SamplingBatch) -> torch.Tensor:
         rows, vocab = int(shape[0]), int(shape[1])
@@ -124,6 +132,13 @@ class Sampler:
             steps=batch.sample_steps,
             seeded=batch.seeds != NO_SEED,
         )
+
+
+def _no_token_where_not_finite(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """``tokens`` with :data:`NO_TOKEN` where the chosen token's (processed) logit is not
+    finite: a fully masked row, or NaN. O(rows): a gather, no pass over the vocabulary."""
+    chosen = logits.gather(1, tokens.unsqueeze(1)).squeeze(1)
+    return torch.where(torch.isfinite(chosen), tokens, NO_TOKEN)
 
 
 def filtered_logits(
