@@ -68,6 +68,9 @@ class _Recorder:
     def record(self, kernel: Any, grid: object, *args: Any, **kwargs: Any) -> None:
         del grid  # shapes only; it does not change the compiled code
         jit, backend, binder = self._binder(kernel)
+        # Triton's launcher's own two steps (JITFunction.run, Triton 3.6): bind and specialize
+        # the arguments, then split them into signature, constexprs and attributes. Private
+        # API; tests/unit/kernels/test_launch_recording.py fails if it changes.
         bound, specialization, options = binder(*args, **kwargs)
         _, signature, constexprs, attrs = jit._pack_args(
             backend, kwargs, bound, specialization, options
