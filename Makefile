@@ -1,7 +1,11 @@
 # pagedinfer — one entry point for every job.
 #   make demo      generate with a small local Qwen3 checkpoint (built with random weights unless MODEL=DIR);
 #                  installs only what inference needs (CPU torch and the package) into .venv
-#   make test      virtual environment with [dev], lint, typecheck, layering check, all CPU tests
+#   make test      virtual environment with [dev], lint, typecheck, layering check, the GPU
+#                  preflight, all CPU tests
+#   make gpu-preflight  every Triton kernel configuration the engine launches, compiled for
+#                  sm_80, sm_89 and sm_90 on the CPU (no GPU); fails on compile errors and on
+#                  shared memory over a target's limit; docs/testing.md
 #   make test-gpu  GPU tests with the Python already on a CUDA machine (no install step)
 #   make fuzz      the Hypothesis suites of tests/property at their long profile (thorough):
 #                  engine state machine, mixed batches, domain machines; about an hour on 2 cores
@@ -24,6 +28,9 @@ MODEL ?=
 GPU_REPORT ?= gpu-report.md
 GPU_REPORT_ARGS ?=
 MUTANTS ?=
+PREFLIGHT_TARGETS ?= 80,89,90
+PREFLIGHT_JOBS ?= 2
+PREFLIGHT_ARGS ?=
 MUTATION_JOBS ?= 2
 # make test-deps: where its venvs go, the torch of its newest run (here the newest CPU build; a
 # bare `torch` is the newest CUDA build, several GB), extra pip arguments (e.g. an index URL)
@@ -35,7 +42,7 @@ DEPS_TESTS ?= tests/unit/domain tests/unit/adapters tests/unit/kernels tests/uni
 	tests/unit/distributed tests/unit/test_cli.py
 DEPS_SHOW := '^(torch|triton|transformers|tokenizers|huggingface.hub|safetensors|xxhash|tqdm|numpy)=='
 
-.PHONY: install lint typecheck layers test test-unit test-gpu demo bench bench-pool bench-gpu clean
+.PHONY: install lint typecheck layers gpu-preflight test test-unit test-gpu demo bench bench-pool bench-gpu clean
 .PHONY: mutation test-deps test-deps-newest test-deps-lowest
 
 install: $(STAMP)
@@ -64,7 +71,12 @@ typecheck: $(STAMP)
 layers: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
 
-test: lint typecheck layers
+# Compiles with Triton's own compiler: TRITON_INTERPRET must be unset for it.
+gpu-preflight: $(STAMP)
+	env -u TRITON_INTERPRET $(VPY) -m pagedinfer.adapters.kernels.preflight \
+		--targets $(PREFLIGHT_TARGETS) --jobs $(PREFLIGHT_JOBS) $(PREFLIGHT_ARGS)
+
+test: lint typecheck layers gpu-preflight
 	$(VPY) -m pytest -m "not gpu" $(PYTEST_ARGS)
 
 test-unit: $(STAMP)

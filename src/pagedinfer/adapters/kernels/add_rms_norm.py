@@ -26,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from pagedinfer.adapters.kernels.launch import launch
+
 __all__ = ["add_rms_norm", "rms_norm"]
 
 
@@ -84,7 +86,7 @@ def _launch(
     if num_rows == 0:
         return out, residual_out
     block = triton.next_power_of_2(hidden)
-    _add_rms_norm_kernel[(num_rows,)](
+    launch(_add_rms_norm_kernel, (num_rows,))(
         out_rows,
         residual_out_rows,
         rows,

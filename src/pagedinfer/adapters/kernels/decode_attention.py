@@ -45,6 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
+from pagedinfer.adapters.kernels.launch import launch
 from pagedinfer.adapters.kernels.paged_tile import (
     LOG2_E,
     attend_paged_tile,
@@ -351,7 +352,7 @@ def paged_decode_attention(
         partials = SplitPartials(acc=none, max=none, sum=none)
     part_acc, part_max, part_sum = partials.acc, partials.max, partials.sum
 
-    _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
+    launch(_decode_kernel, (num_seqs, num_kv_heads, num_splits))(
         out,
         part_acc,
         part_max,
@@ -386,7 +387,7 @@ def paged_decode_attention(
         num_stages=2,
     )
     if split:
-        _reduce_splits_kernel[(num_seqs, num_heads)](
+        launch(_reduce_splits_kernel, (num_seqs, num_heads))(
             out,
             part_acc,
             part_max,

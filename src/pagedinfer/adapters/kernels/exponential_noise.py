@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from pagedinfer.adapters.kernels.launch import launch
+
 __all__ = ["exponential_noise_", "seed_rule_row_keys", "seed_rule_uniform"]
 
 _BLOCK = 2048
@@ -106,7 +108,7 @@ def exponential_noise_(
     if num_rows == 0 or vocab == 0:
         return noise
     block = min(_BLOCK, triton.next_power_of_2(vocab))
-    _exponential_noise_kernel[(num_rows, triton.cdiv(vocab, block))](
+    launch(_exponential_noise_kernel, (num_rows, triton.cdiv(vocab, block)))(
         noise,
         seeds,
         steps,

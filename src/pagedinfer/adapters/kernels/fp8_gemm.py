@@ -22,7 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
+from pagedinfer.adapters.kernels.launch import launch
 from pagedinfer.adapters.kernels.split_k import plan_split_k, sum_splits
+from pagedinfer.adapters.kernels.target import kernel_target
 
 __all__ = ["fp8_gemm", "fp8_gemm_blocks"]
 
@@ -93,6 +95,18 @@ def fp8_gemm_blocks(block_k: int, k: int) -> int | None:
     return None
 
 
+# Shared memory per block below which float32 activations get two pipeline stages, not
+# three: with 64 x 64 x 128 tiles three take 112 KiB (the GPU preflight's figure), more
+# than sm_86 / sm_89 have (99 KiB); 16-bit activations take 24 KiB.
+_SMALL_SHARED_MEMORY = 128 * 1024
+
+
+def _num_stages(x: torch.Tensor) -> int:
+    target = kernel_target(x.device)
+    small = target is not None and target.shared_memory < _SMALL_SHARED_MEMORY
+    return 2 if small and x.dtype == torch.float32 else 3
+
+
 def fp8_gemm(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -119,9 +133,9 @@ def fp8_gemm(
     m = int(rows.shape[0])
     if m == 0:
         return torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
-    launch = plan_split_k(x, m, n, k, step, split_k)
-    out = launch.out
-    _fp8_gemm_kernel[launch.grid](
+    plan = plan_split_k(x, m, n, k, step, split_k)
+    out = plan.out
+    launch(_fp8_gemm_kernel, plan.grid)(
         rows,
         weight,
         scale,
@@ -135,13 +149,14 @@ def fp8_gemm(
         scale.stride(1),
         out.stride(0),
         out.stride(1),
-        launch.k_per_split,
+        plan.k_per_split,
         block_n,
         block_k if block_k < k else k,
         IEEE=x.dtype == torch.float32,
-        BLOCK_M=launch.block_m,
-        BLOCK_N=launch.block_n,
+        BLOCK_M=plan.block_m,
+        BLOCK_N=plan.block_n,
         BLOCK_K=step,
         num_warps=4,
+        num_stages=_num_stages(x),
     )
-    return sum_splits(launch, x, n)
+    return sum_splits(plan, x, n)

@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from pagedinfer.adapters.kernels.launch import launch
 from pagedinfer.adapters.kernels.split_k import plan_split_k, sum_splits
 
 __all__ = ["int4_gemm"]
@@ -121,9 +122,9 @@ def int4_gemm(
     m = int(rows.shape[0])
     if m == 0:
         return torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
-    launch = plan_split_k(x, m, n, k, _BLOCK_K, split_k)
-    out = launch.out
-    _int4_gemm_kernel[launch.grid](
+    plan = plan_split_k(x, m, n, k, _BLOCK_K, split_k)
+    out = plan.out
+    launch(_int4_gemm_kernel, plan.grid)(
         rows,
         qweight,
         zeros,
@@ -139,11 +140,11 @@ def int4_gemm(
         scales.stride(0),
         out.stride(0),
         out.stride(1),
-        launch.k_per_split,
+        plan.k_per_split,
         IEEE=x.dtype == torch.float32,
-        BLOCK_M=launch.block_m,
-        BLOCK_N=launch.block_n,
+        BLOCK_M=plan.block_m,
+        BLOCK_N=plan.block_n,
         BLOCK_K=_BLOCK_K,
         num_warps=4,
     )
-    return sum_splits(launch, x, n)
+    return sum_splits(plan, x, n)

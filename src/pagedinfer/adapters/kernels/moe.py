@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from pagedinfer.adapters.kernels.launch import launch
 from pagedinfer.adapters.kernels.silu_and_mul import silu_and_mul
 
 __all__ = ["align_by_expert", "fused_moe", "grouped_gemm"]
@@ -141,7 +142,7 @@ def grouped_gemm(
     block_n = 64 if n >= 64 else max(16, triton.next_power_of_2(n))
     block_k = 32 if k >= 32 else 16
     grid = (int(expert_ids.shape[0]), triton.cdiv(n, block_n))
-    _grouped_gemm_kernel[grid](
+    launch(_grouped_gemm_kernel, grid)(
         a,
         b,
         out,

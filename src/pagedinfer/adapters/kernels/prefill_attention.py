@@ -29,12 +29,13 @@ the device.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
 import triton.language as tl
 
+from pagedinfer.adapters.kernels.launch import launch
 from pagedinfer.adapters.kernels.paged_tile import (
     LOG2_E,
     attend_paged_tile,
@@ -44,6 +45,7 @@ from pagedinfer.adapters.kernels.paged_tile import (
     padded_head_dim,
     prepare_kv_cache,
 )
+from pagedinfer.adapters.kernels.target import kernel_target
 
 __all__ = ["PrefillTiles", "choose_prefill_tiles", "paged_prefill_attention"]
 
@@ -64,26 +66,54 @@ class PrefillTiles:
             assert size >= 16 and size & (size - 1) == 0, f"{name}={size}"
 
 
-def choose_prefill_tiles(head_dim: int, dtype: torch.dtype, max_seqlen_q: int) -> PrefillTiles:
-    """Tile sizes for an H100-class GPU, by padded head dim and element size.
+def choose_prefill_tiles(
+    head_dim: int, dtype: torch.dtype, max_seqlen_q: int, shared_memory: int | None = None
+) -> PrefillTiles:
+    """Tile sizes for an H100-class GPU, by padded head dim and element size, shrunk to fit
+    ``shared_memory`` bytes per block (the target's; ``None``: no limit).
 
-    Per stage the kernel holds a K and a V tile (``BLOCK_N x D``) in shared memory next to the
-    ``BLOCK_M x D`` query tile; the choices keep three stages under ~150 KB for 16-bit types
-    and leave registers for the ``BLOCK_M x D`` float32 accumulator. Short query batches
-    (small chunks, decode-like prefills) use 64 rows so fewer rows are wasted on padding.
+    Per stage the kernel holds a K and a V tile (``BLOCK_N x D``) in shared memory; the
+    choices keep three stages under ~150 KB for 16-bit types and leave registers for the
+    ``BLOCK_M x D`` float32 accumulator. Short query batches (small chunks, decode-like
+    prefills) use 64 rows so fewer rows are wasted on padding. Where the stages do not fit
+    (float32 with head dim 256 on sm_86 / sm_89's 99 KiB: 64 x 32 tiles need 136 KiB, 64 x 16
+    100 KiB), ``BLOCK_N`` then ``BLOCK_M`` halve, down to 16, then stages go, until the
+    stages and a query tile's worth of scratch fit (32 x 16 there); the GPU preflight checks
+    the compiled figure for every target.
     """
     padded = padded_head_dim(head_dim)
     wide = dtype == torch.float32
     if padded >= 256 or wide:
-        return PrefillTiles(
+        tiles = PrefillTiles(
             block_m=64, block_n=32, num_warps=4 if padded <= 64 else 8, num_stages=2
         )
-    block_m = 64 if max_seqlen_q <= 64 else 128
-    if padded <= 64:
-        return PrefillTiles(block_m=block_m, block_n=64, num_warps=4, num_stages=3)
-    return PrefillTiles(
-        block_m=block_m, block_n=64, num_warps=8 if block_m == 128 else 4, num_stages=3
-    )
+    else:
+        block_m = 64 if max_seqlen_q <= 64 else 128
+        tiles = PrefillTiles(
+            block_m=block_m,
+            block_n=64,
+            num_warps=4 if padded <= 64 or block_m == 64 else 8,
+            num_stages=3,
+        )
+    if shared_memory is None:
+        return tiles
+    element_size = dtype.itemsize
+
+    def pipeline_bytes(t: PrefillTiles) -> int:  # the K and V tiles of every stage
+        return t.num_stages * 2 * t.block_n * padded * element_size
+
+    def with_queries(t: PrefillTiles) -> int:  # and a query tile's worth of scratch
+        return pipeline_bytes(t) + t.block_m * padded * element_size
+
+    if pipeline_bytes(tiles) <= shared_memory:
+        return tiles
+    while with_queries(tiles) > shared_memory and tiles.block_n > 16:
+        tiles = replace(tiles, block_n=tiles.block_n // 2)
+    while with_queries(tiles) > shared_memory and tiles.block_m > 16:
+        tiles = replace(tiles, block_m=tiles.block_m // 2)
+    while with_queries(tiles) > shared_memory and tiles.num_stages > 1:
+        tiles = replace(tiles, num_stages=tiles.num_stages - 1)
+    return tiles
 
 
 # Not specialization keys, or a new kernel would compile mid-run (~1 s each; seen on an H100):
@@ -223,10 +253,13 @@ def paged_prefill_attention(
         return out
     query = query if query.stride(-1) == 1 else query.contiguous()
     k_cache, v_cache, kv_scales, fp8 = prepare_kv_cache(k_cache, v_cache, kv_scales)
-    tiles = tiles or choose_prefill_tiles(head_dim, query.dtype, max_seqlen_q)
+    if tiles is None:
+        target = kernel_target(query.device)
+        shared = target.shared_memory if target is not None else None
+        tiles = choose_prefill_tiles(head_dim, query.dtype, max_seqlen_q, shared)
 
     grid = (triton.cdiv(max_seqlen_q, tiles.block_m), num_heads, num_seqs)
-    _prefill_kernel[grid](
+    launch(_prefill_kernel, grid)(
         out,
         query,
         k_cache,

@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from pagedinfer.adapters.kernels.fp8 import NO_FP8, cache_bytes, fp8_format, quantize_fp8
+from pagedinfer.adapters.kernels.launch import launch
 from pagedinfer.adapters.kv_cache import unit_scales
 
 __all__ = ["qk_norm_rope", "qk_norm_rope_store"]
@@ -157,18 +158,24 @@ def _qk_norm_rope_kernel(  # type: ignore[no-untyped-def]
                 v_offs = (NUM_HEADS + NUM_KV_HEADS) * HEAD_DIM + head_offs
                 v1 = tl.load(row_ptr + v_offs, mask=mask, other=0.0)
                 v2 = tl.load(row_ptr + v_offs + HALF, mask=mask, other=0.0)
+                v_dst = v_cache_ptr + cache_offs
+                # New names for the bytes: inside this run-time branch, Triton's compiler
+                # refuses a variable whose type changes (y1 float32 -> uint8), though the
+                # interpreter accepts it.
                 if FP8_FORMAT != 0:
                     k_inverse = tl.load(kv_scales_ptr + 2)
                     v_inverse = tl.load(kv_scales_ptr + 3)
-                    y1 = quantize_fp8(y1.to(x1.dtype), k_inverse, FP8_FORMAT)
-                    y2 = quantize_fp8(y2.to(x1.dtype), k_inverse, FP8_FORMAT)
-                    v1 = quantize_fp8(v1, v_inverse, FP8_FORMAT)
-                    v2 = quantize_fp8(v2, v_inverse, FP8_FORMAT)
-                tl.store(k_dst, y1.to(k_cache_ptr.dtype.element_ty), mask=mask)
-                tl.store(k_dst + HALF, y2.to(k_cache_ptr.dtype.element_ty), mask=mask)
-                v_dst = v_cache_ptr + cache_offs
-                tl.store(v_dst, v1.to(v_cache_ptr.dtype.element_ty), mask=mask)
-                tl.store(v_dst + HALF, v2.to(v_cache_ptr.dtype.element_ty), mask=mask)
+                    k1_bytes = quantize_fp8(y1.to(x1.dtype), k_inverse, FP8_FORMAT)
+                    k2_bytes = quantize_fp8(y2.to(x1.dtype), k_inverse, FP8_FORMAT)
+                    tl.store(k_dst, k1_bytes, mask=mask)
+                    tl.store(k_dst + HALF, k2_bytes, mask=mask)
+                    tl.store(v_dst, quantize_fp8(v1, v_inverse, FP8_FORMAT), mask=mask)
+                    tl.store(v_dst + HALF, quantize_fp8(v2, v_inverse, FP8_FORMAT), mask=mask)
+                else:
+                    tl.store(k_dst, y1.to(k_cache_ptr.dtype.element_ty), mask=mask)
+                    tl.store(k_dst + HALF, y2.to(k_cache_ptr.dtype.element_ty), mask=mask)
+                    tl.store(v_dst, v1.to(v_cache_ptr.dtype.element_ty), mask=mask)
+                    tl.store(v_dst + HALF, v2.to(v_cache_ptr.dtype.element_ty), mask=mask)
         else:
             k_dst = k_out_ptr + token * stride_k_out + head_offs
             tl.store(k_dst, y1.to(k_out_ptr.dtype.element_ty), mask=mask)
@@ -229,7 +236,7 @@ def _launch(
     )
     num_q_blocks = triton.cdiv(num_heads, block_h)
     grid = (num_tokens, num_q_blocks + triton.cdiv(num_kv_heads, block_h))
-    _qk_norm_rope_kernel[grid](
+    launch(_qk_norm_rope_kernel, grid)(
         q,
         k if k is not None else q,
         qkv,

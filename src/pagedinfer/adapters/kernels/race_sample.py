@@ -48,6 +48,7 @@ import triton
 import triton.language as tl
 
 from pagedinfer.adapters.kernels.exponential_noise import seed_rule_row_keys, seed_rule_uniform
+from pagedinfer.adapters.kernels.launch import launch
 from pagedinfer.adapters.sampling.batch import NO_SEED
 
 __all__ = ["race_sample"]
@@ -191,7 +192,7 @@ def race_sample(
     num_chunks = triton.cdiv(vocab, chunk_len)
     keys = torch.empty((num_rows, num_chunks), dtype=torch.float32, device=logits.device)
     indices = torch.empty((num_rows, num_chunks), dtype=torch.int32, device=logits.device)
-    _race_chunks_kernel[(num_rows, num_chunks)](
+    launch(_race_chunks_kernel, (num_rows, num_chunks))(
         logits,
         temperatures,
         seeds,
@@ -212,7 +213,7 @@ def race_sample(
         BLOCK=block,
         num_warps=4,
     )
-    _race_finish_kernel[(num_rows,)](
+    launch(_race_finish_kernel, (num_rows,))(
         keys,
         indices,
         out,

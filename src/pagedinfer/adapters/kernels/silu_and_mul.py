@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from pagedinfer.adapters.kernels.launch import launch
+
 __all__ = ["silu_and_mul"]
 
 _BLOCK = 1024
@@ -54,7 +56,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if num_rows == 0 or width == 0:
         return out
     block = min(_BLOCK, triton.next_power_of_2(width))
-    _silu_and_mul_kernel[(num_rows, triton.cdiv(width, block))](
+    launch(_silu_and_mul_kernel, (num_rows, triton.cdiv(width, block)))(
         out_rows,
         rows,
         rows.stride(0),

@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from pagedinfer.adapters.kernels.launch import launch
 from pagedinfer.adapters.kernels.split_k import TILE_N, plan_split_k, row_tile, sum_splits
 
 __all__ = ["BLOCK_K", "MAX_ROWS", "prefers_skinny_gemm", "skinny_gemm", "skinny_gemm_wins"]
@@ -135,9 +136,9 @@ def skinny_gemm(
     m = int(rows.shape[0])
     if m == 0:
         return torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
-    launch = plan_split_k(x, m, n, k, BLOCK_K, split_k)
-    out = launch.out
-    _skinny_gemm_kernel[launch.grid](
+    plan = plan_split_k(x, m, n, k, BLOCK_K, split_k)
+    out = plan.out
+    launch(_skinny_gemm_kernel, plan.grid)(
         rows,
         weight,
         bias if bias is not None else out,  # never read without a bias
@@ -149,12 +150,12 @@ def skinny_gemm(
         weight.stride(0),
         out.stride(0),
         out.stride(1),
-        launch.k_per_split,
+        plan.k_per_split,
         HAS_BIAS=bias is not None,
         IEEE=x.dtype == torch.float32,
-        BLOCK_M=launch.block_m,
-        BLOCK_N=launch.block_n,
+        BLOCK_M=plan.block_m,
+        BLOCK_N=plan.block_n,
         BLOCK_K=BLOCK_K,
         num_warps=4,
     )
-    return sum_splits(launch, x, n)
+    return sum_splits(plan, x, n)

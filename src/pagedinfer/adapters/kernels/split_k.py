@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from pagedinfer.adapters.kernels.target import kernel_target
+
 __all__ = ["TILE_N", "SplitKLaunch", "plan_split_k", "row_tile", "sum_splits"]
 
 TILE_N = 64
@@ -26,10 +28,11 @@ def row_tile(m: int) -> int:
 def _split_count(device: torch.device, tiles: int, k_steps: int) -> int:
     """How many programs share one output tile's K range: enough programs for two per SM
     (decode, few rows), at most 8 and never more than there are K steps."""
-    if device.type != "cuda" or k_steps <= 1:
+    target = kernel_target(device)
+    if target is None or k_steps <= 1:
         return 1
-    target = 2 * torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(8, k_steps, -(-target // tiles)))
+    wanted = 2 * target.num_sms
+    return max(1, min(8, k_steps, -(-wanted // tiles)))
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from pagedinfer.adapters.kernels.fp8 import NO_FP8, cache_bytes, fp8_format, quantize_fp8
+from pagedinfer.adapters.kernels.launch import launch
 from pagedinfer.adapters.kv_cache import unit_scales
 
 __all__ = ["store_kv_cache"]
@@ -120,7 +121,7 @@ def store_kv_cache(
     block_d = triton.next_power_of_2(head_dim)
     block_h = min(triton.next_power_of_2(num_kv_heads), max(1, _ELEMENTS_PER_PROGRAM // block_d))
     grid = (num_tokens, triton.cdiv(num_kv_heads, block_h))
-    _store_kv_kernel[grid](
+    launch(_store_kv_kernel, grid)(
         key,
         value,
         cache_bytes(k_cache),

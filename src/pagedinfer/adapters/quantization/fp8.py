@@ -34,6 +34,7 @@ from pagedinfer.adapters.quantization.base import (
 
 __all__ = [
     "FP8_DTYPE",
+    "FP8_KERNEL_MIN_CAPABILITY",
     "FP8_MAX",
     "SCALE_CHECKPOINT_DTYPES",
     "Fp8LinearMethod",
@@ -87,12 +88,16 @@ def dequantize_fp8(
     return quantized.float() * _expand(scale.float(), rows, cols, (block_n, block_k))
 
 
+FP8_KERNEL_MIN_CAPABILITY = (8, 9)
+"""The oldest GPU the FP8 GEMM runs on (the GPU preflight skips older targets by it)."""
+
+
 def fp8_kernel_available(device: torch.device) -> bool:
     """Whether :func:`~pagedinfer.adapters.kernels.fp8_gemm.fp8_gemm` runs on ``device``:
     Triton converts e4m3 on compute capability 8.9+ (Ada, Hopper, Blackwell); on the CPU only
     its interpreter runs kernels (tests)."""
     if device.type == "cuda":
-        return torch.cuda.get_device_capability(device) >= (8, 9)
+        return torch.cuda.get_device_capability(device) >= FP8_KERNEL_MIN_CAPABILITY
     if device.type == "cpu":
         kernels = importlib.import_module("pagedinfer.adapters.kernels")
         return bool(kernels.interpreter_enabled())
