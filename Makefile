@@ -75,8 +75,12 @@ fuzz: $(STAMP)
 	PAGEDINFER_PROPERTY_PROFILE=thorough PAGEDINFER_PROPERTY_PROGRESS=30 $(VPY) -m pytest -q tests/property $(PYTEST_ARGS)
 
 # Runs on a CUDA machine with the interpreter that already has torch (no network needed).
+# The device machines have no network: the GPU tests' optional wheels (llguidance) are in
+# tests/gpu/wheels/ and installed offline into GPU_SITE (never into PYTHON's site-packages).
+GPU_SITE ?= .gpu-site
 test-gpu:
-	PYTHONPATH=src $(PYTHON) -m pytest -m gpu tests/gpu -p no:cacheprovider $(PYTEST_ARGS)
+	sh tests/gpu/offline_wheels.sh $(PYTHON) $(GPU_SITE)
+	PYTHONPATH=src:$(GPU_SITE) $(PYTHON) -m pytest -m gpu tests/gpu -p no:cacheprovider $(PYTEST_ARGS)
 
 demo: $(CORE_STAMP)
 	$(VPY) -m pagedinfer demo $(if $(MODEL),--model $(MODEL),) $(if $(NUM_THREADS),--num-threads $(NUM_THREADS),)

@@ -327,7 +327,7 @@ class ModelRunner:
         inputs: StepInputs,
         logits: torch.Tensor,
         table: SamplingTable,
-        prompt: LogprobsTensors | None,
+        prompt: Callable[[], LogprobsTensors] | None,
         grammar: GrammarStep | None = None,
     ) -> Callable[[], StepOutput]:
         processors, requests = self.processors, self.logprobs_requests
@@ -361,10 +361,10 @@ class ModelRunner:
                 processors.record(processing, token_ids, kept)
             record = _Record(plan.step_id, processing, token_ids, kept, grammar)
             self._unconfirmed.append(record)
-        top: LogprobsTensors | None = None
+        top: Callable[[], LogprobsTensors] | None = None
         if wanted is not None and raw is not None:
             chosen = token_ids if rows is None else token_ids.index_select(0, rows)
-            top = gather_logprobs(raw, chosen, max(wanted[1]))
+            top = _read_later(self.readbacks, gather_logprobs(raw, chosen, max(wanted[1])))
         # The step's one device-to-host wait (more with logprobs), when the output is read:
         # on CUDA a copy into pinned memory queued behind the step, and an event after it.
         readback = self.readbacks.start(token_ids)
@@ -380,7 +380,7 @@ class ModelRunner:
             logprobs: list[TokenLogprobs | None] | None = None
             if top is not None and wanted is not None:
                 logprobs = [None] * plan.num_samples
-                for row, entry in zip(wanted[0], top.entries(wanted[1]), strict=True):
+                for row, entry in zip(wanted[0], top().entries(wanted[1]), strict=True):
                     logprobs[row] = entry
             # Speculative decoding: the next drafts follow these tokens (the draft model
             # decodes from each row's new last token: its forwards are queued from here).
@@ -389,7 +389,9 @@ class ModelRunner:
 
         return output
 
-    def _prompt_logprobs(self, plan: BatchPlan, hidden: torch.Tensor) -> LogprobsTensors | None:
+    def _prompt_logprobs(
+        self, plan: BatchPlan, hidden: torch.Tensor
+    ) -> Callable[[], LogprobsTensors] | None:
         """Logprobs of the prompt tokens the plan's prompt-logprob rows predict, on the
         device (:meth:`_prompt_chunks` reads them). Every rank runs the LM head over the same
         rows (it may be split across ranks)."""
@@ -402,16 +404,17 @@ class ModelRunner:
         if requests is not None:
             targets = self.uploads.upload(plan.prompt_logprob_targets, torch.int64)
             num_top = max(requests.prompt_num_top(seq_id) for seq_id, _, _ in rows)
-        return prompt_logprobs(self.model.compute_logits, selected, targets, num_top)
+        result = prompt_logprobs(self.model.compute_logits, selected, targets, num_top)
+        return None if result is None else _read_later(self.readbacks, result)
 
     def _prompt_chunks(
-        self, plan: BatchPlan, result: LogprobsTensors | None
+        self, plan: BatchPlan, result: Callable[[], LogprobsTensors] | None
     ) -> list[PromptLogprobsChunk]:
         """:meth:`_prompt_logprobs`' result read on the host, one chunk per sequence."""
         requests = self.logprobs_requests
         if result is None or requests is None:
             return []
-        return requests.prompt_chunks(result, plan.prompt_logprob_rows, plan.positions)
+        return requests.prompt_chunks(result(), plan.prompt_logprob_rows, plan.positions)
 
     def _copy_blocks(self, copies: tuple[tuple[int, int], ...]) -> None:
         """Copy whole KV blocks (every layer, K and V): ``(source, destination)`` pairs."""
@@ -728,3 +731,19 @@ def _draft_history(plan: BatchPlan) -> dict[int, list[int]]:
 
 def _ready(output: StepOutput) -> Callable[[], StepOutput]:
     return lambda: output
+
+
+def _read_later(readbacks: Readbacks, result: LogprobsTensors) -> Callable[[], LogprobsTensors]:
+    """Start the copies of ``result`` to the host now (behind the step, no wait); the
+    returned callable waits for them and gives the tensors on the host."""
+    ids, logprobs, ranks = (
+        readbacks.start(tensor) for tensor in (result.token_ids, result.logprobs, result.ranks)
+    )
+
+    def read() -> LogprobsTensors:
+        host = LogprobsTensors(ids.wait().clone(), logprobs.wait().clone(), ranks.wait().clone())
+        for readback in (ids, logprobs, ranks):
+            readback.release()
+        return host
+
+    return read
