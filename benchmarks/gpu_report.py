@@ -1,6 +1,10 @@
 """One call, one markdown report of pagedinfer on a GPU (``make bench-gpu``).
 
-Sections, in the order they run:
+``--budget-s N`` (``make bench-gpu``'s default, ``benchmarks/gpu_session.sh``): the same
+sections in another order, most needed on a GPU first, inside ``N`` seconds, each written to
+``--out-dir`` as it ends; those that would not fit are skipped and listed
+(``benchmarks/_budgeted_report.py``, docs/benchmarks.md "Budgeted GPU run"). Without it,
+sections, in the order they run:
 
 1. **Device**: name, versions, the device's copy bandwidth (a large device-to-device
    ``copy_``, bytes read plus written over the time).
