@@ -11,7 +11,8 @@
 #                  engine state machine, mixed batches, domain machines; about an hour on 2 cores
 #   make bench     CPU-scale throughput benchmark and block-pool benchmark
 #   make bench-gpu one markdown report on a CUDA machine (GPU_REPORT=FILE): GPU tests, throughput
-#                  vs transformers, copy bandwidth and the HBM bound, a decode/prefill profile
+#                  vs transformers, copy bandwidth and the HBM bound, a decode/prefill profile;
+#                  inside GPU_BUDGET_S seconds (450; empty: no budget), sections as they end
 #   make mutation  mutation testing (mutmut) of domain/, the sampler and the stop rules; not part
 #                  of make test (tens of minutes on 2 cores); see docs/testing.md
 #   make test-deps before a release: the library's CPU tests against the newest torch/triton/
@@ -87,8 +88,12 @@ fuzz: $(STAMP)
 	PAGEDINFER_PROPERTY_PROFILE=thorough PAGEDINFER_PROPERTY_PROGRESS=30 $(VPY) -m pytest -q tests/property $(PYTEST_ARGS)
 
 # Runs on a CUDA machine with the interpreter that already has torch (no network needed).
+# The device machines have no network: the GPU tests' optional wheels (llguidance) are in
+# tests/gpu/wheels/ and installed offline into GPU_SITE (never into PYTHON's site-packages).
+GPU_SITE ?= .gpu-site
 test-gpu:
-	PYTHONPATH=src $(PYTHON) -m pytest -m gpu tests/gpu -p no:cacheprovider $(PYTEST_ARGS)
+	sh tests/gpu/offline_wheels.sh $(PYTHON) $(GPU_SITE)
+	PYTHONPATH=src:$(GPU_SITE) $(PYTHON) -m pytest -m gpu tests/gpu -p no:cacheprovider $(PYTEST_ARGS)
 
 demo: $(CORE_STAMP)
 	$(VPY) -m pagedinfer demo $(if $(MODEL),--model $(MODEL),) $(if $(NUM_THREADS),--num-threads $(NUM_THREADS),)
@@ -102,8 +107,12 @@ bench-pool: $(STAMP)
 # Runs on a CUDA machine with the interpreter that already has torch (no install, no network);
 # about 8 minutes on one H100 (estimated: 4 measured before the transformers sweep and the FP8
 # and structured-outputs runs). GPU_REPORT_ARGS=--all-tests runs every GPU test.
+# GPU_BUDGET_S: the budgeted report (most needed sections first, each written to
+# $(GPU_REPORT) without .md as it ends, what does not fit skipped); empty: every section.
+GPU_BUDGET_S ?= 450
 bench-gpu:
-	PYTHONPATH=src $(PYTHON) benchmarks/gpu_report.py --out $(GPU_REPORT) $(GPU_REPORT_ARGS)
+	sh tests/gpu/offline_wheels.sh $(PYTHON) $(GPU_SITE)
+	PYTHONPATH=src:$(GPU_SITE) $(PYTHON) benchmarks/gpu_report.py --out $(GPU_REPORT) $(if $(GPU_BUDGET_S),--budget-s $(GPU_BUDGET_S),) $(GPU_REPORT_ARGS)
 
 # Mutants live in a copy (mutants/), never in src/. A plain run starts afresh; MUTANTS="glob"
 # (e.g. MUTANTS='pagedinfer.domain.block_pool*') re-runs only those, keeping the other results.

@@ -1,6 +1,10 @@
 """One call, one markdown report of pagedinfer on a GPU (``make bench-gpu``).
 
-Sections, in the order they run:
+``--budget-s N`` (``make bench-gpu``'s default, ``benchmarks/gpu_session.sh``): the same
+sections in another order, most needed on a GPU first, inside ``N`` seconds, each written to
+``--out-dir`` as it ends; those that would not fit are skipped and listed
+(``benchmarks/_budgeted_report.py``, docs/benchmarks.md "Budgeted GPU run"). Without it,
+sections, in the order they run:
 
 1. **Device**: name, versions, the device's copy bandwidth (a large device-to-device
    ``copy_``, bytes read plus written over the time).
@@ -84,6 +88,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(1, str(REPO / "benchmarks"))  # the sibling throughput.py, however this is run
+STARTED = time.perf_counter()  # before torch's import: --budget-s counts from here
 
 import torch
 
@@ -192,7 +197,9 @@ def run_gpu_tests(report: Report, args: argparse.Namespace) -> None:
     if args.device.type != "cuda":
         report.add("Skipped: no CUDA device (the CPU smoke run does not run GPU tests).")
         return
-    targets = ["tests/gpu"] if args.all_tests else list(FAST_TESTS)
+    targets = getattr(args, "test_targets", None) or (
+        ["tests/gpu"] if args.all_tests else list(FAST_TESTS)
+    )
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
     command = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"]
@@ -1296,6 +1303,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="seconds for the transformers sweep and its final run (default: 300 cuda, 240 cpu)",
     )
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="run the sections most in need of a GPU first inside this many seconds, each "
+        "written to --out-dir as it ends; sections that would not fit are skipped and listed",
+    )
+    parser.add_argument(
+        "--out-dir",
+        default=None,
+        help="with --budget-s: the folder of the sections' files (default: --out without .md)",
+    )
     parser.add_argument("--hf-run", help=argparse.SUPPRESS)  # internal: one transformers setting
     parser.add_argument("--num-requests", type=int, default=None)
     parser.add_argument("--input-len", type=int, nargs=2, default=None)
@@ -1345,6 +1364,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.hf_run:  # internal: one transformers setting, in its own process
         return hf_worker(args.hf_run)
+    if args.budget_s is not None:
+        from _budgeted_report import budgeted_main  # benchmarks/_budgeted_report.py
+
+        return budgeted_main(args, sys.modules[__name__])
     report = Report()
     report.add("# pagedinfer GPU report", "")
     bandwidth = 0.0

@@ -181,3 +181,29 @@ def test_the_transformers_sweep_reports_the_best_setting_by_name(
         assert "stopped after" in final and "the comparison below is on the probe" in final
         assert f"| transformers {fastest.label} | {probe_tokens} |" in final
         assert f"| pagedinfer (triton, CUDA graphs) | {probe_tokens} |" in final
+
+
+def test_budgeted_gpu_report_runs_inside_its_budget_on_the_cpu(tmp_path: Path) -> None:
+    """``--budget-s``: sections run most needed first, each written to the output folder as
+    it ends; those that would not fit (and those whose inputs did not run) are skipped and
+    listed; the run ends inside its budget (its own clock starts before torch's import)."""
+    budget = 30
+    report = run_on_cpu(
+        "gpu_report.py",
+        tmp_path / "report.md",
+        f"--budget-s={budget}",
+        "--async-rounds=1",
+        "--spec-rounds=1",
+    )
+    folder = tmp_path / "report"
+    assert (folder / "00-device.md").read_text().startswith("\n## Device")
+    assert (folder / "report.md").read_text() == report
+    assert "This section failed" not in report
+    budget_table = report.split("## Budget", 1)[1]
+    assert "| Device |" in budget_table and "| ran |" in budget_table
+    # The transformers sweep comes last and alone needs a minute on the CPU: never fits.
+    assert "| Throughput against transformers (settings swept) | 60 | - | skipped:" in report
+    used = float(budget_table.split("used ", 1)[1].split(" s", 1)[0])
+    assert used <= budget + 10  # a section may overrun its estimate a little
+    ran = [line for line in budget_table.splitlines() if line.endswith("| ran |")]
+    assert len(list(folder.glob("[0-9][0-9]-*.md"))) == len(ran)

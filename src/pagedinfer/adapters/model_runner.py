@@ -35,6 +35,7 @@ import torch.distributed as dist
 
 from pagedinfer.adapters.attention import create_backend
 from pagedinfer.adapters.distributed.parallel import SINGLE_PROCESS, ParallelContext
+from pagedinfer.adapters.host_transfers import HostUploads, Readbacks
 from pagedinfer.adapters.kv_cache import (
     CALIBRATION_TOKENS,
     allocate_kv_cache,
@@ -64,6 +65,7 @@ from pagedinfer.adapters.sampling.grammar import (
 from pagedinfer.adapters.sampling.logits_processors import LogitsProcessors, ProcessingStep
 from pagedinfer.adapters.sampling.logprobs import (
     LogprobsRequests,
+    LogprobsTensors,
     compute_logprobs,
     gather_logprobs,
     prompt_logprobs,
@@ -71,6 +73,7 @@ from pagedinfer.adapters.sampling.logprobs import (
 from pagedinfer.adapters.sampling.sampler import Sampler
 from pagedinfer.adapters.sampling.table import SamplingTable
 from pagedinfer.adapters.speculative.draft_model import DraftModelProposer
+from pagedinfer.adapters.speculative.verify import accepted_samples
 from pagedinfer.adapters.step_inputs import StepInputs, StepPacker
 from pagedinfer.domain.plan import PADDING_SLOT, BatchPlan, NewRequest
 from pagedinfer.domain.sampling import SamplingParams
@@ -203,6 +206,11 @@ class ModelRunner:
         self.packer = StepPacker(
             self.device, sampled=parallel.is_driver, zero_copy=self.device.type == "cpu"
         )
+        # A step's launch never waits for the device (async scheduling plans a step while
+        # the previous one runs): small host lists go up through pinned arenas, the sampled
+        # ids come back into pinned buffers reused from a pool (adapters/host_transfers.py).
+        self.uploads = HostUploads(self.device)
+        self.readbacks = Readbacks(self.device)
         self._closed = False
         # The latest step's sampled ids on the device, by its plan's step_id: the inputs of
         # the rows a plan made ahead of that step carries (BatchPlan.carried_rows).
@@ -237,7 +245,9 @@ class ModelRunner:
         step, with an event; the returned callable waits for that event only, so a step
         launched after this one keeps the device busy meanwhile (async scheduling). Call it
         once, before launching a step whose structured-output masks follow this one's
-        tokens."""
+        tokens. The launch itself reads nothing from the device and copies nothing to it
+        synchronously; every device-to-host read (ids, logprobs, a draft model's proposals)
+        happens in the returned callable."""
         if self._closed:
             raise EngineClosedError("the model runner was used after close()")
         if self._unconfirmed:  # before the plan's deltas release or reuse any row
@@ -256,15 +266,15 @@ class ModelRunner:
                 self.drafter.forward(inputs)
             # The host's share of structured outputs, while the device runs the forward.
             grammar = self._grammar_step(plan)
-            prompt_chunks = self._prompt_logprobs(plan, hidden) if plan.prompt_logprob_rows else []
+            prompt = self._prompt_logprobs(plan, hidden) if plan.prompt_logprob_rows else None
             if plan.num_samples == 0:  # only partial prefill chunks this step
-                return _ready(StepOutput([], prompt_logprobs=prompt_chunks))
+                return lambda: StepOutput([], prompt_logprobs=self._prompt_chunks(plan, prompt))
             if inputs.sample_indices is not None:
                 hidden = hidden.index_select(0, inputs.sample_indices)
             logits = self.model.compute_logits(hidden)
             if logits is None or table is None:
                 return _ready(EMPTY_STEP_OUTPUT)
-            return self._sample(plan, inputs, logits, table, prompt_chunks, grammar)
+            return self._sample(plan, inputs, logits, table, prompt, grammar)
 
     def _settle_records(self, plan: BatchPlan) -> None:
         """Forget the records of the steps the scheduler recorded (up to
@@ -297,8 +307,8 @@ class ModelRunner:
                 "this runner did not run last (it failed, or ran on another executor): run "
                 "the plan that Scheduler.schedule() returns instead."
             )
-        rows = _index_tensor(plan.carried_rows, self.device)
-        samples = _index_tensor(plan.carried_samples, self.device)
+        rows = self.uploads.upload(plan.carried_rows, torch.int64)
+        samples = self.uploads.upload(plan.carried_samples, torch.int64)
         input_ids = inputs.input_ids
         if self.packer.zero_copy:  # a view of the plan's own array: never written
             input_ids = input_ids.clone()
@@ -318,7 +328,7 @@ class ModelRunner:
         inputs: StepInputs,
         logits: torch.Tensor,
         table: SamplingTable,
-        prompt_chunks: list[PromptLogprobsChunk],
+        prompt: Callable[[], LogprobsTensors] | None,
         grammar: GrammarStep | None = None,
     ) -> Callable[[], StepOutput]:
         processors, requests = self.processors, self.logprobs_requests
@@ -331,7 +341,7 @@ class ModelRunner:
         raw = rows = None
         if wanted is not None:
             if len(wanted[0]) < plan.num_samples:
-                rows = torch.tensor(wanted[0], dtype=torch.int64, device=self.device)
+                rows = self.uploads.upload(wanted[0], torch.int64)
             raw = compute_logprobs(logits if rows is None else logits.index_select(0, rows))
         processing = None
         if len(processors):
@@ -348,69 +358,71 @@ class ModelRunner:
         self._last_sampled = (plan.step_id, token_ids)  # what a plan made ahead carries
         record = None
         if processing is not None or grammar is not None:
-            kept = _accepted_samples(plan, token_ids) if plan.verify_rows else None
+            kept = accepted_samples(plan, token_ids, self.uploads) if plan.verify_rows else None
             if processing is not None:
                 processors.record(processing, token_ids, kept)
             record = _Record(plan.step_id, processing, token_ids, kept, grammar)
             self._unconfirmed.append(record)
-        logprobs: list[TokenLogprobs | None] | None = None
+        top: Callable[[], LogprobsTensors] | None = None
         if wanted is not None and raw is not None:
             chosen = token_ids if rows is None else token_ids.index_select(0, rows)
-            num_top = wanted[1]
-            entries = gather_logprobs(raw, chosen, max(num_top)).entries(num_top)
-            logprobs = [None] * plan.num_samples
-            for row, entry in zip(wanted[0], entries, strict=True):
-                logprobs[row] = entry
-        # The step's one device-to-host wait (two with logprobs), when the output is read:
+            top = _read_later(self.readbacks, gather_logprobs(raw, chosen, max(wanted[1])))
+        # The step's one device-to-host wait (more with logprobs), when the output is read:
         # on CUDA a copy into pinned memory queued behind the step, and an event after it.
-        ids, event = sampled_ids, None
-        if sampled_ids.device.type == "cuda":
-            ids = torch.empty(sampled_ids.shape, dtype=sampled_ids.dtype, pin_memory=True)
-            ids.copy_(sampled_ids, non_blocking=True)
-            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            event.record()
+        readback = self.readbacks.start(token_ids)
         matchers = self.grammar_matchers
-        drafts = None
-        if self.drafter is not None:  # speculative decoding: the next drafts, from these tokens
-            drafts = self.drafter.propose(plan, token_ids.tolist())
+        drafter = self.drafter
 
         def output() -> StepOutput:
-            if event is not None:
-                event.synchronize()  # this step only, not what was launched after it
-            sampled: list[int] = ids.tolist()
+            sampled = readback.read()  # this step only, not what was launched after it
             if grammar is not None:
                 assert matchers is not None and record is not None
                 matchers.accept(grammar, sampled)
                 record.grammar_accepted = True
             failed = failed_samples(sampled, grammar.failed if grammar is not None else None)
-            return StepOutput(sampled, logprobs, prompt_chunks, drafts, failed)
+            logprobs: list[TokenLogprobs | None] | None = None
+            if top is not None and wanted is not None:
+                logprobs = [None] * plan.num_samples
+                for row, entry in zip(wanted[0], top().entries(wanted[1]), strict=True):
+                    logprobs[row] = entry
+            # Speculative decoding: the next drafts follow these tokens (the draft model
+            # decodes from each row's new last token: its forwards are queued from here).
+            drafts = drafter.propose(plan, sampled) if drafter is not None else None
+            return StepOutput(sampled, logprobs, self._prompt_chunks(plan, prompt), drafts, failed)
 
         return output
 
-    def _prompt_logprobs(self, plan: BatchPlan, hidden: torch.Tensor) -> list[PromptLogprobsChunk]:
-        """Logprobs of the prompt tokens the plan's prompt-logprob rows predict. Every rank
-        runs the LM head over the same rows (it may be split across ranks)."""
+    def _prompt_logprobs(
+        self, plan: BatchPlan, hidden: torch.Tensor
+    ) -> Callable[[], LogprobsTensors] | None:
+        """Logprobs of the prompt tokens the plan's prompt-logprob rows predict, on the
+        device (:meth:`_prompt_chunks` reads them). Every rank runs the LM head over the same
+        rows (it may be split across ranks)."""
         rows = plan.prompt_logprob_rows
         indices = [first + i for _, first, count in rows for i in range(count)]
-        selected = hidden.index_select(
-            0, torch.tensor(indices, dtype=torch.int64, device=self.device)
-        )
+        selected = hidden.index_select(0, self.uploads.upload(indices, torch.int64))
         requests = self.logprobs_requests
         targets = None
         num_top = 0
         if requests is not None:
-            targets = torch.tensor(
-                plan.prompt_logprob_targets, dtype=torch.int64, device=self.device
-            )
+            targets = self.uploads.upload(plan.prompt_logprob_targets, torch.int64)
             num_top = max(requests.prompt_num_top(seq_id) for seq_id, _, _ in rows)
         result = prompt_logprobs(self.model.compute_logits, selected, targets, num_top)
+        return None if result is None else _read_later(self.readbacks, result)
+
+    def _prompt_chunks(
+        self, plan: BatchPlan, result: Callable[[], LogprobsTensors] | None
+    ) -> list[PromptLogprobsChunk]:
+        """:meth:`_prompt_logprobs`' result read on the host, one chunk per sequence."""
+        requests = self.logprobs_requests
         if result is None or requests is None:
             return []
-        return requests.prompt_chunks(result, rows, plan.positions)
+        return requests.prompt_chunks(result(), plan.prompt_logprob_rows, plan.positions)
 
     def _copy_blocks(self, copies: tuple[tuple[int, int], ...]) -> None:
         """Copy whole KV blocks (every layer, K and V): ``(source, destination)`` pairs."""
-        pairs = torch.tensor(copies, dtype=torch.int64, device=self.device)
+        flat = [block for pair in copies for block in pair]
+        pairs = self.uploads.upload(flat, torch.int64).view(len(copies), 2)
         cache = self.kv_cache
         if is_fp8(cache.dtype):  # torch has no index_copy_ for float8: copy the bytes
             cache = cache.view(torch.uint8)
@@ -720,34 +732,21 @@ def _draft_history(plan: BatchPlan) -> dict[int, list[int]]:
     return history
 
 
-def _accepted_samples(plan: BatchPlan, token_ids: torch.Tensor) -> torch.Tensor:
-    """``[num_samples]`` bool on the device: the samples a request keeps. A verify row keeps
-    its samples up to the first that differs from its draft (that one included), as
-    :func:`~pagedinfer.domain.speculative.accepted_length` does; other samples are kept."""
-    compared: list[int] = []
-    drafts: list[int] = []
-    row_first = list(range(plan.num_samples))  # each sample's row's first sample
-    for _, first, row_drafts in plan.verify_drafts():
-        count = len(row_drafts)
-        compared.extend(range(first, first + count))
-        drafts.extend(row_drafts)
-        for j in range(first, first + count + 1):
-            row_first[j] = first
-    device = token_ids.device
-    index = torch.tensor(compared, dtype=torch.int64, device=device)
-    mismatch = torch.zeros(plan.num_samples, dtype=torch.int64, device=device)
-    expected = torch.tensor(drafts, dtype=token_ids.dtype, device=device)
-    mismatch.index_copy_(0, index, (token_ids.index_select(0, index) != expected).long())
-    before = mismatch.cumsum(0) - mismatch  # mismatches before each sample
-    firsts = torch.tensor(row_first, dtype=torch.int64, device=device)
-    return before == before.index_select(0, firsts)
-
-
 def _ready(output: StepOutput) -> Callable[[], StepOutput]:
     return lambda: output
 
 
-def _index_tensor(values: array[int], device: torch.device) -> torch.Tensor:
-    """An int64 index tensor of ``values`` on ``device``."""
-    host = torch.frombuffer(values, dtype=torch.int64)
-    return host if device.type == "cpu" else host.to(device, non_blocking=False)
+def _read_later(readbacks: Readbacks, result: LogprobsTensors) -> Callable[[], LogprobsTensors]:
+    """Start the copies of ``result`` to the host now (behind the step, no wait); the
+    returned callable waits for them and gives the tensors on the host."""
+    ids, logprobs, ranks = (
+        readbacks.start(tensor) for tensor in (result.token_ids, result.logprobs, result.ranks)
+    )
+
+    def read() -> LogprobsTensors:
+        host = LogprobsTensors(ids.wait().clone(), logprobs.wait().clone(), ranks.wait().clone())
+        for readback in (ids, logprobs, ranks):
+            readback.release()
+        return host
+
+    return read

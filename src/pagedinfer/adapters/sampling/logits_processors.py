@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from pagedinfer.adapters.host_transfers import HostUploads
 from pagedinfer.adapters.sampling.penalties import apply_penalties
 from pagedinfer.adapters.sampling.table import InstalledRequest
 from pagedinfer.domain.sampling import SamplingParams
@@ -92,6 +93,9 @@ class LogitsProcessors:
         self._free_rows = list(range(initial_rows - 1, -1, -1))  # pop() hands out row 0 first
         self._rows: dict[int, _Row] = {}
         self._scalars = torch.zeros(initial_rows, 4, dtype=torch.float32, device=device)
+        # Host lists reach the device through pinned memory, never by a blocking copy: plan()
+        # and install() run in a step's launch (which may be planned ahead, async scheduling).
+        self._uploads = HostUploads(device)
         self._bias: torch.Tensor | None = None
         self._prompt_mask: torch.Tensor | None = None
         self._output_counts: torch.Tensor | None = None
@@ -154,14 +158,16 @@ class LogitsProcessors:
             return False  # e.g. min_tokens with no EOS and no stop token to hold back
         row = self._allocate_row()
         info = replace(info, row=row)
-        self._scalars[row] = torch.tensor(
-            [
-                params.presence_penalty,
-                params.frequency_penalty,
-                params.repetition_penalty,
-                params.min_p,
-            ],
-            dtype=torch.float32,
+        self._scalars[row].copy_(
+            self._uploads.upload(
+                [
+                    params.presence_penalty,
+                    params.frequency_penalty,
+                    params.repetition_penalty,
+                    params.min_p,
+                ],
+                torch.float32,
+            )
         )
         if info.bias:
             self._write_bias(row, params)
@@ -230,19 +236,16 @@ class LogitsProcessors:
         if not batch_rows:
             return None
         every_row = len(batch_rows) == len(keys)  # then batch_rows == range(len(keys))
-        device = self.device
-        indices = torch.tensor(
-            [table_rows] if every_row else [table_rows, batch_rows],
-            dtype=torch.int64,
-            device=device,
-        )
+        upload = self._uploads.upload
+        indices = upload(table_rows if every_row else table_rows + batch_rows, torch.int64)
+        indices = indices.view(1 if every_row else 2, len(table_rows))
         held = None
         if held_at:
-            pairs = torch.tensor([held_at, held_ids], dtype=torch.int64, device=device)
+            pairs = upload(held_at + held_ids, torch.int64).view(2, len(held_at))
             held = (pairs[0], pairs[1])
         extra = None
         if extra_at:
-            pairs = torch.tensor([extra_at, extra_ids], dtype=torch.int64, device=device)
+            pairs = upload(extra_at + extra_ids, torch.int64).view(2, len(extra_at))
             extra = (pairs[0], pairs[1])
         return ProcessingStep(
             batch_rows=None if every_row else indices[1],
@@ -261,7 +264,7 @@ class LogitsProcessors:
             assert self._bias is not None
             rows.add_(self._bias.index_select(0, step.table_rows))
         if step.held_back is not None:
-            rows.index_put_(step.held_back, torch.tensor(-math.inf, device=rows.device))
+            rows.index_put_(step.held_back, rows.new_full((), -math.inf))
         if step.any_penalties:
             assert self._prompt_mask is not None and self._output_counts is not None
             scalars = self._scalars.index_select(0, step.table_rows)
@@ -357,16 +360,15 @@ class LogitsProcessors:
         if self._bias is None:
             self._bias = self._table(torch.float32)
         bias = self._bias[row]
-        device = self.device
+        upload = self._uploads.upload
         if params.allowed_token_ids is not None:
-            allowed = torch.tensor(params.allowed_token_ids, dtype=torch.int64, device=device)
+            allowed = upload(list(params.allowed_token_ids), torch.int64)
             bias.fill_(-math.inf).index_fill_(0, allowed, 0.0)
         else:
             bias.zero_()
         if params.logit_bias:
-            ids = torch.tensor(list(params.logit_bias), dtype=torch.int64, device=device)
-            values = torch.tensor(list(params.logit_bias.values()), dtype=torch.float32)
-            bias.index_add_(0, ids, values.to(device))
+            ids = upload(list(params.logit_bias), torch.int64)
+            bias.index_add_(0, ids, upload(list(params.logit_bias.values()), torch.float32))
 
     def _write_history(
         self, row: int, prompt_token_ids: Sequence[int], output_token_ids: Sequence[int]
@@ -374,13 +376,12 @@ class LogitsProcessors:
         if self._prompt_mask is None or self._output_counts is None:
             self._prompt_mask = self._table(torch.bool)
             self._output_counts = self._table(torch.float32)
-        device = self.device
         mask = self._prompt_mask[row]
         mask.zero_()
         if prompt_token_ids:
-            mask[torch.tensor(list(prompt_token_ids), dtype=torch.int64, device=device)] = True
+            mask.index_fill_(0, self._uploads.upload(list(prompt_token_ids), torch.int64), True)
         counts = self._output_counts[row]
         counts.zero_()
         if output_token_ids:
-            tokens = torch.tensor(list(output_token_ids), dtype=torch.int64, device=device)
-            counts.index_add_(0, tokens, torch.ones(tokens.shape, device=device))
+            tokens = self._uploads.upload(list(output_token_ids), torch.int64)
+            counts.index_add_(0, tokens, torch.ones(tokens.shape, device=self.device))

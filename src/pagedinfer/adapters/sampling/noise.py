@@ -105,8 +105,9 @@ def _as_int32(words: torch.Tensor) -> torch.Tensor:
 @functools.lru_cache(maxsize=8)
 def _scrambled_indices(vocab: int, device: torch.device) -> torch.Tensor:
     """``v * 0x9E3779B9`` (wrapping) for every token index, as int32 ``[vocab]``."""
-    indices = torch.arange(vocab, dtype=torch.int64) * (GOLDEN & _MASK32)
-    return _as_int32(indices & _MASK32).to(device)
+    # Built on the device: no host-to-device copy (it may first run inside a step's launch).
+    indices = torch.arange(vocab, dtype=torch.int64, device=device) * (GOLDEN & _MASK32)
+    return _as_int32(indices & _MASK32)
 
 
 def seeded_uniform_torch(

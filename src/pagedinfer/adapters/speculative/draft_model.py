@@ -25,6 +25,7 @@ import torch
 
 from pagedinfer.adapters.attention import create_backend
 from pagedinfer.adapters.distributed.parallel import SINGLE_PROCESS
+from pagedinfer.adapters.host_transfers import HostUploads
 from pagedinfer.adapters.kv_cache import allocate_kv_cache, kv_block_bytes
 from pagedinfer.adapters.models.loader import load_weights
 from pagedinfer.adapters.models.registry import build_model, read_model_config
@@ -76,6 +77,7 @@ class DraftModelProposer:
             dtype=dtype,
         )
         self.packer = StepPacker(device, sampled=False, zero_copy=device.type == "cpu")
+        self.uploads = HostUploads(device)  # the rows' first tokens, without a blocking copy
         self.kv_cache: torch.Tensor | None = None
 
     # --------------------------------------------------------------- KV cache
@@ -115,7 +117,9 @@ class DraftModelProposer:
 
     def propose(self, plan: BatchPlan, sampled: list[int]) -> dict[int, list[int]]:
         """Greedy drafts for each sequence that got tokens in ``plan`` (``sampled``: the
-        step's samples), by sequence id: from its new last token, at most ``k``."""
+        step's samples, read on the host), by sequence id: from its new last token, at most
+        ``k``. Called when the step's output is read (not in its launch); its one wait is
+        the read of the drafts at the end."""
         if self.kv_cache is None:
             return {}
         rows = _sampled_rows(plan, sampled)
@@ -126,8 +130,7 @@ class DraftModelProposer:
             max(0, min(self.num_speculative_tokens, len(table) * size - position))
             for (_, _, position), table in zip(rows, tables, strict=True)
         ]
-        tokens = torch.tensor([token for _, token, _ in rows], dtype=torch.int64)
-        tokens = tokens.to(self.device)
+        tokens = self.uploads.upload([token for _, token, _ in rows], torch.int64)
         active = list(range(len(rows)))
         produced: list[tuple[list[int], torch.Tensor]] = []  # (rows, their drafts) per step
         with torch.inference_mode():
@@ -136,9 +139,7 @@ class DraftModelProposer:
                 if not keep:
                     break
                 if len(keep) < len(active):
-                    index = torch.tensor(
-                        [active.index(i) for i in keep], dtype=torch.int64, device=self.device
-                    )
+                    index = self.uploads.upload([active.index(i) for i in keep], torch.int64)
                     tokens = tokens.index_select(0, index)
                     active = keep
                 decode = _decode_plan(
