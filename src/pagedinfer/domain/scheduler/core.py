@@ -65,6 +65,7 @@ from pagedinfer.domain.plan import (
     mixed_batch_plan,
     needs_prompt_tokens,
 )
+from pagedinfer.domain.scheduler.ahead import carried_rows
 from pagedinfer.domain.scheduler.config import SchedulerConfig, SchedulerStats
 from pagedinfer.domain.sequence import FinishReason, Sequence, SequenceStatus
 from pagedinfer.domain.speculative import accepted_length
@@ -73,10 +74,15 @@ from pagedinfer.errors import ConfigurationError, InvalidRequestError
 __all__ = ["Scheduler"]
 
 
-class _Deltas(TypedDict):
+class _Header(TypedDict):
     released_slots: tuple[int, ...]
     new_requests: tuple[NewRequest, ...]
     block_copies: tuple[tuple[int, int], ...]
+    step_id: int
+    recorded_step_id: int
+    made_ahead: bool
+    carried_rows: array[int]
+    carried_samples: array[int]
 
 
 class Scheduler:
@@ -340,18 +346,17 @@ class Scheduler:
             )
         self._advance(plan)
         self._in_flight = None
-        planned = self._plan_next()
-        if planned is not None:
-            object.__setattr__(planned, "made_ahead", True)
-            self._carry(plan, planned)
-        return planned
+        return self._plan_next()
 
     def _plan_next(self) -> BatchPlan | None:
         # Each pass either returns a plan or preempts one running sequence, so this ends.
         for _ in range(len(self._running) + 2):
             plan = self._plan_mixed() if self._mixed else self._plan_prefill_first()
             if plan is not None:
-                return self._issue(plan)
+                self._step_id = plan.step_id
+                self._in_flight = plan
+                self._in_flight_version = self._batch.version
+                return plan
             if any(seq.seq_id not in self._awaiting for seq in self._running):
                 # Only stuck partial prefills are left: free the newest so the others move.
                 self._preempt(self._running[-1])
@@ -389,14 +394,15 @@ class Scheduler:
         return mixed_batch_plan(
             self._batch.plan(released_slots=(), new_requests=()),
             build_batch_plan(chunks, is_prefill=True, block_size=self.block_size),
-            **self._deltas(),
+            **self._header(has_rows=True),
         )
 
-    def _deltas(self) -> _Deltas:
-        """The sampling deltas and block copies not confirmed yet, for the next plan; planning
-        ahead, not those the plan in flight carries (it runs first: a copy repeated after
-        its destination was written, or a release and install repeated after the request
-        sampled, would undo work that stays)."""
+    def _header(self, *, has_rows: bool) -> _Header:
+        """The next plan's number and deltas: the sampling deltas and block copies not
+        confirmed yet; planning ahead, not those the plan in flight carries (it runs first:
+        a copy repeated after its destination was written, or a release and install
+        repeated after the request sampled, would undo work that stays), and the decode
+        rows (``has_rows``) whose input is the plan in flight's sample."""
         released = tuple(self._released_slots)
         new_requests = tuple(self._new_requests)
         copies = tuple(self._block_copies.values()) if self._block_copies else ()
@@ -408,28 +414,32 @@ class Scheduler:
                 new_requests = tuple(r for r in new_requests if id(r) not in sent)
             if ahead.block_copies:
                 copies = tuple(copy for copy in copies if copy not in ahead.block_copies)
-        return {"released_slots": released, "new_requests": new_requests, "block_copies": copies}
+        carried = samples = array("q")
+        if ahead is not None and has_rows:
+            batch = self._batch
+            only_appended = not self._batch_stale and batch.removals == self._ahead_removals
+            carried, samples = carried_rows(ahead, batch, only_appended=only_appended)
+        return {
+            "released_slots": released,
+            "new_requests": new_requests,
+            "block_copies": copies,
+            "step_id": self._step_id + 1,
+            "recorded_step_id": self._recorded_step_id,
+            "made_ahead": ahead is not None,
+            "carried_rows": carried,
+            "carried_samples": samples,
+        }
 
     def _prefill_plan(self, chunks: list[ScheduledChunk]) -> BatchPlan:
         return build_batch_plan(
             chunks,
             is_prefill=True,
             block_size=self.block_size,
-            **self._deltas(),
+            **self._header(has_rows=False),
         )
 
     def _decode_plan(self) -> BatchPlan:
-        return self._batch.plan(
-            **self._deltas(),
-        )
-
-    def _issue(self, plan: BatchPlan) -> BatchPlan:
-        self._step_id += 1
-        object.__setattr__(plan, "step_id", self._step_id)
-        object.__setattr__(plan, "recorded_step_id", self._recorded_step_id)
-        self._in_flight = plan
-        self._in_flight_version = self._batch.version
-        return plan
+        return self._batch.plan(**self._header(has_rows=True))
 
     def _schedule_prefill(self, budget: int, *, admit: bool = True) -> list[ScheduledChunk]:
         """Chunks for partly prefilled sequences, then (``admit``) new ones, in ``budget``."""
@@ -705,7 +715,7 @@ class Scheduler:
         if self._speculative:  # a chunk of its last token and drafts per step
             self._prefilling.append(child)
         else:
-            child.decoding = True  # its prompt is computed: one token per step from now on
+            child.start_decoding()  # its prompt is computed: one token per step from now on
             self._joining.append(child)
         self._register_full_blocks(child)
         updated.append(child)
@@ -738,7 +748,7 @@ class Scheduler:
             and self._ahead is None
             and not self._speculative
         ):
-            parent.decoding = True
+            parent.start_decoding()
             self._prefilling.remove(parent)
             self._joining.append(parent)
 
@@ -887,7 +897,7 @@ class Scheduler:
                 and not self._speculative  # (speculating, it goes on in chunks)
             ):
                 # Prompt done (or one prompt token left over): one token per step from now.
-                seq.decoding = True
+                seq.start_decoding()
                 self._prefilling.remove(seq)
                 self._joining.append(seq)
         return updated
@@ -1000,30 +1010,9 @@ class Scheduler:
             seq.num_computed_tokens = before + num_tokens
             if seq.num_uncomputed_tokens == 1 and seq_id not in self._pending_forks:
                 # One prompt token left over (as in _postprocess_rows): decode it.
-                seq.decoding = True
+                seq.start_decoding()
                 self._prefilling.remove(seq)
                 self._joining.append(seq)
-
-    def _carry(self, ahead: BatchPlan, plan: BatchPlan) -> None:
-        """Name the rows of ``plan`` whose input is a pending token of ``ahead``."""
-        num_rows = ahead.num_decode_rows
-        if num_rows == 0 or plan.num_decode_rows == 0:
-            return
-        if not self._batch_stale and self._batch.removals == self._ahead_removals:
-            # Rows were only appended since: the plan's first rows are ahead's, in order.
-            assert plan.num_decode_rows >= num_rows, (plan.num_decode_rows, num_rows)
-            rows = array("q", range(num_rows))
-            samples = rows
-        else:
-            index = {seq_id: j for j, seq_id in enumerate(ahead.seq_ids[:num_rows])}
-            rows = array("q")
-            samples = array("q")
-            for row, token in enumerate(plan.input_ids[: plan.num_decode_rows]):
-                if token == PENDING_TOKEN:
-                    rows.append(row)
-                    samples.append(index[plan.seq_ids[row]])
-        object.__setattr__(plan, "carried_rows", rows)
-        object.__setattr__(plan, "carried_samples", samples[:])
 
     def _sample_pending(self, seq: Sequence) -> bool:
         """Whether ``seq`` waits for a token of the plan in flight that was planned ahead of."""
@@ -1112,9 +1101,8 @@ class Scheduler:
             ):
                 # Keep the blocks of the chunk that runs again, not those of the next one.
                 self._trim_blocks(seq, cdiv(seq.num_computed_tokens, size))
+                seq.stop_decoding()  # (the advance may have made it decode)
                 seq.num_computed_tokens = before
-                if seq.decoding and seq.num_uncomputed_tokens > 1:
-                    seq.decoding = False  # the advance made it decode: it prefills again
         self._advanced_chunks = []
         self._awaiting = set()
         self._register_due = []
@@ -1248,7 +1236,7 @@ class Scheduler:
                 self._batch.remove(seq)
             if seq in self._needs_block:
                 self._needs_block.remove(seq)
-            seq.num_computed_tokens = seq.num_computed_tokens  # an explicit count again
+            seq.stop_decoding()
         else:
             self._prefilling.remove(seq)
 
