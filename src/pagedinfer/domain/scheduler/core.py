@@ -55,7 +55,6 @@ from pagedinfer.domain.events import (
     SequenceFinished,
     SequencePreempted,
 )
-from pagedinfer.domain.hashing import extend_chain
 from pagedinfer.domain.plan import (
     PENDING_TOKEN,
     BatchPlan,
@@ -66,9 +65,11 @@ from pagedinfer.domain.plan import (
     needs_prompt_tokens,
 )
 from pagedinfer.domain.scheduler.ahead import carried_rows
+from pagedinfer.domain.scheduler.allocator import BlockAllocator
 from pagedinfer.domain.scheduler.config import SchedulerConfig, SchedulerStats
+from pagedinfer.domain.scheduler.stop_rules import StopRules
+from pagedinfer.domain.scheduler.verify import VerifyStats, kept_drafts, verified_rows
 from pagedinfer.domain.sequence import FinishReason, Sequence, SequenceStatus
-from pagedinfer.domain.speculative import accepted_length
 from pagedinfer.errors import ConfigurationError, InvalidRequestError
 
 __all__ = ["Scheduler"]
@@ -128,6 +129,8 @@ class Scheduler:
         )
         if self.pool.block_size != config.block_size or self.pool.num_blocks != config.num_blocks:
             raise ConfigurationError("the block pool does not match the scheduler config")
+        self._allocator = BlockAllocator(self.pool)
+        self._stops = StopRules(config.eos_token_ids, config.max_model_len)
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []  # in admission order: preemption takes the newest
         self._seqs: dict[int, Sequence] = {}
@@ -177,10 +180,7 @@ class Scheduler:
         # Speculative decoding: sequences never decode one token per step in rows; each
         # step gives every running sequence a chunk of its last token and its drafts.
         self._speculative = config.num_speculative_tokens > 0
-        self._num_spec_verify_rows = 0
-        self._num_draft_tokens = 0
-        self._num_accepted_tokens = 0
-        self._accepted_per_position = [0] * config.num_speculative_tokens
+        self._verify = VerifyStats(config.num_speculative_tokens)
         # Plans issued, and the number of the latest plan recorded (BatchPlan.step_id).
         self._step_id = 0
         self._recorded_step_id = 0
@@ -452,15 +452,17 @@ class Scheduler:
             if awaiting and seq.seq_id in awaiting:
                 continue  # its chunk in the plan in flight samples: planned after the record
             wanted = seq.num_uncomputed_tokens + len(seq.spec_token_ids)
-            num_tokens = min(wanted, budget, self._growth_capacity(seq))
+            num_tokens = min(wanted, budget, self._allocator.growth_capacity(seq))
             forking = num_tokens == seq.num_uncomputed_tokens and seq.seq_id in self._pending_forks
             if forking and not self._fork_fits(seq, num_tokens):
                 num_tokens -= 1  # not this step: the last prompt token must fork
                 forking = False
             if num_tokens > 0:
-                self._grow(seq, num_tokens)
-                if num_tokens > seq.num_uncomputed_tokens and self.config.num_lookahead_tokens:
-                    self._grow_lookahead(seq, num_tokens)
+                grown = self._allocator.allocate_slots(seq, num_tokens)
+                assert grown is not None  # within its growth capacity
+                lookahead = self.config.num_lookahead_tokens
+                if num_tokens > seq.num_uncomputed_tokens and lookahead:
+                    self._allocator.allocate_lookahead(seq, num_tokens, lookahead)
                 forks = self._fork(seq) if forking else ()
                 chunks.append(ScheduledChunk(seq, num_tokens, forks))
                 budget -= num_tokens
@@ -498,61 +500,41 @@ class Scheduler:
 
     def _admit(self, seq: Sequence, budget: int) -> int:
         """Give ``seq`` its cached prefix and blocks for its first chunk; 0 if they don't fit."""
-        pool = self.pool
-        size = self.block_size
-        hits = []
-        # Prompt logprobs need the logits of every prompt token: nothing may come from the
-        # cache (as in vLLM).
-        use_cache = pool.enable_prefix_caching and seq.params.prompt_logprobs is None
-        if use_cache:
-            # At least one token must be computed to get logits, so a fully cached prompt
-            # still recomputes its last block.
-            max_hit_blocks = (seq.num_tokens - 1) // size
-            extend_chain(seq.block_hashes, seq.token_ids, size, max_hit_blocks, seq.extra_key)
-            hits = pool.find_cached_prefix(seq.block_hashes[:max_hit_blocks], seq.token_ids)
-        num_cached = len(hits) * size
-        num_tokens = min(seq.num_tokens - num_cached, budget)
-        num_new_blocks = cdiv(num_cached + num_tokens, size) - len(hits)
-        fork_blocks = 0
-        if seq.seq_id in self._pending_forks and num_cached + num_tokens == seq.num_tokens:
-            fork_blocks = self._fork_extra_blocks(seq)  # the chunk forks: copies too
-        if num_new_blocks + fork_blocks + pool.cost_of_acquiring(hits) > pool.num_free_blocks:
+        reserve = self._fork_extra_blocks(seq) if seq.seq_id in self._pending_forks else 0
+        admission = self._allocator.admit(seq, budget, reserve_if_whole=reserve)
+        if admission is None:
             return 0
-        pool.acquire(hits)  # before allocating, so allocation cannot evict a hit
-        new_blocks = pool.allocate(num_new_blocks)
-        seq.block_table = [block.block_id for block in hits]
-        seq.block_table.extend(block.block_id for block in new_blocks)
+        num_cached = admission.num_cached
         if seq.num_preemptions == 0:
             # Re-admitted after preemption, a request finds its own earlier blocks: those hits
             # are not prompt tokens served by the cache, and may even be completion tokens.
             seq.num_cached_tokens = num_cached
         seq.num_computed_tokens = num_cached
-        seq.num_registered_blocks = len(hits)
         seq.status = SequenceStatus.RUNNING
         if seq.slot < 0:  # first admission (a preempted request keeps its slot)
             self._assign_slot(seq)
-        if use_cache:
-            pool.record_prefix_lookup(seq.num_tokens, num_cached)
-            if num_cached and self._events is not None:
-                self._events.append(
-                    PrefixCacheHit(seq.seq_id, num_cached, readmitted=seq.num_preemptions > 0)
-                )
-        return num_tokens
+        if num_cached and self._events is not None:
+            self._events.append(
+                PrefixCacheHit(seq.seq_id, num_cached, readmitted=seq.num_preemptions > 0)
+            )
+        return admission.num_tokens
 
     def _schedule_decode(self) -> bool:
         """One token for every decoding sequence: give new blocks where needed (preempting
         if none are free) and bring the rows up to date. False when there are no rows."""
         upcoming = self._decode_steps_done + 1
         if self._batch_stale:
-            needs = [seq for seq in self._running if seq.decoding and self._opens_block(seq)]
+            needs = [
+                seq for seq in self._running if seq.decoding and self._allocator.opens_block(seq)
+            ]
         else:
             needs = self._needs_block
-            needs.extend(seq for seq in self._joining if self._opens_block(seq))
+            needs.extend(seq for seq in self._joining if self._allocator.opens_block(seq))
             self._sort_in_running_order(needs)  # the order a pass over the rows would take
         self._needs_block = []
         for seq in needs:
             # Preempted earlier in this loop, or already given its block.
-            if seq.decoding and self._opens_block(seq):
+            if seq.decoding and self._allocator.opens_block(seq):
                 self._give_block(seq, upcoming)
         if self._joining and not self._batch_stale:
             self._join(upcoming)
@@ -562,12 +544,11 @@ class Scheduler:
 
     def _give_block(self, seq: Sequence, upcoming: int) -> None:
         """A block for ``seq``'s next token, preempting newer sequences if none is free."""
-        while self.pool.num_free_blocks == 0:
+        while self._allocator.append_block(seq) is None:
             victim = self._decode_victim(seq)
             self._preempt(victim if victim is not None else seq)
             if victim is None:
                 return
-        seq.block_table.append(self.pool.allocate(1)[0].block_id)
         if not self._batch_stale and seq not in self._joining:
             self._batch.grew(seq)
         self._file(seq, upcoming + self.block_size - 1)  # when this block is full in turn
@@ -604,19 +585,15 @@ class Scheduler:
 
     def _start_rows(self, rows: list[Sequence], upcoming: int) -> None:
         """File new rows in the calendar; add their stop tokens to the rows' union."""
-        stop_ids = set(self._decode_stop_ids)
-        if any(not seq.params.ignore_eos for seq in rows):
-            stop_ids.update(self.config.eos_token_ids)
+        self._decode_stop_ids = self._stops.stop_ids(rows, self._decode_stop_ids)
         size = self.block_size
         for seq in rows:
-            stop_ids.update(seq.params.stop_token_ids)
             # The step computing position p is `upcoming + p - position` (position: that of
             # the next token): file the step that fills the last block and the step that
             # reaches the length limit.
             start = upcoming - len(seq.token_ids) + 1
             self._file(seq, start + len(seq.block_table) * size - 1)
-            self._file(seq, start + self._length_limit(seq) - 2)
-        self._decode_stop_ids = frozenset(stop_ids)
+            self._file(seq, start + self._stops.length_limit(seq) - 2)
 
     def _sort_in_running_order(self, seqs: list[Sequence]) -> None:
         if len(seqs) <= 8:
@@ -635,49 +612,14 @@ class Scheduler:
         else:
             entries.append(seq)
 
-    def _opens_block(self, seq: Sequence) -> bool:
-        """True when ``seq``'s next token is the first of a block it does not hold yet."""
-        return seq.num_computed_tokens == len(seq.block_table) * self.block_size
-
-    def _length_limit(self, seq: Sequence) -> int:
-        """The token count at which ``seq`` finishes by length."""
-        max_tokens = seq.params.max_tokens
-        if max_tokens is None:
-            return self.config.max_model_len
-        return min(seq.num_prompt_tokens + max_tokens, self.config.max_model_len)
-
-    def _growth_capacity(self, seq: Sequence) -> int:
-        """How many more tokens ``seq`` can compute with its blocks plus all free blocks."""
-        slots = (len(seq.block_table) + self.pool.num_free_blocks) * self.block_size
-        return slots - seq.num_computed_tokens
-
-    def _grow_lookahead(self, seq: Sequence, num_tokens: int) -> None:
-        """Blocks for the lookahead positions after a verify row's ``num_tokens``, as far
-        as free blocks allow (never by preempting: the draft model's K/V is a guess)."""
-        wanted = cdiv(
-            seq.num_computed_tokens + num_tokens + self.config.num_lookahead_tokens,
-            self.block_size,
-        )
-        missing = min(wanted - len(seq.block_table), self.pool.num_free_blocks)
-        if missing > 0:
-            seq.block_table.extend(block.block_id for block in self.pool.allocate(missing))
-
-    def _grow(self, seq: Sequence, num_tokens: int) -> None:
-        needed = cdiv(seq.num_computed_tokens + num_tokens, self.block_size)
-        missing = needed - len(seq.block_table)
-        if missing > 0:
-            seq.block_table.extend(block.block_id for block in self.pool.allocate(missing))
-
-    # ------------------------------------------------------------------ forks
     def _fork_extra_blocks(self, seq: Sequence) -> int:
         """Blocks the forks of ``seq`` take when they start: one copy of a partial last block
         each (a prompt that ends on a block boundary shares all of its blocks)."""
         return len(self._pending_forks[seq.seq_id]) if seq.num_tokens % self.block_size else 0
 
     def _fork_fits(self, seq: Sequence, num_tokens: int) -> bool:
-        needed = cdiv(seq.num_computed_tokens + num_tokens, self.block_size)
-        growth = max(needed - len(seq.block_table), 0)
-        return growth + self._fork_extra_blocks(seq) <= self.pool.num_free_blocks
+        growth = self._allocator.blocks_missing(seq, num_tokens)
+        return growth + self._fork_extra_blocks(seq) <= self._allocator.num_free_blocks
 
     def _fork(self, seq: Sequence) -> tuple[Sequence, ...]:
         """Start ``seq``'s pending forks: the chunk being planned computes its last prompt
@@ -717,9 +659,9 @@ class Scheduler:
         else:
             child.start_decoding()  # its prompt is computed: one token per step from now on
             self._joining.append(child)
-        self._register_full_blocks(child)
+        self._allocator.register_full_blocks(child)
         updated.append(child)
-        reason = self._finish_reason(child, token)
+        reason = self._stops.finish_reason(child, token)
         if reason is not None:
             self._finish(child, reason)
 
@@ -810,27 +752,14 @@ class Scheduler:
         batch = self._batch
         updated = list(batch.seqs)
         batch.advance(tokens)
-        finishing: dict[Sequence, FinishReason] = {}
-        stop_ids = self._decode_stop_ids
-        if stop_ids and not stop_ids.isdisjoint(tokens):
-            for token in stop_ids.intersection(tokens):
-                row = tokens.index(token)
-                while True:
-                    seq = updated[row]
-                    reason = self._finish_reason(seq, token)
-                    if reason is not None:
-                        finishing[seq] = reason
-                    try:
-                        row = tokens.index(token, row + 1)
-                    except ValueError:
-                        break
+        finishing = self._stops.scan(updated, tokens, self._decode_stop_ids)
         for seq in self._calendar.pop(self._decode_steps_done, ()):
             if not seq.decoding or seq.status is not SequenceStatus.RUNNING:
                 continue  # a stale entry: the sequence left the rows since it was filed
-            if self._opens_block(seq) and seq not in self._needs_block:
-                self._register_full_blocks(seq)  # its last block just filled up
+            if self._allocator.opens_block(seq) and seq not in self._needs_block:
+                self._allocator.register_full_blocks(seq)  # its last block just filled up
                 self._needs_block.append(seq)
-            if seq not in finishing and seq.num_tokens >= self._length_limit(seq):
+            if seq not in finishing and seq.num_tokens >= self._stops.length_limit(seq):
                 finishing[seq] = FinishReason.LENGTH
         for seq in sorted(finishing, key=updated.index):  # in row order
             self._finish(seq, finishing[seq])
@@ -852,7 +781,7 @@ class Scheduler:
         which the advance left as they were; the other chunks were counted then. A sequence
         preempted since still gets its token (its step ran)."""
         sampled = dict(zip(plan.sampled_seq_ids[first_row:], tokens[first_row:], strict=True))
-        verified = self._verified(plan, tokens) if plan.verify_rows else None
+        verified = verified_rows(plan, tokens) if plan.verify_rows else None
         updated: list[Sequence] = []
         rows = zip(plan.seq_ids[first_row:], plan.query_lens[first_row:], strict=True)
         for seq_id, num_tokens in rows:
@@ -863,7 +792,7 @@ class Scheduler:
             if awaiting is not None:
                 if seq_id not in awaiting:
                     if running:
-                        self._register_full_blocks(seq)  # counted by the advance
+                        self._allocator.register_full_blocks(seq)  # counted by the advance
                     continue
             elif not running:
                 continue
@@ -879,12 +808,12 @@ class Scheduler:
                 if seq.spec_token_ids:
                     seq.spec_token_ids = []  # guesses after the previous last token
             if running:
-                self._register_full_blocks(seq)
+                self._allocator.register_full_blocks(seq)
             if token is not None:
                 updated.append(seq)
                 for child in self._forking.pop(seq_id, ()):  # completions sampled here too
                     self._start_fork(child, sampled[child.seq_id], updated)
-                reason = self._finish_reason(seq, token)
+                reason = self._stops.finish_reason(seq, token)
                 if reason is not None:
                     self._finish(seq, reason)
                     continue
@@ -906,7 +835,7 @@ class Scheduler:
     @property
     def num_accepted_tokens(self) -> int:
         """Drafts accepted since the start (speculative decoding)."""
-        return self._num_accepted_tokens
+        return self._verify.num_accepted_tokens
 
     def set_drafts(self, seq_id: int, draft_token_ids: SequenceABC[int]) -> int:
         """Drafts (speculative decoding) for the tokens after running sequence ``seq_id``'s
@@ -917,19 +846,9 @@ class Scheduler:
         seq = self._seqs.get(seq_id)
         if seq is None or seq.status is not SequenceStatus.RUNNING or not self._speculative:
             return 0
-        room = self._length_limit(seq) - seq.num_tokens - 1  # the bonus token comes on top
-        count = max(0, min(len(draft_token_ids), self.config.num_speculative_tokens, room))
-        seq.spec_token_ids = list(draft_token_ids[:count])
-        return count
-
-    def _verified(
-        self, plan: BatchPlan, tokens: list[int]
-    ) -> dict[int, tuple[list[int], list[int]]]:
-        """Each verify row's sequence id -> (its drafts in the plan, its samples)."""
-        return {
-            plan.seq_ids[row]: (drafts, tokens[first : first + len(drafts) + 1])
-            for row, first, drafts in plan.verify_drafts()
-        }
+        room = self._stops.length_limit(seq) - seq.num_tokens - 1  # the bonus token on top
+        seq.spec_token_ids = kept_drafts(draft_token_ids, self.config.num_speculative_tokens, room)
+        return len(seq.spec_token_ids)
 
     def _record_verified(
         self, seq: Sequence, num_tokens: int, drafts: list[int], samples: list[int]
@@ -939,24 +858,18 @@ class Scheduler:
         when the sequence left the running ones since (its tokens are discarded)."""
         if seq.status is not SequenceStatus.RUNNING:
             return False
-        accepted = accepted_length(samples, drafts)
-        self._num_spec_verify_rows += 1
-        self._num_draft_tokens += len(drafts)
-        self._num_accepted_tokens += accepted
-        per_position = self._accepted_per_position
-        for index in range(accepted):
-            per_position[index] += 1
+        kept = self._verify.accept(drafts, samples)
         # The row computed the tokens up to the last one and the accepted drafts' positions.
-        computed = seq.num_computed_tokens + num_tokens - len(drafts) + accepted
+        computed = seq.num_computed_tokens + num_tokens - len(drafts) + len(kept) - 1
         seq.spec_token_ids = []
-        for token in samples[: accepted + 1]:
+        for token in kept:
             seq.token_ids.append(token)
-            reason = self._finish_reason(seq, token)
+            reason = self._stops.finish_reason(seq, token)
             if reason is not None:
                 self._finish(seq, reason)
                 return True
         seq.num_computed_tokens = computed
-        self._register_full_blocks(seq)
+        self._allocator.register_full_blocks(seq)
         return True
 
     # ------------------------------------------------------- async scheduling
@@ -977,10 +890,10 @@ class Scheduler:
                 for seq in self._calendar.pop(self._decode_steps_done, ()):
                     if not seq.decoding or seq.status is not SequenceStatus.RUNNING:
                         continue  # a stale entry
-                    if self._opens_block(seq) and seq not in self._needs_block:
+                    if self._allocator.opens_block(seq) and seq not in self._needs_block:
                         self._register_due.append(seq)  # registered when recorded
                         self._needs_block.append(seq)
-                    if seq.num_tokens >= self._length_limit(seq):
+                    if seq.num_tokens >= self._stops.length_limit(seq):
                         self._length_due.append(seq)
             else:  # rows left since the plan was made (aborts): one by one, then rebuild
                 self._calendar.pop(self._decode_steps_done, None)
@@ -1040,21 +953,15 @@ class Scheduler:
                 # Every row is still there, in order: the fast path of _postprocess_decode.
                 batch.fill_pending(decode_tokens)
                 updated = batch.seqs[:num_rows]
-                stop_ids = self._decode_stop_ids
-                if stop_ids and not stop_ids.isdisjoint(decode_tokens):
-                    for row, token in enumerate(decode_tokens):
-                        if token in stop_ids:
-                            reason = self._finish_reason(updated[row], token)
-                            if reason is not None:
-                                finishing[updated[row]] = reason
+                finishing = self._stops.scan(updated, decode_tokens, self._decode_stop_ids)
                 for seq in register_due:
                     if seq.status is SequenceStatus.RUNNING:
-                        self._register_full_blocks(seq)
+                        self._allocator.register_full_blocks(seq)
                 for seq in length_due:
                     if (
                         seq.status is SequenceStatus.RUNNING
                         and seq not in finishing
-                        and seq.num_tokens >= self._length_limit(seq)
+                        and seq.num_tokens >= self._stops.length_limit(seq)
                     ):
                         finishing[seq] = FinishReason.LENGTH
             else:
@@ -1068,8 +975,8 @@ class Scheduler:
                     row_seq.token_ids[-1] = token
                     updated.append(row_seq)
                     if row_seq.status is SequenceStatus.RUNNING:
-                        self._register_full_blocks(row_seq)
-                    reason = self._finish_reason(row_seq, token)
+                        self._allocator.register_full_blocks(row_seq)
+                    reason = self._stops.finish_reason(row_seq, token)
                     if reason is not None:
                         finishing[row_seq] = reason
             for seq in sorted(finishing, key=updated.index):  # in row order
@@ -1100,7 +1007,7 @@ class Scheduler:
                 and seq.seq_id in self._seqs
             ):
                 # Keep the blocks of the chunk that runs again, not those of the next one.
-                self._trim_blocks(seq, cdiv(seq.num_computed_tokens, size))
+                self._allocator.trim(seq, cdiv(seq.num_computed_tokens, size))
                 seq.stop_decoding()  # (the advance may have made it decode)
                 seq.num_computed_tokens = before
         self._advanced_chunks = []
@@ -1111,18 +1018,11 @@ class Scheduler:
             if seq.decoding:
                 # A decode row keeps no block past its next token's: the rows move from
                 # block to block on the assumption that the next one is given when reached.
-                self._trim_blocks(seq, seq.num_computed_tokens // size + 1)
+                self._allocator.trim(seq, seq.num_computed_tokens // size + 1)
         self._prefilling = [seq for seq in self._running if not seq.decoding]
         self._joining = [seq for seq in self._joining if seq.decoding]
         self._needs_block = []
         self._batch_stale = True  # rows, their calendar and inputs: rebuilt from the sequences
-
-    def _trim_blocks(self, seq: Sequence, keep: int) -> None:
-        """Free ``seq``'s blocks past its first ``keep`` (given for a step that never ran:
-        never registered, never shared)."""
-        if len(seq.block_table) > keep:
-            self.pool.free(seq.block_table[keep:][::-1])
-            del seq.block_table[keep:]
 
     def _confirm_deltas(self, plan: BatchPlan) -> None:
         """The plan ran: the executor has applied its sampling deltas and block copies."""
@@ -1138,40 +1038,6 @@ class Scheduler:
             sent = {id(request) for request in plan.new_requests}
             self._new_requests = [r for r in self._new_requests if id(r) not in sent]
 
-    def _finish_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
-        params = seq.params
-        num_completion = seq.num_completion_tokens
-        # min_tokens completion tokens come before EOS or a stop token may end the request
-        # (the sampler holds them back; a sampler that does not cannot end it early).
-        if num_completion > params.min_tokens:
-            if not params.ignore_eos and token_id in self.config.eos_token_ids:
-                return FinishReason.STOP
-            if token_id in params.stop_token_ids:
-                return FinishReason.STOP
-        if params.max_tokens is not None and num_completion >= params.max_tokens:
-            return FinishReason.LENGTH
-        if seq.num_tokens >= self.config.max_model_len:
-            return FinishReason.LENGTH
-        return None
-
-    def _register_full_blocks(self, seq: Sequence) -> None:
-        pool = self.pool
-        if not pool.enable_prefix_caching:
-            return
-        size = self.block_size
-        num_full = min(seq.num_computed_tokens // size, len(seq.block_table))
-        if num_full <= seq.num_registered_blocks:
-            return
-        hashes = extend_chain(seq.block_hashes, seq.token_ids, size, num_full, seq.extra_key)
-        for index in range(seq.num_registered_blocks, num_full):
-            block_id = seq.block_table[index]
-            if pool.block(block_id).hash is None:
-                parent = hashes[index - 1] if index else None
-                tokens = seq.token_ids[index * size : (index + 1) * size]
-                pool.register(block_id, hashes[index], parent, tokens)
-        seq.num_registered_blocks = num_full
-
-    # ---------------------------------------------------------- finish / abort
     def finish(self, seq_id: int, reason: FinishReason) -> Sequence | None:
         """Finish a request now (stop string matched, caller abort). ``None`` if unknown."""
         seq = self._seqs.get(seq_id)
@@ -1245,9 +1111,7 @@ class Scheduler:
         # free (finished, preempted or undone; a preempted fork recomputes instead).
         if self._copies_after_fork or self._block_copies:
             self._drop_copy(seq.seq_id)
-        self.pool.free(seq.block_table[::-1])
-        seq.block_table = []
-        seq.num_registered_blocks = 0
+        self._allocator.free(seq)
 
     # ------------------------------------------------------------------ slots
     def _assign_slot(self, seq: Sequence) -> None:
@@ -1281,10 +1145,10 @@ class Scheduler:
             num_prefill_steps=self._num_prefill_steps,
             num_decode_steps=self._num_decode_steps,
             num_mixed_steps=self._num_mixed_steps,
-            num_spec_verify_rows=self._num_spec_verify_rows,
-            num_draft_tokens=self._num_draft_tokens,
-            num_accepted_tokens=self._num_accepted_tokens,
-            accepted_per_position=tuple(self._accepted_per_position),
+            num_spec_verify_rows=self._verify.num_rows,
+            num_draft_tokens=self._verify.num_draft_tokens,
+            num_accepted_tokens=self._verify.num_accepted_tokens,
+            accepted_per_position=tuple(self._verify.accepted_per_position),
         )
 
     def check_integrity(self) -> None:
@@ -1322,13 +1186,13 @@ class Scheduler:
         if batch.seqs != [seq for seq in running if seq.decoding and id(seq) not in joining]:
             raise AssertionError("the decode rows are not the running decoders in order")
         batch.check()
-        opening = [seq for seq in batch.seqs if self._opens_block(seq)]
+        opening = [seq for seq in batch.seqs if self._allocator.opens_block(seq)]
         if sorted(map(id, opening)) != sorted(map(id, self._needs_block)):
             raise AssertionError(f"rows needing a block {opening} != filed {self._needs_block}")
         upcoming = self._decode_steps_done + 1
         for seq in batch.seqs:
             position = seq.num_computed_tokens
-            due = [upcoming + self._length_limit(seq) - 2 - position]
+            due = [upcoming + self._stops.length_limit(seq) - 2 - position]
             if seq not in opening:
                 due.append(upcoming + len(seq.block_table) * self.block_size - 1 - position)
             for step in due:
