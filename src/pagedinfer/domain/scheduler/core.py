@@ -62,11 +62,12 @@ from pagedinfer.domain.plan import (
     ScheduledChunk,
     build_batch_plan,
     mixed_batch_plan,
-    needs_prompt_tokens,
 )
 from pagedinfer.domain.scheduler.ahead import carried_rows
 from pagedinfer.domain.scheduler.allocator import BlockAllocator
 from pagedinfer.domain.scheduler.config import SchedulerConfig, SchedulerStats
+from pagedinfer.domain.scheduler.fork_table import ForkTable
+from pagedinfer.domain.scheduler.slots import SlotTable
 from pagedinfer.domain.scheduler.stop_rules import StopRules
 from pagedinfer.domain.scheduler.verify import VerifyStats, kept_drafts, verified_rows
 from pagedinfer.domain.sequence import FinishReason, Sequence, SequenceStatus
@@ -145,11 +146,7 @@ class Scheduler:
         self._decode_steps_done = 0
         self._calendar: dict[int, list[Sequence]] = {}
         self._needs_block: list[Sequence] = []  # rows whose last block filled up
-        # Sampling slots and the deltas not yet confirmed by a postprocess.
-        self._free_slots: list[int] = []
-        self._num_slots = 0
-        self._new_requests: list[NewRequest] = []
-        self._released_slots: list[int] = []
+        self._slots = SlotTable()  # and their deltas not yet confirmed by a postprocess
         self._in_flight: BatchPlan | None = None
         self._in_flight_version = -1
         # Async scheduling (schedule_ahead): the plan whose step still runs while the next
@@ -161,17 +158,7 @@ class Scheduler:
         self._advanced_chunks: list[tuple[Sequence, int, int]] = []  # (seq, before, preempts)
         self._register_due: list[Sequence] = []  # decode rows whose last block filled up
         self._length_due: list[Sequence] = []  # decode rows at their length limit
-        # n > 1: a request's other completions, by the id of its first sequence (the parent):
-        # pending until the step computing the parent's last prompt token is planned, then
-        # forking until that plan is recorded, then running sequences of their own.
-        self._pending_forks: dict[int, list[Sequence]] = {}
-        self._forking: dict[int, list[Sequence]] = {}
-        self._fork_parent: dict[int, int] = {}  # pending or forking child id -> parent id
-        # Device copies (source, destination block) of a parent's partial last block, by the
-        # child receiving it: made when the fork is planned, sent in every plan once the
-        # forking step ran until one is recorded. The source stays pinned until then.
-        self._copies_after_fork: dict[int, tuple[int, int]] = {}
-        self._block_copies: dict[int, tuple[int, int]] = {}
+        self._forks = ForkTable(self.pool)  # n > 1: the completions not started yet
         self._num_preemptions = 0
         self._num_prefill_steps = 0
         self._num_decode_steps = 0
@@ -236,10 +223,9 @@ class Scheduler:
         self._seqs[seq.seq_id] = seq
         self._waiting.append(seq)
         if forks:
-            self._pending_forks[seq.seq_id] = list(forks)
+            self._forks.add(seq, list(forks))
             for child in forks:
                 self._seqs[child.seq_id] = child
-                self._fork_parent[child.seq_id] = seq.seq_id
 
     def _check_forks(self, seq: Sequence, forks: SequenceABC[Sequence]) -> None:
         n = 1 + len(forks)
@@ -278,16 +264,14 @@ class Scheduler:
     def unstarted_forks(self, seq_id: int | None = None) -> list[Sequence]:
         """Completions (``n > 1``) that do not run on their own yet: of request ``seq_id``,
         or of every request. Those of the plan in flight hold blocks and slots already."""
-        groups = (self._pending_forks, self._forking)
-        if seq_id is not None:
-            return [child for forks in groups for child in forks.get(seq_id, ())]
-        return [child for forks in groups for children in forks.values() for child in children]
+        return self._forks.unstarted(seq_id)
 
     @property
     def pending_block_copies(self) -> list[tuple[int, int]]:
         """``(source, destination)`` block copies not yet known to have run; each pins its
         source block with one reference until then."""
-        return [*self._copies_after_fork.values(), *self._block_copies.values()]
+        forks = self._forks
+        return [*forks.copies_after_fork.values(), *forks.block_copies.values()]
 
     def has_unfinished(self) -> bool:
         return bool(self._seqs)
@@ -307,7 +291,7 @@ class Scheduler:
         """
         if self._ahead is not None:
             self._roll_back()  # neither plan in flight was recorded: as if none had run
-        if self._forking:
+        if self._forks.forking:
             self._undo_forks()  # the step that forked them never ran (or was not recorded)
         self._in_flight = None
         return self._plan_next()
@@ -403,17 +387,9 @@ class Scheduler:
         a copy repeated after its destination was written, or a release and install
         repeated after the request sampled, would undo work that stays), and the decode
         rows (``has_rows``) whose input is the plan in flight's sample."""
-        released = tuple(self._released_slots)
-        new_requests = tuple(self._new_requests)
-        copies = tuple(self._block_copies.values()) if self._block_copies else ()
         ahead = self._ahead
-        if ahead is not None:
-            released = released[len(ahead.released_slots) :]
-            if ahead.new_requests:
-                sent = {id(request) for request in ahead.new_requests}
-                new_requests = tuple(r for r in new_requests if id(r) not in sent)
-            if ahead.block_copies:
-                copies = tuple(copy for copy in copies if copy not in ahead.block_copies)
+        released, new_requests = self._slots.unconfirmed(ahead)
+        copies = self._forks.copies_to_send(ahead)
         carried = samples = array("q")
         if ahead is not None and has_rows:
             batch = self._batch
@@ -453,7 +429,7 @@ class Scheduler:
                 continue  # its chunk in the plan in flight samples: planned after the record
             wanted = seq.num_uncomputed_tokens + len(seq.spec_token_ids)
             num_tokens = min(wanted, budget, self._allocator.growth_capacity(seq))
-            forking = num_tokens == seq.num_uncomputed_tokens and seq.seq_id in self._pending_forks
+            forking = num_tokens == seq.num_uncomputed_tokens and seq.seq_id in self._forks.pending
             if forking and not self._fork_fits(seq, num_tokens):
                 num_tokens -= 1  # not this step: the last prompt token must fork
                 forking = False
@@ -463,7 +439,7 @@ class Scheduler:
                 lookahead = self.config.num_lookahead_tokens
                 if num_tokens > seq.num_uncomputed_tokens and lookahead:
                     self._allocator.allocate_lookahead(seq, num_tokens, lookahead)
-                forks = self._fork(seq) if forking else ()
+                forks = self._forks.fork(seq, self._slots) if forking else ()
                 chunks.append(ScheduledChunk(seq, num_tokens, forks))
                 budget -= num_tokens
         # Then admit waiting requests in arrival order, stopping at the first that does not fit.
@@ -477,30 +453,21 @@ class Scheduler:
             self._waiting.popleft()
             self._running.append(seq)
             self._prefilling.append(seq)
-            forking = seq.seq_id in self._pending_forks and seq.num_uncomputed_tokens == num_tokens
-            forks = self._fork(seq) if forking else ()
+            forking = seq.seq_id in self._forks.pending and seq.num_uncomputed_tokens == num_tokens
+            forks = self._forks.fork(seq, self._slots) if forking else ()
             chunks.append(ScheduledChunk(seq, num_tokens, forks))
             budget -= num_tokens
         return chunks
 
     def _has_room_for(self, seq: Sequence) -> bool:
         """Whether admitting ``seq`` (and its forks) keeps ``max_running`` sequences at most."""
-        running = len(self._running)
-        if self._pending_forks or self._forking:
-            # Forks of admitted requests will run: they count from admission on.
-            seqs = self._seqs
-            running += sum(
-                len(children)
-                for parent_id, children in self._pending_forks.items()
-                if seqs[parent_id].status is SequenceStatus.RUNNING
-            )
-            running += sum(len(children) for children in self._forking.values())
-            running += len(self._pending_forks.get(seq.seq_id, ()))
+        # Forks of admitted requests will run: they count from admission on.
+        running = len(self._running) + self._forks.num_committed(self._seqs, seq.seq_id)
         return running < self.config.max_running
 
     def _admit(self, seq: Sequence, budget: int) -> int:
         """Give ``seq`` its cached prefix and blocks for its first chunk; 0 if they don't fit."""
-        reserve = self._fork_extra_blocks(seq) if seq.seq_id in self._pending_forks else 0
+        reserve = self._forks.extra_blocks(seq)  # the chunk forks if whole: copies too
         admission = self._allocator.admit(seq, budget, reserve_if_whole=reserve)
         if admission is None:
             return 0
@@ -512,7 +479,7 @@ class Scheduler:
         seq.num_computed_tokens = num_cached
         seq.status = SequenceStatus.RUNNING
         if seq.slot < 0:  # first admission (a preempted request keeps its slot)
-            self._assign_slot(seq)
+            self._slots.assign(seq)
         if num_cached and self._events is not None:
             self._events.append(
                 PrefixCacheHit(seq.seq_id, num_cached, readmitted=seq.num_preemptions > 0)
@@ -612,46 +579,13 @@ class Scheduler:
         else:
             entries.append(seq)
 
-    def _fork_extra_blocks(self, seq: Sequence) -> int:
-        """Blocks the forks of ``seq`` take when they start: one copy of a partial last block
-        each (a prompt that ends on a block boundary shares all of its blocks)."""
-        return len(self._pending_forks[seq.seq_id]) if seq.num_tokens % self.block_size else 0
-
     def _fork_fits(self, seq: Sequence, num_tokens: int) -> bool:
         growth = self._allocator.blocks_missing(seq, num_tokens)
-        return growth + self._fork_extra_blocks(seq) <= self._allocator.num_free_blocks
-
-    def _fork(self, seq: Sequence) -> tuple[Sequence, ...]:
-        """Start ``seq``'s pending forks: the chunk being planned computes its last prompt
-        token, and each fork samples from that row. Blocks and slots are given now; the forks
-        run once the step is recorded (:meth:`_start_fork`)."""
-        children = self._pending_forks.pop(seq.seq_id)
-        pool = self.pool
-        size = self.block_size
-        num_full = seq.num_tokens // size
-        shared = seq.block_table[:num_full]
-        partial = seq.block_table[num_full] if seq.num_tokens % size else None
-        for child in children:
-            pool.share(shared)
-            child.block_table = list(shared)
-            if partial is not None:
-                copy = pool.allocate(1)[0].block_id
-                pool.share([partial])  # pinned until the copy ran
-                self._copies_after_fork[child.seq_id] = (partial, copy)
-                child.block_table.append(copy)
-            child.num_computed_tokens = seq.num_tokens
-            child.num_cached_tokens = seq.num_cached_tokens
-            child.status = SequenceStatus.RUNNING
-            self._assign_slot(child)
-        self._forking[seq.seq_id] = children
-        return tuple(children)
+        return growth + self._forks.extra_blocks(seq) <= self._allocator.num_free_blocks
 
     def _start_fork(self, child: Sequence, token: int, updated: list[Sequence]) -> None:
         """The forking step ran: ``child`` has its first token and runs on its own."""
-        del self._fork_parent[child.seq_id]
-        copy = self._copies_after_fork.pop(child.seq_id, None)
-        if copy is not None:
-            self._block_copies[child.seq_id] = copy
+        self._forks.started(child)
         child.token_ids.append(token)
         self._running.append(child)
         if self._speculative:  # a chunk of its last token and drafts per step
@@ -667,15 +601,12 @@ class Scheduler:
 
     def _undo_forks(self) -> None:
         """The plan that forked was never recorded: back to pending, planned again later."""
-        for parent_id, children in self._forking.items():
-            for child in children:
-                self._release_blocks(child)
-                self._release_slot(child)
-                child.num_computed_tokens = 0
-                child.num_cached_tokens = 0
-                child.status = SequenceStatus.WAITING
-            self._pending_forks[parent_id] = children
-        self._forking = {}
+        for child in self._forks.undo():
+            self._release_blocks(child)
+            self._slots.release(child)
+            child.num_computed_tokens = 0
+            child.num_cached_tokens = 0
+            child.status = SequenceStatus.WAITING
 
     def _no_more_forks(self, parent_id: int) -> None:
         """The last pending fork of ``parent_id`` is gone: a parent that stayed prefilling
@@ -693,12 +624,6 @@ class Scheduler:
             parent.start_decoding()
             self._prefilling.remove(parent)
             self._joining.append(parent)
-
-    def _drop_copy(self, child_id: int) -> None:
-        """Forget the copy into ``child_id``'s block (its blocks are being released)."""
-        copy = self._copies_after_fork.pop(child_id, None) or self._block_copies.pop(child_id, None)
-        if copy is not None:
-            self.pool.free([copy[0]])  # unpin the source
 
     # ------------------------------------------------------------ postprocess
     def postprocess(self, plan: BatchPlan, sampled_token_ids: Iterable[int]) -> list[Sequence]:
@@ -811,7 +736,7 @@ class Scheduler:
                 self._allocator.register_full_blocks(seq)
             if token is not None:
                 updated.append(seq)
-                for child in self._forking.pop(seq_id, ()):  # completions sampled here too
+                for child in self._forks.forking.pop(seq_id, ()):  # completions sampled here too
                     self._start_fork(child, sampled[child.seq_id], updated)
                 reason = self._stops.finish_reason(seq, token)
                 if reason is not None:
@@ -822,7 +747,7 @@ class Scheduler:
                 and not seq.decoding
                 and seq.num_uncomputed_tokens == 1
                 # A request's last prompt token forks in a prefill step, never in a decode.
-                and seq_id not in self._pending_forks
+                and seq_id not in self._forks.pending
                 and not self._speculative  # (speculating, it goes on in chunks)
             ):
                 # Prompt done (or one prompt token left over): one token per step from now.
@@ -921,7 +846,7 @@ class Scheduler:
             before = seq.num_computed_tokens
             self._advanced_chunks.append((seq, before, seq.num_preemptions))
             seq.num_computed_tokens = before + num_tokens
-            if seq.num_uncomputed_tokens == 1 and seq_id not in self._pending_forks:
+            if seq.num_uncomputed_tokens == 1 and seq_id not in self._forks.pending:
                 # One prompt token left over (as in _postprocess_rows): decode it.
                 seq.start_decoding()
                 self._prefilling.remove(seq)
@@ -1026,17 +951,8 @@ class Scheduler:
 
     def _confirm_deltas(self, plan: BatchPlan) -> None:
         """The plan ran: the executor has applied its sampling deltas and block copies."""
-        if plan.block_copies:
-            done = set(plan.block_copies)
-            for child_id, copy in list(self._block_copies.items()):
-                if copy in done:
-                    del self._block_copies[child_id]
-                    self.pool.free([copy[0]])  # unpin the source
-        if plan.released_slots:
-            del self._released_slots[: len(plan.released_slots)]
-        if plan.new_requests:
-            sent = {id(request) for request in plan.new_requests}
-            self._new_requests = [r for r in self._new_requests if id(r) not in sent]
+        self._forks.confirm(plan)
+        self._slots.confirm(plan)
 
     def finish(self, seq_id: int, reason: FinishReason) -> Sequence | None:
         """Finish a request now (stop string matched, caller abort). ``None`` if unknown."""
@@ -1053,22 +969,17 @@ class Scheduler:
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         if seq.token_ids and seq.token_ids[-1] == PENDING_TOKEN:
             seq.token_ids.pop()  # its step is in flight: the token is discarded
-        parent_id = self._fork_parent.pop(seq.seq_id, None)
-        if parent_id is not None:  # a completion that has not started yet
-            for forks in (self._pending_forks, self._forking):
-                children = forks.get(parent_id)
-                if children is not None and seq in children:
-                    children.remove(seq)
-                    if not children:
-                        del forks[parent_id]
-                        self._no_more_forks(parent_id)
+        if seq.seq_id in self._forks.parent:  # a completion that has not started yet
+            parent_id = self._forks.remove(seq)
+            if parent_id is not None:
+                self._no_more_forks(parent_id)
         elif seq.status is SequenceStatus.RUNNING:
             self._running.remove(seq)
             self._stop_running(seq)
         elif seq.status is SequenceStatus.WAITING:
             self._waiting.remove(seq)
         self._release_blocks(seq)
-        self._release_slot(seq)
+        self._slots.release(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         del self._seqs[seq.seq_id]
@@ -1076,8 +987,7 @@ class Scheduler:
             self._events.append(SequenceFinished(seq, reason))
         # Completions that were to fork from it end with it (it ended before its prompt was
         # computed: an abort).
-        orphans = [*self._pending_forks.pop(seq.seq_id, ()), *self._forking.pop(seq.seq_id, ())]
-        for child in orphans:
+        for child in self._forks.orphans(seq.seq_id):
             self._finish(child, reason)
 
     def _preempt(self, seq: Sequence) -> None:
@@ -1109,32 +1019,8 @@ class Scheduler:
     def _release_blocks(self, seq: Sequence) -> None:
         # A fork's pending copy targets one of these blocks: it must not run once they are
         # free (finished, preempted or undone; a preempted fork recomputes instead).
-        if self._copies_after_fork or self._block_copies:
-            self._drop_copy(seq.seq_id)
+        self._forks.drop_copy(seq.seq_id)
         self._allocator.free(seq)
-
-    # ------------------------------------------------------------------ slots
-    def _assign_slot(self, seq: Sequence) -> None:
-        if self._free_slots:
-            seq.slot = self._free_slots.pop()
-        else:
-            seq.slot = self._num_slots
-            self._num_slots += 1
-        prompt = tuple(seq.prompt_token_ids) if needs_prompt_tokens(seq.params) else ()
-        self._new_requests.append(
-            NewRequest(seq.seq_id, seq.slot, seq.params, seq.num_prompt_tokens, prompt)
-        )
-
-    def _release_slot(self, seq: Sequence) -> None:
-        slot = seq.slot
-        if slot < 0:
-            return
-        seq.slot = -1
-        self._free_slots.append(slot)
-        # Not installed yet (as far as we know): no need to. The release still goes out, in
-        # case the executor did install it.
-        self._new_requests = [r for r in self._new_requests if r.slot != slot]
-        self._released_slots.append(slot)
 
     # ------------------------------------------------------------------ stats
     def stats(self) -> SchedulerStats:
@@ -1168,15 +1054,17 @@ class Scheduler:
                 and seq.num_computed_tokens > 0
                 and self._in_flight is None
                 and self._ahead is None
-                and seq.seq_id not in self._pending_forks  # its last prompt token forks
+                and seq.seq_id not in self._forks.pending  # its last prompt token forks
                 and not self._speculative  # (speculating, it goes on in chunks)
             ):
                 raise AssertionError(f"{seq!r} should be decoding")
         for seq in self._waiting:
             if seq.decoding:
                 raise AssertionError(f"waiting {seq!r} is marked decoding")
-        self._check_slots()
-        self._check_forks_state()
+        forking = [child for children in self._forks.forking.values() for child in children]
+        self._slots.check(running, list(self._waiting), forking, self.config.max_running)
+        in_flight = self._in_flight is not None or self._ahead is not None
+        self._forks.check(self._seqs, plan_in_flight=in_flight)
         if self._batch_stale:
             return
         batch = self._batch
@@ -1200,45 +1088,3 @@ class Scheduler:
                     continue  # at its limit in the plan in flight: finishes when recorded
                 if seq not in self._calendar.get(step, ()):
                     raise AssertionError(f"{seq!r} is not filed under decode-row step {step}")
-
-    def _check_forks_state(self) -> None:
-        children = [
-            c for forks in (self._pending_forks, self._forking) for cs in forks.values() for c in cs
-        ]
-        if sorted(c.seq_id for c in children) != sorted(self._fork_parent):
-            raise AssertionError("pending and forking completions disagree with their parents")
-        for parent_id, pending in self._pending_forks.items():
-            parent = self._seqs.get(parent_id)
-            if parent is None or parent.decoding or not pending:
-                raise AssertionError(f"pending forks of {parent_id} but no prefilling parent")
-            for child in pending:
-                if (
-                    child.block_table
-                    or child.slot >= 0
-                    or child.status is not SequenceStatus.WAITING
-                ):
-                    raise AssertionError(f"pending fork {child!r} holds resources")
-        if self._forking and self._in_flight is None and self._ahead is None:
-            raise AssertionError("forks in flight without a plan in flight")
-        copies = [*self._copies_after_fork.items(), *self._block_copies.items()]
-        for child_id, (source, target) in copies:
-            holder = self._seqs.get(child_id)
-            if holder is None or target not in holder.block_table:
-                raise AssertionError(f"a block copy into {target} that {child_id} does not hold")
-            if self.pool.block(source).ref_count < 1:
-                raise AssertionError(f"the source {source} of a pending copy is free")
-
-    def _check_slots(self) -> None:
-        forking = [child for children in self._forking.values() for child in children]
-        holders = [seq for seq in [*self._running, *self._waiting, *forking] if seq.slot >= 0]
-        slots = [seq.slot for seq in holders]
-        if len(set(slots)) != len(slots):
-            raise AssertionError(f"two requests share a sampling slot: {slots}")
-        if any(seq.slot < 0 for seq in self._running):
-            raise AssertionError("a running request has no sampling slot")
-        if any(seq.slot >= 0 and seq.num_preemptions == 0 for seq in self._waiting):
-            raise AssertionError("a request that never ran holds a sampling slot")
-        if sorted(slots + self._free_slots) != list(range(self._num_slots)):
-            raise AssertionError(f"slots {slots} + free {self._free_slots} != 0..{self._num_slots}")
-        if self._num_slots > self.config.max_running:
-            raise AssertionError(f"{self._num_slots} slots > max_running {self.config.max_running}")
