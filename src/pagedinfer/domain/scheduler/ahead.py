@@ -6,7 +6,7 @@ tokens are known: each of its decode rows whose input is such a token holds
 :data:`~pagedinfer.domain.plan.PENDING_TOKEN`, and the plan names those rows
 (``carried_rows``) and the sample of the plan in flight each one takes
 (``carried_samples``). This module answers that question from the decode rows alone; the
-scheduler's loop moves its state on and back (``_advance``, ``_roll_back``).
+scheduler's loop moves its state on and back (``_move_on``, ``_roll_back``).
 """
 
 from __future__ import annotations

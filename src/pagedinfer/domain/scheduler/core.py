@@ -151,7 +151,7 @@ class Scheduler:
         self._in_flight_version = -1
         # Async scheduling (schedule_ahead): the plan whose step still runs while the next
         # one was planned, its state moved on as if every sequence in it continued
-        # (_advance), and what its postprocess (_record_ahead) or a roll-back needs.
+        # (_move_on), and what its record (_record) or a roll-back needs.
         self._ahead: BatchPlan | None = None
         self._ahead_removals = -1  # the rows' removal count after the advance; -1: changed
         self._awaiting: set[int] = set()  # its prefill chunks that sample: wait for it
@@ -328,7 +328,7 @@ class Scheduler:
                 "schedule_ahead() plans one step ahead of the plan in flight: call it after "
                 "schedule() (or after the previous plan in flight was postprocessed), once."
             )
-        self._advance(plan)
+        self._move_on(plan, None)
         self._in_flight = None
         return self._plan_next()
 
@@ -651,60 +651,158 @@ class Scheduler:
                 f"{len(tokens)} sampled token ids for a plan that samples {plan.num_samples} "
                 "rows: pass exactly one token id per sampled row."
             )
-        if ahead is not None:
-            return self._record_ahead(plan, tokens)
-        self._in_flight = None
-        self._recorded_step_id = plan.step_id
-        self._confirm_deltas(plan)
-        num_rows = plan.num_decode_rows
-        if num_rows == 0:
-            return self._postprocess_rows(plan, tokens)
-        self._decode_steps_done += 1
-        if self._batch_stale or self._batch.version != self._in_flight_version:
-            # Rows changed since the plan (an abort in between): go row by row, then rebuild.
-            self._calendar.pop(self._decode_steps_done, None)
-            self._batch_stale = True
-            return self._postprocess_rows(plan, tokens)
-        if not plan.is_prefill:
-            return self._postprocess_decode(tokens)
-        # A mixed step: the decode rows (one sample each, first), then the prefill chunks.
-        updated = self._postprocess_decode(tokens[:num_rows])
-        updated += self._postprocess_rows(plan, tokens, first_row=num_rows)
-        return updated
+        if ahead is None:  # not moved on by schedule_ahead(): now, with the tokens known
+            self._in_flight = None
+            self._move_on(plan, tokens)
+        return self._record(plan, tokens, filled=ahead is None)
 
-    def _postprocess_decode(self, tokens: list[int]) -> list[Sequence]:
-        """The step's decode rows are the batch's rows: advance them all at once."""
-        batch = self._batch
-        updated = list(batch.seqs)
-        batch.advance(tokens)
-        finishing = self._stops.scan(updated, tokens, self._decode_stop_ids)
-        for seq in self._calendar.pop(self._decode_steps_done, ()):
+    def _move_on(self, plan: BatchPlan, tokens: list[int] | None) -> None:
+        """Move the state on as if ``plan``'s step ran and every sequence in it continues:
+        its decode rows get their ``tokens`` (``None``, planning ahead: each gets
+        :data:`~pagedinfer.domain.plan.PENDING_TOKEN`), its chunks that do not sample count
+        as computed. :meth:`_record` does the rest (tokens of sampled chunks, the prefix
+        cache, finishes); :meth:`_roll_back` undoes it, should the plan never be recorded."""
+        self._ahead = plan
+        self._ahead_removals = -1
+        num_rows = plan.num_decode_rows
+        if num_rows:
+            self._decode_steps_done += 1
+            batch = self._batch
+            if not self._batch_stale and batch.version == self._in_flight_version:
+                # The rows are the plan's decode rows: move them all on at once.
+                if tokens is None:
+                    batch.advance_pending()
+                else:
+                    batch.advance(tokens if len(tokens) == num_rows else tokens[:num_rows])
+                self._ahead_removals = batch.removals
+                self._calendar_due(self._calendar.pop(self._decode_steps_done, ()))
+            else:  # rows left since the plan was made (aborts): one by one, then rebuild
+                self._calendar.pop(self._decode_steps_done, None)
+                self._batch_stale = True
+                for seq_id in plan.seq_ids[:num_rows]:
+                    row_seq = self._seqs.get(seq_id)
+                    if row_seq is not None and row_seq.status is SequenceStatus.RUNNING:
+                        row_seq.token_ids.append(PENDING_TOKEN)
+        if num_rows == plan.num_seqs:
+            return
+        sampled = set(plan.sampled_seq_ids[num_rows:])
+        rows = zip(plan.seq_ids[num_rows:], plan.query_lens[num_rows:], strict=True)
+        for seq_id, num_tokens in rows:
+            chunk_seq = self._seqs.get(seq_id)
+            if (
+                chunk_seq is None
+                or chunk_seq.status is not SequenceStatus.RUNNING
+                or chunk_seq.decoding
+            ):
+                continue
+            seq = chunk_seq
+            if seq_id in sampled:
+                self._awaiting.add(seq_id)  # its next step needs this one's token
+                continue
+            before = seq.num_computed_tokens
+            self._advanced_chunks.append((seq, before, seq.num_preemptions))
+            seq.num_computed_tokens = before + num_tokens
+            self._maybe_start_decoding(seq)
+
+    def _calendar_due(self, filed: Iterable[Sequence]) -> None:
+        """The rows filed under the decode-row step just moved past: those whose last block
+        filled up (registered and given a block later) or that reached their length limit
+        (finished when recorded)."""
+        for seq in filed:
             if not seq.decoding or seq.status is not SequenceStatus.RUNNING:
                 continue  # a stale entry: the sequence left the rows since it was filed
             if self._allocator.opens_block(seq) and seq not in self._needs_block:
-                self._allocator.register_full_blocks(seq)  # its last block just filled up
+                self._register_due.append(seq)  # registered when recorded
                 self._needs_block.append(seq)
-            if seq not in finishing and seq.num_tokens >= self._stops.length_limit(seq):
-                finishing[seq] = FinishReason.LENGTH
+            if seq.num_tokens >= self._stops.length_limit(seq):
+                self._length_due.append(seq)
+
+    def _maybe_start_decoding(self, seq: Sequence) -> None:
+        """Prompt done (or one prompt token left over): one token per step from now on."""
+        if (
+            seq.num_uncomputed_tokens == 1
+            # A request's last prompt token forks in a prefill step, never in a decode.
+            and seq.seq_id not in self._forks.pending
+            and not self._speculative  # (speculating, it goes on in chunks)
+        ):
+            seq.start_decoding()
+            self._prefilling.remove(seq)
+            self._joining.append(seq)
+
+    def _record(self, plan: BatchPlan, tokens: list[int], *, filled: bool) -> list[Sequence]:
+        """The record of a plan :meth:`_move_on` moved on (``filled``: with its decode rows'
+        tokens; else they are pending): write the tokens in, then the prefix cache, the
+        sampled chunks, the finishes."""
+        self._ahead = None
+        self._recorded_step_id = plan.step_id
+        self._confirm_deltas(plan)
+        awaiting, self._awaiting = self._awaiting, set()
+        self._advanced_chunks = []
+        num_rows = plan.num_decode_rows
+        updated: list[Sequence] = []
+        if num_rows:
+            decode_tokens = tokens if len(tokens) == num_rows else tokens[:num_rows]
+            updated = self._record_decode_rows(plan, decode_tokens, filled=filled)
+        if num_rows < plan.num_seqs:
+            updated += self._record_chunks(plan, tokens, num_rows, awaiting, filled=filled)
+        return updated
+
+    def _record_decode_rows(
+        self, plan: BatchPlan, tokens: list[int], *, filled: bool
+    ) -> list[Sequence]:
+        register_due, self._register_due = self._register_due, []
+        length_due, self._length_due = self._length_due, []
+        batch = self._batch
+        if not self._batch_stale and batch.removals == self._ahead_removals:
+            # Every row is still there, in order: one pass over arrays, one set intersection.
+            if not filled:
+                batch.fill_pending(tokens)
+            updated = batch.seqs[: len(tokens)]  # a copy: finishing removes rows
+            finishing = self._stops.scan(updated, tokens, self._decode_stop_ids)
+            for seq in register_due:
+                if seq.status is SequenceStatus.RUNNING:
+                    self._allocator.register_full_blocks(seq)  # its last block filled up
+            for seq in length_due:
+                if (
+                    seq.status is SequenceStatus.RUNNING
+                    and seq not in finishing
+                    and seq.num_tokens >= self._stops.length_limit(seq)
+                ):
+                    finishing[seq] = FinishReason.LENGTH
+        else:
+            # Rows left or moved (preempted, aborted, rebuilt): one by one, then rebuild
+            # (the rows' inputs still hold the pending tokens).
+            self._batch_stale = True
+            updated = []
+            finishing = {}
+            for seq_id, token in zip(plan.seq_ids[: len(tokens)], tokens, strict=True):
+                row_seq = self._seqs.get(seq_id)
+                if row_seq is None or row_seq.token_ids[-1] != PENDING_TOKEN:
+                    continue  # finished since (its token is discarded)
+                row_seq.token_ids[-1] = token
+                updated.append(row_seq)
+                if row_seq.status is SequenceStatus.RUNNING:
+                    self._allocator.register_full_blocks(row_seq)
+                reason = self._stops.finish_reason(row_seq, token)
+                if reason is not None:
+                    finishing[row_seq] = reason
         for seq in sorted(finishing, key=updated.index):  # in row order
             self._finish(seq, finishing[seq])
         return updated
 
-    def _postprocess_rows(
+    def _record_chunks(
         self,
         plan: BatchPlan,
         tokens: list[int],
-        first_row: int = 0,
+        first_row: int,
+        awaiting: set[int],
         *,
-        awaiting: set[int] | None = None,
+        filled: bool,
     ) -> list[Sequence]:
-        """Any plan, row by row from ``first_row``: prefill steps, the prefill chunks of
-        mixed steps, and decode-row steps whose rows changed. ``tokens`` are all of the
-        plan's samples; rows before ``first_row`` are decode rows (one sample each).
-
-        ``awaiting`` (a plan :meth:`_advance` moved on): the sequences whose chunk samples,
-        which the advance left as they were; the other chunks were counted then. A sequence
-        preempted since still gets its token (its step ran)."""
+        """The chunks of ``plan`` (its rows from ``first_row``; ``tokens`` are all of its
+        samples). :meth:`_move_on` counted those that do not sample; ``awaiting`` are the
+        others. Planned ahead (not ``filled``), a sequence preempted since the plan was
+        made still gets its token (its step ran)."""
         sampled = dict(zip(plan.sampled_seq_ids[first_row:], tokens[first_row:], strict=True))
         verified = verified_rows(plan, tokens) if plan.verify_rows else None
         updated: list[Sequence] = []
@@ -714,12 +812,11 @@ class Scheduler:
             if seq is None:
                 continue
             running = seq.status is SequenceStatus.RUNNING
-            if awaiting is not None:
-                if seq_id not in awaiting:
-                    if running:
-                        self._allocator.register_full_blocks(seq)  # counted by the advance
-                    continue
-            elif not running:
+            if seq_id not in awaiting:
+                if running:
+                    self._allocator.register_full_blocks(seq)  # counted when moved on
+                continue
+            if not running and filled:
                 continue
             if verified is not None and seq_id in verified:
                 if self._record_verified(seq, num_tokens, *verified[seq_id]):
@@ -727,33 +824,20 @@ class Scheduler:
                 continue
             if running and not seq.decoding:
                 seq.num_computed_tokens += num_tokens
-            token = sampled.get(seq_id)
-            if token is not None:
-                seq.token_ids.append(token)  # a decoding sequence's count follows
-                if seq.spec_token_ids:
-                    seq.spec_token_ids = []  # guesses after the previous last token
+            token = sampled[seq_id]
+            seq.token_ids.append(token)
+            if seq.spec_token_ids:
+                seq.spec_token_ids = []  # guesses after the previous last token
             if running:
                 self._allocator.register_full_blocks(seq)
-            if token is not None:
-                updated.append(seq)
-                for child in self._forks.forking.pop(seq_id, ()):  # completions sampled here too
-                    self._start_fork(child, sampled[child.seq_id], updated)
-                reason = self._stops.finish_reason(seq, token)
-                if reason is not None:
-                    self._finish(seq, reason)
-                    continue
-            if (
-                running
-                and not seq.decoding
-                and seq.num_uncomputed_tokens == 1
-                # A request's last prompt token forks in a prefill step, never in a decode.
-                and seq_id not in self._forks.pending
-                and not self._speculative  # (speculating, it goes on in chunks)
-            ):
-                # Prompt done (or one prompt token left over): one token per step from now.
-                seq.start_decoding()
-                self._prefilling.remove(seq)
-                self._joining.append(seq)
+            updated.append(seq)
+            for child in self._forks.forking.pop(seq_id, ()):  # completions sampled here too
+                self._start_fork(child, sampled[child.seq_id], updated)
+            reason = self._stops.finish_reason(seq, token)
+            if reason is not None:
+                self._finish(seq, reason)
+            elif running and not seq.decoding:
+                self._maybe_start_decoding(seq)
         return updated
 
     # --------------------------------------------------- speculative decoding
@@ -798,120 +882,14 @@ class Scheduler:
         return True
 
     # ------------------------------------------------------- async scheduling
-    def _advance(self, plan: BatchPlan) -> None:
-        """Move the state on as if ``plan``'s step ran and every sequence in it continues
-        (:meth:`schedule_ahead`). :meth:`_record_ahead` fills in the tokens; :meth:`_roll_back`
-        undoes it. Nothing is registered in the prefix cache and nothing finishes here."""
-        self._ahead = plan
-        self._ahead_removals = -1
-        num_rows = plan.num_decode_rows
-        if num_rows:
-            self._decode_steps_done += 1
-            batch = self._batch
-            if not self._batch_stale and batch.version == self._in_flight_version:
-                # The rows are the plan's decode rows: move them all on at once.
-                batch.advance_pending()
-                self._ahead_removals = batch.removals
-                for seq in self._calendar.pop(self._decode_steps_done, ()):
-                    if not seq.decoding or seq.status is not SequenceStatus.RUNNING:
-                        continue  # a stale entry
-                    if self._allocator.opens_block(seq) and seq not in self._needs_block:
-                        self._register_due.append(seq)  # registered when recorded
-                        self._needs_block.append(seq)
-                    if seq.num_tokens >= self._stops.length_limit(seq):
-                        self._length_due.append(seq)
-            else:  # rows left since the plan was made (aborts): one by one, then rebuild
-                self._calendar.pop(self._decode_steps_done, None)
-                self._batch_stale = True
-                for seq_id in plan.seq_ids[:num_rows]:
-                    row_seq = self._seqs.get(seq_id)
-                    if row_seq is not None and row_seq.status is SequenceStatus.RUNNING:
-                        row_seq.token_ids.append(PENDING_TOKEN)
-        if num_rows == plan.num_seqs:
-            return
-        sampled = set(plan.sampled_seq_ids[num_rows:])
-        rows = zip(plan.seq_ids[num_rows:], plan.query_lens[num_rows:], strict=True)
-        for seq_id, num_tokens in rows:
-            chunk_seq = self._seqs.get(seq_id)
-            if (
-                chunk_seq is None
-                or chunk_seq.status is not SequenceStatus.RUNNING
-                or chunk_seq.decoding
-            ):
-                continue
-            seq = chunk_seq
-            if seq_id in sampled:
-                self._awaiting.add(seq_id)  # its next step needs this one's token
-                continue
-            before = seq.num_computed_tokens
-            self._advanced_chunks.append((seq, before, seq.num_preemptions))
-            seq.num_computed_tokens = before + num_tokens
-            if seq.num_uncomputed_tokens == 1 and seq_id not in self._forks.pending:
-                # One prompt token left over (as in _postprocess_rows): decode it.
-                seq.start_decoding()
-                self._prefilling.remove(seq)
-                self._joining.append(seq)
-
     def _sample_pending(self, seq: Sequence) -> bool:
         """Whether ``seq`` waits for a token of the plan in flight that was planned ahead of."""
         return seq.seq_id in self._awaiting or (
             bool(seq.token_ids) and seq.token_ids[-1] == PENDING_TOKEN
         )
 
-    def _record_ahead(self, plan: BatchPlan, tokens: list[int]) -> list[Sequence]:
-        """:meth:`postprocess` of a plan that :meth:`_advance` moved on: write the tokens in,
-        then what the advance left to the record (finishes, the prefix cache, prompt ends)."""
-        self._ahead = None
-        self._recorded_step_id = plan.step_id
-        self._confirm_deltas(plan)
-        awaiting, self._awaiting = self._awaiting, set()
-        self._advanced_chunks = []
-        register_due, self._register_due = self._register_due, []
-        length_due, self._length_due = self._length_due, []
-        num_rows = plan.num_decode_rows
-        updated: list[Sequence] = []
-        if num_rows:
-            finishing: dict[Sequence, FinishReason] = {}
-            batch = self._batch
-            decode_tokens = tokens[:num_rows]
-            if not self._batch_stale and batch.removals == self._ahead_removals:
-                # Every row is still there, in order: the fast path of _postprocess_decode.
-                batch.fill_pending(decode_tokens)
-                updated = batch.seqs[:num_rows]
-                finishing = self._stops.scan(updated, decode_tokens, self._decode_stop_ids)
-                for seq in register_due:
-                    if seq.status is SequenceStatus.RUNNING:
-                        self._allocator.register_full_blocks(seq)
-                for seq in length_due:
-                    if (
-                        seq.status is SequenceStatus.RUNNING
-                        and seq not in finishing
-                        and seq.num_tokens >= self._stops.length_limit(seq)
-                    ):
-                        finishing[seq] = FinishReason.LENGTH
-            else:
-                # Rows left or moved (preempted, aborted, rebuilt): one by one, then rebuild
-                # (the rows' inputs still hold the pending tokens).
-                self._batch_stale = True
-                for seq_id, token in zip(plan.seq_ids[:num_rows], decode_tokens, strict=True):
-                    row_seq = self._seqs.get(seq_id)
-                    if row_seq is None or row_seq.token_ids[-1] != PENDING_TOKEN:
-                        continue  # finished since (its token is discarded)
-                    row_seq.token_ids[-1] = token
-                    updated.append(row_seq)
-                    if row_seq.status is SequenceStatus.RUNNING:
-                        self._allocator.register_full_blocks(row_seq)
-                    reason = self._stops.finish_reason(row_seq, token)
-                    if reason is not None:
-                        finishing[row_seq] = reason
-            for seq in sorted(finishing, key=updated.index):  # in row order
-                self._finish(seq, finishing[seq])
-        if num_rows < plan.num_seqs:
-            updated += self._postprocess_rows(plan, tokens, num_rows, awaiting=awaiting)
-        return updated
-
     def _roll_back(self) -> None:
-        """Neither the plan moved on by :meth:`_advance` nor the one planned after it was
+        """Neither the plan moved on by :meth:`_move_on` nor the one planned after it was
         recorded (a step failed): back to the state before the advance, as if it never ran.
         Sequences finished or preempted since keep what that did."""
         plan = self._ahead
