@@ -6,17 +6,21 @@ tokens are known: each of its decode rows whose input is such a token holds
 :data:`~pagedinfer.domain.plan.PENDING_TOKEN`, and the plan names those rows
 (``carried_rows``) and the sample of the plan in flight each one takes
 (``carried_samples``). This module answers that question from the decode rows alone; the
-scheduler's loop moves its state on and back (``_move_on``, ``_roll_back``).
+scheduler's loop moves its state on and back (``_move_on``, ``_roll_back``); the chunks
+it counted are restored by :func:`restore_chunks`.
 """
 
 from __future__ import annotations
 
 from array import array
 
+from pagedinfer.domain.block_pool import cdiv
 from pagedinfer.domain.decode_batch import DecodeBatch
 from pagedinfer.domain.plan import PENDING_TOKEN, BatchPlan
+from pagedinfer.domain.scheduler.allocator import BlockAllocator
+from pagedinfer.domain.sequence import Sequence, SequenceStatus
 
-__all__ = ["carried_rows"]
+__all__ = ["carried_rows", "restore_chunks"]
 
 
 def carried_rows(
@@ -41,3 +45,24 @@ def carried_rows(
             carried.append(row)
             samples.append(index[seq_ids[row]])
     return carried, samples
+
+
+def restore_chunks(
+    advanced: list[tuple[Sequence, int, int]],
+    known: dict[int, Sequence],
+    allocator: BlockAllocator,
+) -> None:
+    """Undo the chunks a plan that was never recorded counted as computed: each
+    ``(sequence, computed tokens before, its preemptions then)`` still running as then
+    (``known``: the unfinished sequences by id) gets its count back, and keeps the blocks
+    of the chunk that runs again, not those given for the one after."""
+    size = allocator.block_size
+    for seq, before, preemptions in advanced:
+        if (
+            seq.status is SequenceStatus.RUNNING
+            and seq.num_preemptions == preemptions
+            and seq.seq_id in known
+        ):
+            allocator.trim(seq, cdiv(seq.num_computed_tokens, size))
+            seq.stop_decoding()  # (moving on may have made it decode)
+            seq.num_computed_tokens = before

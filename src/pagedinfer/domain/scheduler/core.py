@@ -1,43 +1,6 @@
-"""Who runs this step: FCFS scheduling with chunked prefill and preemption by recompute.
-
-Running sequences are in one of two phases: *prefilling* (prompt tokens, or a preempted
-sequence's history, still to compute: any number of tokens per step, in chunks) or
-*decoding* (one token per step). Two policies share one token budget per step
-(``max_num_batched_tokens``) differently (``SchedulerConfig.scheduling_policy``):
-
-* ``"mixed"`` (the default): every step gives every decoding sequence its token (decode
-  rows), then spends the rest of the budget on partly prefilled sequences, then on new
-  admissions in arrival order (chunked). A step may thus hold decode rows *and* prefill
-  chunks (a mixed step); a decoding sequence never waits behind a prefill, only when it
-  is preempted. No request is admitted in a step that had to preempt.
-* ``"prefill_first"``: a step is either a prefill step (partly prefilled, then new
-  sequences) or, when no prefill work can run, a decode step; every decoding sequence waits
-  while prompts are prefilled.
-
-The scheduler owns the block pool: it allocates the blocks a step writes before the step
-runs and registers full blocks in the prefix cache after it ran (``postprocess``), so a
-block is only ever shared once its K/V exist. When a decoding sequence needs a block and
-none is free, the newest running sequence is preempted (its blocks freed, recomputed later).
-
-Decode rows are the hot path: their cost is per running sequence, every step. The decoding
-sequences live in a :class:`~pagedinfer.domain.decode_batch.DecodeBatch` whose arrays are
-moved on in bulk, and the scheduler looks at a single sequence only when something happens
-to it. Every decoding sequence advances exactly one token in every step that has decode rows
-(a *decode-row step*: a decode or a mixed step), so the step at which its last block fills
-up, and the step at which it reaches its length limit, are known when it starts decoding:
-the scheduler files it under those steps in a calendar (``_calendar``, counted in decode-row
-steps) and only visits the sequences filed under the current step. Sampled stop tokens are
-found with one set intersection per step. A mixed step's plan is the decode rows' plan with
-the prefill chunks appended (:func:`~pagedinfer.domain.plan.mixed_batch_plan`).
-
-Several completions of one prompt (``SamplingParams.n > 1``) are *forks*: the caller adds the
-request's first sequence with the others (:meth:`Scheduler.add`), only the first one
-prefills, and the step that computes its last prompt token samples that logits row once per
-completion. The forks then start decoding with the prompt's full blocks shared (ref counts)
-and a device copy of its partial last block each (``BatchPlan.block_copies``), so the prompt
-is computed once for all of them. A fork counts towards ``max_num_seqs`` from its parent's
-admission on. If the step that forks is never recorded, the fork is undone and planned again.
-"""
+"""The scheduler's loop: queues, ``schedule``, the two policies, ``postprocess``, preemption
+and ``finish`` (the package docstring, :mod:`pagedinfer.domain.scheduler`, tells the story;
+the modules beside this one answer the loop's narrow questions)."""
 
 from __future__ import annotations
 
@@ -47,7 +10,7 @@ from collections.abc import Iterable
 from collections.abc import Sequence as SequenceABC
 from typing import TypedDict
 
-from pagedinfer.domain.block_pool import BlockPool, cdiv
+from pagedinfer.domain.block_pool import BlockPool
 from pagedinfer.domain.decode_batch import DecodeBatch
 from pagedinfer.domain.events import (
     PrefixCacheHit,
@@ -63,10 +26,11 @@ from pagedinfer.domain.plan import (
     build_batch_plan,
     mixed_batch_plan,
 )
-from pagedinfer.domain.scheduler.ahead import carried_rows
+from pagedinfer.domain.scheduler.ahead import carried_rows, restore_chunks
 from pagedinfer.domain.scheduler.allocator import BlockAllocator
 from pagedinfer.domain.scheduler.config import SchedulerConfig, SchedulerStats
-from pagedinfer.domain.scheduler.fork_table import ForkTable
+from pagedinfer.domain.scheduler.fork_table import ForkTable, check_new_forks
+from pagedinfer.domain.scheduler.rows import DecodeCalendar, sort_in_running_order
 from pagedinfer.domain.scheduler.slots import SlotTable
 from pagedinfer.domain.scheduler.stop_rules import StopRules
 from pagedinfer.domain.scheduler.verify import VerifyStats, kept_drafts, verified_rows
@@ -144,7 +108,7 @@ class Scheduler:
         # Decode-row steps (decode or mixed) recorded so far, and the sequences to look at
         # after decode-row step N.
         self._decode_steps_done = 0
-        self._calendar: dict[int, list[Sequence]] = {}
+        self._calendar = DecodeCalendar()
         self._needs_block: list[Sequence] = []  # rows whose last block filled up
         self._slots = SlotTable()  # and their deltas not yet confirmed by a postprocess
         self._in_flight: BatchPlan | None = None
@@ -219,39 +183,13 @@ class Scheduler:
         if seq.status is not SequenceStatus.WAITING or seq.block_table or seq.slot >= 0:
             raise InvalidRequestError(f"{seq!r} is not a fresh request.")
         if forks:
-            self._check_forks(seq, forks)
+            check_new_forks(seq, forks, self._seqs, self.config)
         self._seqs[seq.seq_id] = seq
         self._waiting.append(seq)
         if forks:
             self._forks.add(seq, list(forks))
             for child in forks:
                 self._seqs[child.seq_id] = child
-
-    def _check_forks(self, seq: Sequence, forks: SequenceABC[Sequence]) -> None:
-        n = 1 + len(forks)
-        if n > self.config.max_running:
-            raise InvalidRequestError(
-                f"n={n} completions cannot run at once: at most "
-                f"min(max_num_seqs, max_num_batched_tokens)={self.config.max_running} "
-                "sequences run together. Lower n or raise max_num_seqs."
-            )
-        size = self.block_size
-        blocks = cdiv(seq.num_tokens, size) + (len(forks) if seq.num_tokens % size else 0)
-        if blocks > self.config.num_blocks:
-            raise InvalidRequestError(
-                f"the prompt and copies of its last block for n={n} completions need "
-                f"{blocks} KV blocks; the pool has {self.config.num_blocks}. Lower n, shorten "
-                "the prompt or give the KV cache more blocks."
-            )
-        ids = {seq.seq_id}
-        for child in forks:
-            if child.seq_id in ids or child.seq_id in self._seqs:
-                raise InvalidRequestError(f"request id {child.seq_id} is used twice.")
-            ids.add(child.seq_id)
-            if child.status is not SequenceStatus.WAITING or child.block_table or child.slot >= 0:
-                raise InvalidRequestError(f"{child!r} is not a fresh request.")
-            if child.token_ids != seq.token_ids:
-                raise InvalidRequestError("the completions of a request must share its prompt.")
 
     def get(self, seq_id: int) -> Sequence | None:
         """The unfinished sequence ``seq_id`` (waiting, running, or a completion that has not
@@ -497,7 +435,7 @@ class Scheduler:
         else:
             needs = self._needs_block
             needs.extend(seq for seq in self._joining if self._allocator.opens_block(seq))
-            self._sort_in_running_order(needs)  # the order a pass over the rows would take
+            sort_in_running_order(needs, self._running)  # the order a pass over the rows would take
         self._needs_block = []
         for seq in needs:
             # Preempted earlier in this loop, or already given its block.
@@ -518,7 +456,7 @@ class Scheduler:
                 return
         if not self._batch_stale and seq not in self._joining:
             self._batch.grew(seq)
-        self._file(seq, upcoming + self.block_size - 1)  # when this block is full in turn
+        self._calendar.file(seq, upcoming + self.block_size - 1)  # when this block is full in turn
 
     def _decode_victim(self, seq: Sequence) -> Sequence | None:
         """The newest running sequence a pass over the rows in running order has not served
@@ -532,7 +470,7 @@ class Scheduler:
         """Rows for the sequences that started decoding, after the existing rows when they
         come later in running order (the usual case); otherwise rebuild the rows."""
         joining = self._joining
-        self._sort_in_running_order(joining)
+        sort_in_running_order(joining, self._running)
         rows = self._batch.seqs
         if rows and self._running.index(rows[-1]) > self._running.index(joining[0]):
             self._batch_stale = True  # an older chunked prefill finished after newer ones
@@ -553,31 +491,7 @@ class Scheduler:
     def _start_rows(self, rows: list[Sequence], upcoming: int) -> None:
         """File new rows in the calendar; add their stop tokens to the rows' union."""
         self._decode_stop_ids = self._stops.stop_ids(rows, self._decode_stop_ids)
-        size = self.block_size
-        for seq in rows:
-            # The step computing position p is `upcoming + p - position` (position: that of
-            # the next token): file the step that fills the last block and the step that
-            # reaches the length limit.
-            start = upcoming - len(seq.token_ids) + 1
-            self._file(seq, start + len(seq.block_table) * size - 1)
-            self._file(seq, start + self._stops.length_limit(seq) - 2)
-
-    def _sort_in_running_order(self, seqs: list[Sequence]) -> None:
-        if len(seqs) <= 8:
-            if len(seqs) > 1:
-                seqs.sort(key=self._running.index)
-            return
-        order = {id(seq): index for index, seq in enumerate(self._running)}
-        seqs.sort(key=lambda seq: order[id(seq)])
-
-    def _file(self, seq: Sequence, step: int) -> None:
-        """Look at ``seq`` after decode-row step ``step`` (duplicates and stale entries are
-        harmless: what is due is recomputed from the sequence when the step comes)."""
-        entries = self._calendar.get(step)
-        if entries is None:
-            self._calendar[step] = [seq]
-        else:
-            entries.append(seq)
+        self._calendar.file_rows(rows, upcoming, self.block_size, self._stops.length_limit)
 
     def _fork_fits(self, seq: Sequence, num_tokens: int) -> bool:
         growth = self._allocator.blocks_missing(seq, num_tokens)
@@ -675,9 +589,9 @@ class Scheduler:
                 else:
                     batch.advance(tokens if len(tokens) == num_rows else tokens[:num_rows])
                 self._ahead_removals = batch.removals
-                self._calendar_due(self._calendar.pop(self._decode_steps_done, ()))
+                self._calendar_due(self._calendar.pop(self._decode_steps_done))
             else:  # rows left since the plan was made (aborts): one by one, then rebuild
-                self._calendar.pop(self._decode_steps_done, None)
+                self._calendar.pop(self._decode_steps_done)
                 self._batch_stale = True
                 for seq_id in plan.seq_ids[:num_rows]:
                     row_seq = self._seqs.get(seq_id)
@@ -902,17 +816,8 @@ class Scheduler:
                 seq = self._seqs.get(seq_id)
                 if seq is not None and seq.token_ids[-1] == PENDING_TOKEN:
                     seq.token_ids.pop()
+        restore_chunks(self._advanced_chunks, self._seqs, self._allocator)
         size = self.block_size
-        for seq, before, preemptions in self._advanced_chunks:
-            if (
-                seq.status is SequenceStatus.RUNNING
-                and seq.num_preemptions == preemptions
-                and seq.seq_id in self._seqs
-            ):
-                # Keep the blocks of the chunk that runs again, not those of the next one.
-                self._allocator.trim(seq, cdiv(seq.num_computed_tokens, size))
-                seq.stop_decoding()  # (the advance may have made it decode)
-                seq.num_computed_tokens = before
         self._advanced_chunks = []
         self._awaiting = set()
         self._register_due = []
@@ -1055,14 +960,11 @@ class Scheduler:
         opening = [seq for seq in batch.seqs if self._allocator.opens_block(seq)]
         if sorted(map(id, opening)) != sorted(map(id, self._needs_block)):
             raise AssertionError(f"rows needing a block {opening} != filed {self._needs_block}")
-        upcoming = self._decode_steps_done + 1
-        for seq in batch.seqs:
-            position = seq.num_computed_tokens
-            due = [upcoming + self._stops.length_limit(seq) - 2 - position]
-            if seq not in opening:
-                due.append(upcoming + len(seq.block_table) * self.block_size - 1 - position)
-            for step in due:
-                if step < upcoming and seq in self._length_due:
-                    continue  # at its limit in the plan in flight: finishes when recorded
-                if seq not in self._calendar.get(step, ()):
-                    raise AssertionError(f"{seq!r} is not filed under decode-row step {step}")
+        self._calendar.check(
+            batch.seqs,
+            self._decode_steps_done + 1,
+            opening=opening,
+            length_due=self._length_due,
+            block_size=self.block_size,
+            length_limit=self._stops.length_limit,
+        )

@@ -11,12 +11,16 @@ touches the queues (the loop moves a started fork into them).
 
 from __future__ import annotations
 
-from pagedinfer.domain.block_pool import BlockPool
+from collections.abc import Sequence as SequenceABC
+
+from pagedinfer.domain.block_pool import BlockPool, cdiv
 from pagedinfer.domain.plan import BatchPlan
+from pagedinfer.domain.scheduler.config import SchedulerConfig
 from pagedinfer.domain.scheduler.slots import SlotTable
 from pagedinfer.domain.sequence import Sequence, SequenceStatus
+from pagedinfer.errors import InvalidRequestError
 
-__all__ = ["ForkTable"]
+__all__ = ["ForkTable", "check_new_forks"]
 
 
 class ForkTable:
@@ -180,3 +184,37 @@ class ForkTable:
                 raise AssertionError(f"a block copy into {target} that {child_id} does not hold")
             if self.pool.block(source).ref_count < 1:
                 raise AssertionError(f"the source {source} of a pending copy is free")
+
+
+def check_new_forks(
+    seq: Sequence,
+    forks: SequenceABC[Sequence],
+    known: dict[int, Sequence],
+    config: SchedulerConfig,
+) -> None:
+    """Raise :class:`InvalidRequestError` unless ``forks`` can be the other completions of a
+    new request ``seq`` (``known``: the unfinished sequences by id)."""
+    n = 1 + len(forks)
+    if n > config.max_running:
+        raise InvalidRequestError(
+            f"n={n} completions cannot run at once: at most "
+            f"min(max_num_seqs, max_num_batched_tokens)={config.max_running} "
+            "sequences run together. Lower n or raise max_num_seqs."
+        )
+    size = config.block_size
+    blocks = cdiv(seq.num_tokens, size) + (len(forks) if seq.num_tokens % size else 0)
+    if blocks > config.num_blocks:
+        raise InvalidRequestError(
+            f"the prompt and copies of its last block for n={n} completions need "
+            f"{blocks} KV blocks; the pool has {config.num_blocks}. Lower n, shorten "
+            "the prompt or give the KV cache more blocks."
+        )
+    ids = {seq.seq_id}
+    for child in forks:
+        if child.seq_id in ids or child.seq_id in known:
+            raise InvalidRequestError(f"request id {child.seq_id} is used twice.")
+        ids.add(child.seq_id)
+        if child.status is not SequenceStatus.WAITING or child.block_table or child.slot >= 0:
+            raise InvalidRequestError(f"{child!r} is not a fresh request.")
+        if child.token_ids != seq.token_ids:
+            raise InvalidRequestError("the completions of a request must share its prompt.")
