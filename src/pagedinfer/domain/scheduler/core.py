@@ -227,12 +227,18 @@ class Scheduler:
         grow: they are preempted (never an exception) and ``None`` is returned until blocks
         come back.
         """
+        self._forget_unrecorded_plans()
+        return self._plan_next()
+
+    def _forget_unrecorded_plans(self) -> None:
+        """A plan still in flight at :meth:`schedule` was never recorded (its step failed,
+        or is run again): the state goes back to before it, and what it planned is planned
+        again."""
         if self._ahead is not None:
             self._roll_back()  # neither plan in flight was recorded: as if none had run
         if self._forks.forking:
             self._undo_forks()  # the step that forked them never ran (or was not recorded)
         self._in_flight = None
-        return self._plan_next()
 
     def schedule_ahead(self) -> BatchPlan | None:
         """The next step's plan while the latest plan still runs (async scheduling), or
