@@ -215,10 +215,10 @@ def test_contracts_hold_on_an_unmodified_copy(tmp_path: Path) -> None:
             id="domain-imports-numpy",
         ),
         pytest.param(
-            "domain/scheduler.py",
+            "domain/scheduler/core.py",
             "import pagedinfer.adapters.runner_config",
             LAYERS_CONTRACT,
-            "pagedinfer.domain.scheduler -> pagedinfer.adapters.runner_config",
+            "pagedinfer.domain.scheduler.core -> pagedinfer.adapters.runner_config",
             id="domain-imports-adapters",
         ),
         pytest.param(

@@ -197,8 +197,14 @@ class DecodeBatch:
         released_slots: tuple[int, ...],
         new_requests: tuple[NewRequest, ...],
         block_copies: tuple[tuple[int, int], ...] = (),
+        step_id: int = 0,
+        recorded_step_id: int = 0,
+        made_ahead: bool = False,
+        carried_rows: array[int] | None = None,
+        carried_samples: array[int] | None = None,
     ) -> BatchPlan:
-        """This step as a :class:`BatchPlan` (copies: later steps never change a plan)."""
+        """This step as a :class:`BatchPlan` (copies: later steps never change a plan), with
+        the deltas and header given (see :func:`~pagedinfer.domain.plan.build_batch_plan`)."""
         num_rows = len(self.seqs)
         rows = self._rows
         return BatchPlan(
@@ -221,6 +227,11 @@ class DecodeBatch:
             released_slots=released_slots,
             new_requests=new_requests,
             block_copies=block_copies,
+            step_id=step_id,
+            recorded_step_id=recorded_step_id,
+            made_ahead=made_ahead,
+            carried_rows=array("q") if carried_rows is None else carried_rows,
+            carried_samples=array("q") if carried_samples is None else carried_samples,
         )
 
     # ------------------------------------------------------------- single rows

@@ -207,15 +207,15 @@ class BatchPlan:
     num_decode_rows: int = 0  # leading rows that are decode rows; see the module docstring
     prompt_logprob_rows: tuple[tuple[int, int, int], ...] = ()
     prompt_logprob_targets: array[int] = field(default_factory=lambda: array("q"))
-    # Set by Scheduler.schedule(): this plan's number (1, 2, ...) and that of the latest plan
+    # Given by Scheduler.schedule(): this plan's number (1, 2, ...) and that of the latest plan
     # recorded before it was made (0: none); see pagedinfer.domain.executor.
     step_id: int = 0
     recorded_step_id: int = 0
-    # Set by Scheduler.schedule_ahead(): decode rows whose input token is the previous plan's
+    # Given by Scheduler.schedule_ahead(): decode rows whose input token is the previous plan's
     # sample carried_samples[i] (PENDING_TOKEN in input_ids); empty otherwise.
     carried_rows: array[int] = field(default_factory=lambda: array("q"))
     carried_samples: array[int] = field(default_factory=lambda: array("q"))
-    # Set by Scheduler.schedule_ahead(): made while plan step_id - 1 runs, which is then
+    # Given by Scheduler.schedule_ahead(): made while plan step_id - 1 runs, which is then
     # recorded after this plan was made (its step is not lost, though recorded_step_id is
     # older). False: every plan after recorded_step_id was dropped (pagedinfer.domain.executor).
     made_ahead: bool = False
@@ -292,13 +292,19 @@ def build_batch_plan(
     released_slots: tuple[int, ...] = (),
     new_requests: tuple[NewRequest, ...] = (),
     block_copies: tuple[tuple[int, int], ...] = (),
+    step_id: int = 0,
+    recorded_step_id: int = 0,
+    made_ahead: bool = False,
+    carried_rows: array[int] | None = None,
+    carried_samples: array[int] | None = None,
 ) -> BatchPlan:
     """Lay out the scheduled chunks. Blocks for every slot must already be in the tables.
 
     A chunk that reaches its sequence's last token is sampled, under ``seq.slot``, and once
     more for each of its ``forks``, under theirs. The scheduler builds decode steps from its
     persistent rows instead (``DecodeBatch``); this builds prefill steps, and any plan a test
-    wants.
+    wants. ``step_id`` ... ``carried_samples``: the plan's header (the scheduler numbers its
+    plans and names the carried rows of a plan made ahead, see :class:`BatchPlan`).
     """
     input_ids: list[int] = []
     positions: list[int] = []
@@ -382,6 +388,11 @@ def build_batch_plan(
         new_requests=new_requests,
         forks=tuple(forks),
         block_copies=block_copies,
+        step_id=step_id,
+        recorded_step_id=recorded_step_id,
+        made_ahead=made_ahead,
+        carried_rows=array("q") if carried_rows is None else carried_rows,
+        carried_samples=array("q") if carried_samples is None else carried_samples,
         prompt_logprob_rows=tuple(logprob_rows),
         prompt_logprob_targets=array("q", logprob_targets),
         verify_rows=tuple(verify_rows),
@@ -398,13 +409,19 @@ def mixed_batch_plan(
     released_slots: tuple[int, ...] = (),
     new_requests: tuple[NewRequest, ...] = (),
     block_copies: tuple[tuple[int, int], ...] = (),
+    step_id: int = 0,
+    recorded_step_id: int = 0,
+    made_ahead: bool = False,
+    carried_rows: array[int] | None = None,
+    carried_samples: array[int] | None = None,
 ) -> BatchPlan:
     """A mixed step: the rows of the decode step ``decode``, then the chunks of ``prefill``.
 
     Array fields are concatenated (row and sample offsets of the prefill part shifted: its
     ``forks`` and prompt-logprob rows too); the block tables are laid out at the wider of the
     two parts' widths. The parts' own deltas and copies are ignored: the step carries
-    ``released_slots``, ``new_requests`` and ``block_copies``.
+    ``released_slots``, ``new_requests`` and ``block_copies``, and the header given
+    (``step_id`` ... ``carried_samples``, as :func:`build_batch_plan`'s).
     """
     assert not decode.is_prefill and not decode.forks and prefill.num_decode_rows == 0
     assert decode.block_size == prefill.block_size
@@ -434,6 +451,11 @@ def mixed_batch_plan(
         new_requests=new_requests,
         forks=tuple((j + decode.num_samples, seq_id) for j, seq_id in prefill.forks),
         block_copies=block_copies,
+        step_id=step_id,
+        recorded_step_id=recorded_step_id,
+        made_ahead=made_ahead,
+        carried_rows=array("q") if carried_rows is None else carried_rows,
+        carried_samples=array("q") if carried_samples is None else carried_samples,
         num_decode_rows=num_rows,
         prompt_logprob_rows=tuple(
             (seq_id, first + num_tokens, count)

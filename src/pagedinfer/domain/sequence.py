@@ -43,8 +43,9 @@ class Sequence:
 
     ``decoding`` is True while the scheduler runs the sequence one token per step (every token
     but the last is computed): ``num_computed_tokens`` is then ``len(token_ids) - 1``, derived
-    instead of being counted every step. Assigning ``num_computed_tokens`` stores an explicit
-    count and ends that mode. ``slot`` is the request's row in the executor's sampling table
+    instead of being counted every step. :meth:`start_decoding` and :meth:`stop_decoding`
+    enter and leave that mode (leaving it stores the derived count); ``num_computed_tokens``
+    is assigned only outside it. ``slot`` is the request's row in the executor's sampling table
     (see :mod:`pagedinfer.domain.plan`), ``-1`` while it has none. ``spec_token_ids`` are
     speculative decoding's drafts for the tokens after ``token_ids`` (not part of them).
 
@@ -123,8 +124,18 @@ class Sequence:
 
     @num_computed_tokens.setter
     def num_computed_tokens(self, value: int) -> None:
+        assert not self.decoding, "a decoding sequence's count follows its tokens"
         self._num_computed_tokens = value
-        self.decoding = False
+
+    def start_decoding(self) -> None:
+        """From now on one token per step: every token but the last counts as computed."""
+        self.decoding = True
+
+    def stop_decoding(self) -> None:
+        """Back to an explicit count of computed tokens (the one decoding implied)."""
+        if self.decoding:
+            self._num_computed_tokens = len(self.token_ids) - 1
+            self.decoding = False
 
     @property
     def prompt_token_ids(self) -> list[int]:

@@ -9,8 +9,9 @@ from collections.abc import Sequence as SeqABC
 import pytest
 
 from pagedinfer.domain import FinishReason, SamplingParams, Scheduler, SchedulerConfig, Sequence
+from pagedinfer.domain.scheduler.stop_rules import StopRules
 
-from .driver import constant_sampler, run_to_completion, step
+from ..driver import constant_sampler, run_to_completion, step
 
 EOS = 7
 
@@ -163,3 +164,47 @@ def test_a_stop_token_on_a_forks_only_allowed_token_finishes_with_stop() -> None
         FinishReason.STOP,
         FinishReason.STOP,
     ]
+
+
+# StopRules directly: the questions the loop asks.
+
+
+def rules() -> StopRules:
+    return StopRules(frozenset({EOS}), max_model_len=16)
+
+
+def test_stop_rules_finish_reason_per_token() -> None:
+    seq = Sequence(0, [1, 2], SamplingParams(max_tokens=3, stop_token_ids=[9]))
+    seq.token_ids.append(5)
+    assert rules().finish_reason(seq, 5) is None
+    seq.token_ids.append(EOS)
+    assert rules().finish_reason(seq, EOS) is FinishReason.STOP
+    assert rules().finish_reason(seq, 9) is FinishReason.STOP
+    seq.token_ids.append(5)
+    assert rules().finish_reason(seq, 5) is FinishReason.LENGTH  # max_tokens=3
+
+
+def test_stop_rules_length_limit() -> None:
+    assert rules().length_limit(Sequence(0, [1, 2], SamplingParams(max_tokens=3))) == 5
+    assert rules().length_limit(Sequence(0, [1, 2], SamplingParams(max_tokens=None))) == 16
+    assert rules().length_limit(Sequence(0, [1, 2], SamplingParams(max_tokens=99))) == 16
+
+
+def test_stop_ids_cover_eos_unless_every_row_ignores_it() -> None:
+    plain = Sequence(0, [1], SamplingParams(stop_token_ids=[3]))
+    ignoring = Sequence(1, [1], SamplingParams(ignore_eos=True, stop_token_ids=[4]))
+    assert rules().stop_ids([ignoring]) == {4}
+    assert rules().stop_ids([plain, ignoring]) == {3, 4, EOS}
+    assert rules().stop_ids([ignoring], also=frozenset({8})) == {4, 8}
+
+
+def test_scan_finds_every_row_that_stops_on_a_shared_token() -> None:
+    seqs = [Sequence(i, [1], SamplingParams(max_tokens=10)) for i in range(4)]
+    tokens = [EOS, 2, EOS, 3]
+    for seq, token in zip(seqs, tokens, strict=True):
+        seq.token_ids.append(token)
+    ignoring = Sequence(9, [1], SamplingParams(ignore_eos=True))
+    ignoring.token_ids.append(EOS)
+    finishing = rules().scan([*seqs, ignoring], [*tokens, EOS], frozenset({EOS}))
+    assert finishing == {seqs[0]: FinishReason.STOP, seqs[2]: FinishReason.STOP}
+    assert rules().scan(seqs, tokens, frozenset()) == {}

@@ -24,7 +24,7 @@ from pagedinfer.domain import (
 )
 from pagedinfer.errors import ConfigurationError, InvalidRequestError
 
-from .driver import constant_sampler, hash_sampler, run_to_completion, step
+from ..driver import constant_sampler, hash_sampler, run_to_completion, step
 
 LONG = SamplingParams(max_tokens=1000, ignore_eos=True)
 

@@ -16,7 +16,7 @@ from pagedinfer.domain import (
     SequenceStatus,
 )
 
-from .driver import Sampler, constant_sampler, hash_sampler, run_to_completion, step
+from ..driver import Sampler, constant_sampler, hash_sampler, run_to_completion, step
 
 
 def make(num_blocks: int = 32, block_size: int = 4, max_model_len: int = 32) -> Scheduler:

@@ -6,13 +6,18 @@ import pytest
 
 from pagedinfer.domain import (
     BatchPlan,
+    BlockPool,
     FinishReason,
     SamplingParams,
     Scheduler,
     SchedulerConfig,
     Sequence,
     SequenceStatus,
+    build_batch_plan,
+    make_forks,
 )
+from pagedinfer.domain.scheduler.fork_table import ForkTable
+from pagedinfer.domain.scheduler.slots import SlotTable
 from pagedinfer.errors import InvalidRequestError
 
 LONG = SamplingParams(max_tokens=20, ignore_eos=True)
@@ -265,3 +270,72 @@ def test_a_preempted_fork_drops_its_pending_copy() -> None:
     run_all(scheduler)
     assert all(s.num_completion_tokens == 20 for s in seqs)
     assert scheduler.pool.num_free_blocks == scheduler.pool.num_blocks
+
+
+# ForkTable directly: pending, forking, started, and the copies' pins.
+
+
+def fork_setup(prompt_len: int = 6) -> tuple[ForkTable, SlotTable, Sequence, list[Sequence]]:
+    pool = BlockPool(8, 4)
+    table = ForkTable(pool)
+    parent = Sequence(0, list(range(prompt_len)), SamplingParams(n=3))
+    children = make_forks(parent)
+    table.add(parent, children)
+    parent.block_table = [block.block_id for block in pool.allocate(2)]
+    return table, SlotTable(), parent, children
+
+
+def test_fork_table_from_pending_to_started() -> None:
+    table, slots, parent, children = fork_setup()
+    assert table.unstarted(0) == children
+    assert table.extra_blocks(parent) == 2  # a partial last block: one copy per fork
+    forked = table.fork(parent, slots)
+    assert forked == tuple(children) and 0 in table.forking and 0 not in table.pending
+    first_block, partial = parent.block_table
+    for child in children:
+        assert child.block_table[0] == first_block  # shared
+        assert child.block_table[1] != partial  # its own copy
+        assert child.slot >= 0 and child.num_computed_tokens == 6
+    assert table.pool.block(partial).ref_count == 3  # pinned by both copies
+    assert table.pool.block(first_block).ref_count == 3
+    table.forking.pop(0)
+    for child in children:
+        table.started(child)
+    assert table.parent == {} and len(table.block_copies) == 2
+    assert table.copies_to_send(None) == tuple(table.block_copies.values())
+
+
+def test_a_confirmed_copy_unpins_its_source() -> None:
+    table, slots, parent, children = fork_setup()
+    table.fork(parent, slots)
+    table.forking.pop(0)
+    for child in children:
+        table.started(child)
+    partial = parent.block_table[1]
+    copies = table.copies_to_send(None)
+    plan = build_batch_plan([], is_prefill=True, block_size=4, block_copies=copies[:1])
+    table.confirm(plan)
+    assert table.pool.block(partial).ref_count == 2 and len(table.block_copies) == 1
+    table.drop_copy(children[1].seq_id)
+    assert table.pool.block(partial).ref_count == 1 and not table.block_copies
+
+
+def test_undo_returns_the_forks_to_pending() -> None:
+    table, slots, parent, children = fork_setup()
+    table.fork(parent, slots)
+    assert table.undo() == children
+    assert table.pending == {0: children} and table.forking == {}
+
+
+def test_removing_the_last_fork_names_the_parent() -> None:
+    table, _, parent, children = fork_setup()
+    first, second = children  # (the table holds this very list)
+    assert table.remove(first) is None
+    assert table.remove(second) == parent.seq_id
+    assert table.pending == {} and table.parent == {}
+
+
+def test_a_prompt_on_a_block_boundary_needs_no_copy() -> None:
+    table, _, parent, _ = fork_setup(prompt_len=8)
+    assert table.extra_blocks(parent) == 0
+    assert table.num_committed({0: parent}, candidate_id=0) == 2  # its own, at admission

@@ -1,0 +1,976 @@
+"""The scheduler's loop: queues, ``schedule``, the two policies, ``postprocess``, preemption
+and ``finish`` (the package docstring, :mod:`pagedinfer.domain.scheduler`, tells the story;
+the modules beside this one answer the loop's narrow questions)."""
+
+from __future__ import annotations
+
+from array import array
+from collections import deque
+from collections.abc import Iterable
+from collections.abc import Sequence as SequenceABC
+from typing import TypedDict
+
+from pagedinfer.domain.block_pool import BlockPool
+from pagedinfer.domain.decode_batch import DecodeBatch
+from pagedinfer.domain.events import (
+    PrefixCacheHit,
+    SchedulerEvent,
+    SequenceFinished,
+    SequencePreempted,
+)
+from pagedinfer.domain.plan import (
+    PENDING_TOKEN,
+    BatchPlan,
+    NewRequest,
+    ScheduledChunk,
+    build_batch_plan,
+    mixed_batch_plan,
+)
+from pagedinfer.domain.scheduler.ahead import carried_rows, restore_chunks
+from pagedinfer.domain.scheduler.allocator import BlockAllocator
+from pagedinfer.domain.scheduler.config import SchedulerConfig, SchedulerStats
+from pagedinfer.domain.scheduler.fork_table import ForkTable, check_new_forks
+from pagedinfer.domain.scheduler.rows import DecodeCalendar, sort_in_running_order
+from pagedinfer.domain.scheduler.slots import SlotTable
+from pagedinfer.domain.scheduler.stop_rules import StopRules
+from pagedinfer.domain.scheduler.verify import VerifyStats, kept_drafts, verified_rows
+from pagedinfer.domain.sequence import FinishReason, Sequence, SequenceStatus
+from pagedinfer.errors import ConfigurationError, InvalidRequestError
+
+__all__ = ["Scheduler"]
+
+
+class _Header(TypedDict):
+    released_slots: tuple[int, ...]
+    new_requests: tuple[NewRequest, ...]
+    block_copies: tuple[tuple[int, int], ...]
+    step_id: int
+    recorded_step_id: int
+    made_ahead: bool
+    carried_rows: array[int]
+    carried_samples: array[int]
+
+
+class Scheduler:
+    """Turns queued sequences into :class:`BatchPlan` s and sampled tokens into progress.
+
+    Call :meth:`schedule` for a plan, run it, then hand the sampled token ids (one per
+    sampled row, in ``plan.sample_indices`` order) to :meth:`postprocess`. A plan that is
+    never postprocessed (its step failed) is simply planned again by the next
+    :meth:`schedule`; the same plan may also be run again and then postprocessed. The
+    executor's side of this contract, the two ways to recover from a failed step and when a
+    plan counts as recorded: :mod:`pagedinfer.domain.executor`.
+
+    **Threads.** A scheduler is not thread-safe: call its methods from one thread at a time
+    (the engine holds a lock around every call). Only the executor's work on a plan may
+    overlap with other calls (``abort`` included; a plan is never modified after
+    :meth:`schedule` returns it).
+
+    **What is read-only.** ``running`` and ``waiting`` are copies (changing them changes
+    nothing). A queued :class:`Sequence` belongs to the scheduler until it finishes: read
+    its fields, never assign them (``status``, ``block_table``, ``slot``,
+    ``num_computed_tokens``, ``token_ids``...). ``config`` and ``pool`` are shared, not copied:
+    use ``pool`` for its statistics and ``reset_prefix_cache()`` only.
+
+    **Events.** With ``record_events=True`` the scheduler records preemptions, prefix-cache
+    hits and every finish (aborts and completions cancelled with their request included) as
+    :mod:`~pagedinfer.domain.events`, which :meth:`drain_events` hands over; the caller must
+    drain them (they are kept until then). Without it nothing is recorded.
+    """
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        pool: BlockPool | None = None,
+        *,
+        record_events: bool = False,
+    ) -> None:
+        self.config = config
+        self.block_size = config.block_size
+        self.pool = pool or BlockPool(
+            config.num_blocks,
+            config.block_size,
+            enable_prefix_caching=config.enable_prefix_caching,
+        )
+        if self.pool.block_size != config.block_size or self.pool.num_blocks != config.num_blocks:
+            raise ConfigurationError("the block pool does not match the scheduler config")
+        self._allocator = BlockAllocator(self.pool)
+        self._stops = StopRules(config.eos_token_ids, config.max_model_len)
+        self._waiting: deque[Sequence] = deque()
+        self._running: list[Sequence] = []  # in admission order: preemption takes the newest
+        self._seqs: dict[int, Sequence] = {}
+        # Running sequences split by phase: prefilling (in running order) or decoding (rows).
+        self._prefilling: list[Sequence] = []
+        self._batch = DecodeBatch(config.block_size)
+        self._joining: list[Sequence] = []  # started decoding; rows from the next decode-row step
+        self._batch_stale = False  # the rows must be rebuilt before the next decode-row step
+        self._decode_stop_ids: frozenset[int] = frozenset()  # any row's stop tokens
+        # Decode-row steps (decode or mixed) recorded so far, and the sequences to look at
+        # after decode-row step N.
+        self._decode_steps_done = 0
+        self._calendar = DecodeCalendar()
+        self._needs_block: list[Sequence] = []  # rows whose last block filled up
+        self._slots = SlotTable()  # and their deltas not yet confirmed by a postprocess
+        self._in_flight: BatchPlan | None = None
+        self._in_flight_version = -1
+        # Async scheduling (schedule_ahead): the plan whose step still runs while the next
+        # one was planned, its state moved on as if every sequence in it continued
+        # (_move_on), and what its record (_record) or a roll-back needs.
+        self._ahead: BatchPlan | None = None
+        self._ahead_removals = -1  # the rows' removal count after the advance; -1: changed
+        self._awaiting: set[int] = set()  # its prefill chunks that sample: wait for it
+        self._advanced_chunks: list[tuple[Sequence, int, int]] = []  # (seq, before, preempts)
+        self._register_due: list[Sequence] = []  # decode rows whose last block filled up
+        self._length_due: list[Sequence] = []  # decode rows at their length limit
+        self._forks = ForkTable(self.pool)  # n > 1: the completions not started yet
+        self._num_preemptions = 0
+        self._num_prefill_steps = 0
+        self._num_decode_steps = 0
+        self._num_mixed_steps = 0
+        self._mixed = config.scheduling_policy == "mixed"
+        # Speculative decoding: sequences never decode one token per step in rows; each
+        # step gives every running sequence a chunk of its last token and its drafts.
+        self._speculative = config.num_speculative_tokens > 0
+        self._verify = VerifyStats(config.num_speculative_tokens)
+        # Plans issued, and the number of the latest plan recorded (BatchPlan.step_id).
+        self._step_id = 0
+        self._recorded_step_id = 0
+        self._events: list[SchedulerEvent] | None = [] if record_events else None
+
+    @property
+    def running(self) -> list[Sequence]:
+        """The running sequences in admission order (preemption takes the newest): a copy."""
+        return list(self._running)
+
+    @property
+    def waiting(self) -> list[Sequence]:
+        """The queued sequences in the order they will be admitted: a copy."""
+        return list(self._waiting)
+
+    def drain_events(self) -> list[SchedulerEvent]:
+        """The events recorded since the last call, oldest first (then forgotten).
+
+        Raises :class:`ConfigurationError` if the scheduler records none.
+        """
+        events = self._events
+        if events is None:
+            raise ConfigurationError(
+                "this scheduler records no events: create it with "
+                "Scheduler(config, record_events=True) to drain them."
+            )
+        self._events = []
+        return events
+
+    # ------------------------------------------------------------------ queue
+    def add(self, seq: Sequence, forks: SequenceABC[Sequence] = ()) -> None:
+        """Queue a new request. Raises :class:`InvalidRequestError` if it can never run.
+
+        ``forks`` are the request's other completions (``n > 1``): fresh sequences with the
+        same prompt, each with its own id and parameters (its seed), that share ``seq``'s KV
+        and draw their first token from ``seq``'s last prompt row.
+        """
+        limit = self.config.max_model_len
+        if seq.num_tokens == 0:
+            raise InvalidRequestError("the prompt is empty: a request needs at least one token.")
+        if seq.num_tokens + 1 > limit:
+            raise InvalidRequestError(
+                f"the prompt has {seq.num_tokens} tokens; with the first generated token that "
+                f"exceeds max_model_len={limit}. Shorten the prompt to at most {limit - 1} "
+                "tokens or raise max_model_len."
+            )
+        if seq.seq_id in self._seqs:
+            raise InvalidRequestError(f"request id {seq.seq_id} is already queued or running.")
+        if seq.status is not SequenceStatus.WAITING or seq.block_table or seq.slot >= 0:
+            raise InvalidRequestError(f"{seq!r} is not a fresh request.")
+        if forks:
+            check_new_forks(seq, forks, self._seqs, self.config)
+        self._seqs[seq.seq_id] = seq
+        self._waiting.append(seq)
+        if forks:
+            self._forks.add(seq, list(forks))
+            for child in forks:
+                self._seqs[child.seq_id] = child
+
+    def get(self, seq_id: int) -> Sequence | None:
+        """The unfinished sequence ``seq_id`` (waiting, running, or a completion that has not
+        started yet), or ``None``: unknown, or finished. The scheduler forgets a sequence when
+        it finishes (memory stays bounded by what is unfinished); keep your own reference
+        (the object passed to :meth:`add`), or read it from its
+        :class:`~pagedinfer.domain.events.SequenceFinished` event."""
+        return self._seqs.get(seq_id)
+
+    def unstarted_forks(self, seq_id: int | None = None) -> list[Sequence]:
+        """Completions (``n > 1``) that do not run on their own yet: of request ``seq_id``,
+        or of every request. Those of the plan in flight hold blocks and slots already."""
+        return self._forks.unstarted(seq_id)
+
+    @property
+    def pending_block_copies(self) -> list[tuple[int, int]]:
+        """``(source, destination)`` block copies not yet known to have run; each pins its
+        source block with one reference until then."""
+        forks = self._forks
+        return [*forks.copies_after_fork.values(), *forks.block_copies.values()]
+
+    def has_unfinished(self) -> bool:
+        return bool(self._seqs)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self._seqs)
+
+    # --------------------------------------------------------------- schedule
+    def schedule(self) -> BatchPlan | None:
+        """The next step's plan, or ``None`` when nothing can run.
+
+        With the pool owned by this scheduler, ``None`` means no request is unfinished. A
+        pool shared with something else that holds blocks can leave requests unable to
+        grow: they are preempted (never an exception) and ``None`` is returned until blocks
+        come back.
+        """
+        self._forget_unrecorded_plans()
+        return self._plan_next()
+
+    def _forget_unrecorded_plans(self) -> None:
+        """A plan still in flight at :meth:`schedule` was never recorded (its step failed,
+        or is run again): the state goes back to before it, and what it planned is planned
+        again."""
+        if self._ahead is not None:
+            self._roll_back()  # neither plan in flight was recorded: as if none had run
+        if self._forks.forking:
+            self._undo_forks()  # the step that forked them never ran (or was not recorded)
+        self._in_flight = None
+
+    def schedule_ahead(self) -> BatchPlan | None:
+        """The next step's plan while the latest plan still runs (async scheduling), or
+        ``None`` when nothing else can run before that plan is recorded.
+
+        The state moves on as if every sequence in the plan in flight continues: each of its
+        decode rows gets :data:`~pagedinfer.domain.plan.PENDING_TOKEN` as its next token
+        (in ``token_ids``, until :meth:`postprocess` records the real one), and a decode row
+        of the new plan whose input is that token lists it in ``carried_rows`` /
+        ``carried_samples``: the executor takes it from the previous step's samples. Partial
+        prefill chunks count as computed; a chunk that samples (a prompt's last token) waits
+        for the record, and its sequence runs again in the plan after. Then call
+        :meth:`postprocess` on the plan in flight (before the new one): a sequence that
+        finished there has its row of the new plan discarded when that is postprocessed.
+        If the plan in flight fails, the plan made ahead of its tokens fails with it: end
+        (:meth:`abort`) the sequences with a row in either, then call :meth:`schedule`,
+        which rolls both plans back and plans the rest again (the engine does this).
+        Rolling back sequences that go on is not supported.
+
+        Raises ``ValueError`` unless exactly one plan is in flight: the latest plan from
+        :meth:`schedule` or :meth:`schedule_ahead` whose predecessor was postprocessed.
+        """
+        if self._speculative:
+            raise ValueError(
+                "schedule_ahead() plans before the plan in flight's tokens are known; with "
+                "speculative decoding the next drafts follow them: use schedule()."
+            )
+        plan = self._in_flight
+        if plan is None or self._ahead is not None:
+            raise ValueError(
+                "schedule_ahead() plans one step ahead of the plan in flight: call it after "
+                "schedule() (or after the previous plan in flight was postprocessed), once."
+            )
+        self._move_on(plan, None)
+        self._in_flight = None
+        return self._plan_next()
+
+    def _plan_next(self) -> BatchPlan | None:
+        # Each pass either returns a plan or preempts one running sequence, so this ends.
+        for _ in range(len(self._running) + 2):
+            plan = self._plan_mixed() if self._mixed else self._plan_prefill_first()
+            if plan is not None:
+                self._step_id = plan.step_id
+                self._in_flight = plan
+                self._in_flight_version = self._batch.version
+                return plan
+            if any(seq.seq_id not in self._awaiting for seq in self._running):
+                # Only stuck partial prefills are left: free the newest so the others move.
+                self._preempt(self._running[-1])
+            elif not self._waiting or self._ahead is not None:
+                break  # (planning ahead: what waits may wait for the record)
+        return None
+
+    def _plan_prefill_first(self) -> BatchPlan | None:
+        """Prefill chunks if any can run, else one token for every decoding sequence."""
+        chunks = self._schedule_prefill(self.config.max_num_batched_tokens)
+        if chunks:
+            self._num_prefill_steps += 1
+            return self._prefill_plan(chunks)
+        if self._schedule_decode():
+            self._num_decode_steps += 1
+            return self._decode_plan()
+        return None
+
+    def _plan_mixed(self) -> BatchPlan | None:
+        """One token for every decoding sequence, then prefill chunks in what is left."""
+        preemptions = self._num_preemptions
+        has_rows = self._schedule_decode()
+        budget = self.config.max_num_batched_tokens - len(self._batch.seqs)
+        # As in vLLM: a step that had to preempt admits nothing (or it would thrash).
+        chunks = self._schedule_prefill(budget, admit=self._num_preemptions == preemptions)
+        if not chunks:
+            if not has_rows:
+                return None
+            self._num_decode_steps += 1
+            return self._decode_plan()
+        if not has_rows:
+            self._num_prefill_steps += 1
+            return self._prefill_plan(chunks)
+        self._num_mixed_steps += 1
+        return mixed_batch_plan(
+            self._batch.plan(released_slots=(), new_requests=()),
+            build_batch_plan(chunks, is_prefill=True, block_size=self.block_size),
+            **self._header(has_rows=True),
+        )
+
+    def _header(self, *, has_rows: bool) -> _Header:
+        """The next plan's number and deltas: the sampling deltas and block copies not
+        confirmed yet; planning ahead, not those the plan in flight carries (it runs first:
+        a copy repeated after its destination was written, or a release and install
+        repeated after the request sampled, would undo work that stays), and the decode
+        rows (``has_rows``) whose input is the plan in flight's sample."""
+        ahead = self._ahead
+        released, new_requests = self._slots.unconfirmed(ahead)
+        copies = self._forks.copies_to_send(ahead)
+        carried = samples = array("q")
+        if ahead is not None and has_rows:
+            batch = self._batch
+            only_appended = not self._batch_stale and batch.removals == self._ahead_removals
+            carried, samples = carried_rows(ahead, batch, only_appended=only_appended)
+        return {
+            "released_slots": released,
+            "new_requests": new_requests,
+            "block_copies": copies,
+            "step_id": self._step_id + 1,
+            "recorded_step_id": self._recorded_step_id,
+            "made_ahead": ahead is not None,
+            "carried_rows": carried,
+            "carried_samples": samples,
+        }
+
+    def _prefill_plan(self, chunks: list[ScheduledChunk]) -> BatchPlan:
+        return build_batch_plan(
+            chunks,
+            is_prefill=True,
+            block_size=self.block_size,
+            **self._header(has_rows=False),
+        )
+
+    def _decode_plan(self) -> BatchPlan:
+        return self._batch.plan(**self._header(has_rows=True))
+
+    def _schedule_prefill(self, budget: int, *, admit: bool = True) -> list[ScheduledChunk]:
+        """Chunks for partly prefilled sequences, then (``admit``) new ones, in ``budget``."""
+        chunks: list[ScheduledChunk] = []
+        # Partially prefilled sequences first: they already hold blocks.
+        awaiting = self._awaiting
+        for seq in self._prefilling:
+            if budget == 0:
+                return chunks
+            if awaiting and seq.seq_id in awaiting:
+                continue  # its chunk in the plan in flight samples: planned after the record
+            wanted = seq.num_uncomputed_tokens + len(seq.spec_token_ids)
+            num_tokens = min(wanted, budget, self._allocator.growth_capacity(seq))
+            forking = num_tokens == seq.num_uncomputed_tokens and seq.seq_id in self._forks.pending
+            if forking and not self._fork_fits(seq, num_tokens):
+                num_tokens -= 1  # not this step: the last prompt token must fork
+                forking = False
+            if num_tokens > 0:
+                grown = self._allocator.allocate_slots(seq, num_tokens)
+                assert grown is not None  # within its growth capacity
+                lookahead = self.config.num_lookahead_tokens
+                if num_tokens > seq.num_uncomputed_tokens and lookahead:
+                    self._allocator.allocate_lookahead(seq, num_tokens, lookahead)
+                forks = self._forks.fork(seq, self._slots) if forking else ()
+                chunks.append(ScheduledChunk(seq, num_tokens, forks))
+                budget -= num_tokens
+        # Then admit waiting requests in arrival order, stopping at the first that does not fit.
+        while admit and self._waiting and budget > 0 and self._has_room_for(self._waiting[0]):
+            seq = self._waiting[0]
+            if self._ahead is not None and self._sample_pending(seq):
+                break  # preempted with its token in flight: readmitted once it is recorded
+            num_tokens = self._admit(seq, budget)
+            if num_tokens == 0:
+                break
+            self._waiting.popleft()
+            self._running.append(seq)
+            self._prefilling.append(seq)
+            forking = seq.seq_id in self._forks.pending and seq.num_uncomputed_tokens == num_tokens
+            forks = self._forks.fork(seq, self._slots) if forking else ()
+            chunks.append(ScheduledChunk(seq, num_tokens, forks))
+            budget -= num_tokens
+        return chunks
+
+    def _has_room_for(self, seq: Sequence) -> bool:
+        """Whether admitting ``seq`` (and its forks) keeps ``max_running`` sequences at most."""
+        # Forks of admitted requests will run: they count from admission on.
+        running = len(self._running) + self._forks.num_committed(self._seqs, seq.seq_id)
+        return running < self.config.max_running
+
+    def _admit(self, seq: Sequence, budget: int) -> int:
+        """Give ``seq`` its cached prefix and blocks for its first chunk; 0 if they don't fit."""
+        reserve = self._forks.extra_blocks(seq)  # the chunk forks if whole: copies too
+        admission = self._allocator.admit(seq, budget, reserve_if_whole=reserve)
+        if admission is None:
+            return 0
+        num_cached = admission.num_cached
+        if seq.num_preemptions == 0:
+            # Re-admitted after preemption, a request finds its own earlier blocks: those hits
+            # are not prompt tokens served by the cache, and may even be completion tokens.
+            seq.num_cached_tokens = num_cached
+        seq.num_computed_tokens = num_cached
+        seq.status = SequenceStatus.RUNNING
+        if seq.slot < 0:  # first admission (a preempted request keeps its slot)
+            self._slots.assign(seq)
+        if num_cached and self._events is not None:
+            self._events.append(
+                PrefixCacheHit(seq.seq_id, num_cached, readmitted=seq.num_preemptions > 0)
+            )
+        return admission.num_tokens
+
+    def _schedule_decode(self) -> bool:
+        """One token for every decoding sequence: give new blocks where needed (preempting
+        if none are free) and bring the rows up to date. False when there are no rows."""
+        upcoming = self._decode_steps_done + 1
+        if self._batch_stale:
+            needs = [
+                seq for seq in self._running if seq.decoding and self._allocator.opens_block(seq)
+            ]
+        else:
+            needs = self._needs_block
+            needs.extend(seq for seq in self._joining if self._allocator.opens_block(seq))
+            sort_in_running_order(needs, self._running)  # the order a pass over the rows would take
+        self._needs_block = []
+        for seq in needs:
+            # Preempted earlier in this loop, or already given its block.
+            if seq.decoding and self._allocator.opens_block(seq):
+                self._give_block(seq, upcoming)
+        if self._joining and not self._batch_stale:
+            self._join(upcoming)
+        if self._batch_stale:
+            self._rebuild_batch(upcoming)
+        return bool(self._batch.seqs)
+
+    def _give_block(self, seq: Sequence, upcoming: int) -> None:
+        """A block for ``seq``'s next token, preempting newer sequences if none is free."""
+        while self._allocator.append_block(seq) is None:
+            victim = self._decode_victim(seq)
+            self._preempt(victim if victim is not None else seq)
+            if victim is None:
+                return
+        if not self._batch_stale and seq not in self._joining:
+            self._batch.grew(seq)
+        self._calendar.file(seq, upcoming + self.block_size - 1)  # when this block is full in turn
+
+    def _decode_victim(self, seq: Sequence) -> Sequence | None:
+        """The newest running sequence a pass over the rows in running order has not served
+        yet when it reaches ``seq``: anything after ``seq``, else the newest prefill."""
+        newest = self._running[-1]
+        if newest is not seq:
+            return newest
+        return self._prefilling[-1] if self._prefilling else None
+
+    def _join(self, upcoming: int) -> None:
+        """Rows for the sequences that started decoding, after the existing rows when they
+        come later in running order (the usual case); otherwise rebuild the rows."""
+        joining = self._joining
+        sort_in_running_order(joining, self._running)
+        rows = self._batch.seqs
+        if rows and self._running.index(rows[-1]) > self._running.index(joining[0]):
+            self._batch_stale = True  # an older chunked prefill finished after newer ones
+            return
+        self._batch.extend(joining)
+        self._start_rows(joining, upcoming)
+        self._joining = []
+
+    def _rebuild_batch(self, upcoming: int) -> None:
+        """Rows for every decoding sequence, and their calendar entries from now on."""
+        rows = [seq for seq in self._running if seq.decoding]
+        self._batch.rebuild(rows)
+        self._batch_stale = False
+        self._joining = []
+        self._decode_stop_ids = frozenset()
+        self._start_rows(rows, upcoming)
+
+    def _start_rows(self, rows: list[Sequence], upcoming: int) -> None:
+        """File new rows in the calendar; add their stop tokens to the rows' union."""
+        self._decode_stop_ids = self._stops.stop_ids(rows, self._decode_stop_ids)
+        self._calendar.file_rows(rows, upcoming, self.block_size, self._stops.length_limit)
+
+    def _fork_fits(self, seq: Sequence, num_tokens: int) -> bool:
+        growth = self._allocator.blocks_missing(seq, num_tokens)
+        return growth + self._forks.extra_blocks(seq) <= self._allocator.num_free_blocks
+
+    def _start_fork(self, child: Sequence, token: int, updated: list[Sequence]) -> None:
+        """The forking step ran: ``child`` has its first token and runs on its own."""
+        self._forks.started(child)
+        child.token_ids.append(token)
+        self._running.append(child)
+        if self._speculative:  # a chunk of its last token and drafts per step
+            self._prefilling.append(child)
+        else:
+            child.start_decoding()  # its prompt is computed: one token per step from now on
+            self._joining.append(child)
+        self._allocator.register_full_blocks(child)
+        updated.append(child)
+        reason = self._stops.finish_reason(child, token)
+        if reason is not None:
+            self._finish(child, reason)
+
+    def _undo_forks(self) -> None:
+        """The plan that forked was never recorded: back to pending, planned again later."""
+        for child in self._forks.undo():
+            self._release_blocks(child)
+            self._slots.release(child)
+            child.num_computed_tokens = 0
+            child.num_cached_tokens = 0
+            child.status = SequenceStatus.WAITING
+
+    def _no_more_forks(self, parent_id: int) -> None:
+        """The last pending fork of ``parent_id`` is gone: a parent that stayed prefilling
+        with one prompt token left only to fork decodes it like any other sequence."""
+        parent = self._seqs.get(parent_id)
+        if (
+            parent is not None
+            and parent.status is SequenceStatus.RUNNING
+            and not parent.decoding
+            and parent.num_uncomputed_tokens == 1
+            and self._in_flight is None  # else recording the plan in flight does this
+            and self._ahead is None
+            and not self._speculative
+        ):
+            parent.start_decoding()
+            self._prefilling.remove(parent)
+            self._joining.append(parent)
+
+    # ------------------------------------------------------------ postprocess
+    def postprocess(self, plan: BatchPlan, sampled_token_ids: Iterable[int]) -> list[Sequence]:
+        """Record a finished step: advance, cache full blocks, append samples, finish.
+
+        ``plan`` is the plan the latest :meth:`schedule` returned; ``sampled_token_ids``
+        holds one token per sampled row. Returns the sequences that received a token,
+        finished ones included (``status`` says which), in row order. Sequences aborted
+        since the plan was made are skipped (finishes without a token, aborts and cancelled
+        completions, are reported only as events). Raises ``ValueError``, recording nothing,
+        for another plan than the latest or a wrong number of tokens; once it returns, the
+        plan is recorded (the next plan's ``recorded_step_id`` is its ``step_id``).
+        """
+        ahead = self._ahead
+        if plan is not (ahead if ahead is not None else self._in_flight):
+            raise ValueError(
+                "postprocess() takes the plan returned by the latest schedule(), once (with "
+                "schedule_ahead(): the older plan in flight first)."
+            )
+        tokens = (
+            sampled_token_ids if isinstance(sampled_token_ids, list) else list(sampled_token_ids)
+        )
+        if len(tokens) != plan.num_samples:
+            raise ValueError(
+                f"{len(tokens)} sampled token ids for a plan that samples {plan.num_samples} "
+                "rows: pass exactly one token id per sampled row."
+            )
+        if ahead is None:  # not moved on by schedule_ahead(): now, with the tokens known
+            self._in_flight = None
+            self._move_on(plan, tokens)
+        return self._record(plan, tokens, filled=ahead is None)
+
+    def _move_on(self, plan: BatchPlan, tokens: list[int] | None) -> None:
+        """Move the state on as if ``plan``'s step ran and every sequence in it continues:
+        its decode rows get their ``tokens`` (``None``, planning ahead: each gets
+        :data:`~pagedinfer.domain.plan.PENDING_TOKEN`), its chunks that do not sample count
+        as computed. :meth:`_record` does the rest (tokens of sampled chunks, the prefix
+        cache, finishes); :meth:`_roll_back` undoes it, should the plan never be recorded."""
+        self._ahead = plan
+        self._ahead_removals = -1
+        num_rows = plan.num_decode_rows
+        if num_rows:
+            self._decode_steps_done += 1
+            batch = self._batch
+            if not self._batch_stale and batch.version == self._in_flight_version:
+                # The rows are the plan's decode rows: move them all on at once.
+                if tokens is None:
+                    batch.advance_pending()
+                else:
+                    batch.advance(tokens if len(tokens) == num_rows else tokens[:num_rows])
+                self._ahead_removals = batch.removals
+                self._calendar_due(self._calendar.pop(self._decode_steps_done))
+            else:  # rows left since the plan was made (aborts): one by one, then rebuild
+                self._calendar.pop(self._decode_steps_done)
+                self._batch_stale = True
+                for seq_id in plan.seq_ids[:num_rows]:
+                    row_seq = self._seqs.get(seq_id)
+                    if row_seq is not None and row_seq.status is SequenceStatus.RUNNING:
+                        row_seq.token_ids.append(PENDING_TOKEN)
+        if num_rows == plan.num_seqs:
+            return
+        sampled = set(plan.sampled_seq_ids[num_rows:])
+        rows = zip(plan.seq_ids[num_rows:], plan.query_lens[num_rows:], strict=True)
+        for seq_id, num_tokens in rows:
+            chunk_seq = self._seqs.get(seq_id)
+            if (
+                chunk_seq is None
+                or chunk_seq.status is not SequenceStatus.RUNNING
+                or chunk_seq.decoding
+            ):
+                continue
+            seq = chunk_seq
+            if seq_id in sampled:
+                self._awaiting.add(seq_id)  # its next step needs this one's token
+                continue
+            before = seq.num_computed_tokens
+            self._advanced_chunks.append((seq, before, seq.num_preemptions))
+            seq.num_computed_tokens = before + num_tokens
+            self._maybe_start_decoding(seq)
+
+    def _calendar_due(self, filed: Iterable[Sequence]) -> None:
+        """The rows filed under the decode-row step just moved past: those whose last block
+        filled up (registered and given a block later) or that reached their length limit
+        (finished when recorded)."""
+        for seq in filed:
+            if not seq.decoding or seq.status is not SequenceStatus.RUNNING:
+                continue  # a stale entry: the sequence left the rows since it was filed
+            if self._allocator.opens_block(seq) and seq not in self._needs_block:
+                self._register_due.append(seq)  # registered when recorded
+                self._needs_block.append(seq)
+            if seq.num_tokens >= self._stops.length_limit(seq):
+                self._length_due.append(seq)
+
+    def _maybe_start_decoding(self, seq: Sequence) -> None:
+        """Prompt done (or one prompt token left over): one token per step from now on."""
+        if (
+            seq.num_uncomputed_tokens == 1
+            # A request's last prompt token forks in a prefill step, never in a decode.
+            and seq.seq_id not in self._forks.pending
+            and not self._speculative  # (speculating, it goes on in chunks)
+        ):
+            seq.start_decoding()
+            self._prefilling.remove(seq)
+            self._joining.append(seq)
+
+    def _record(self, plan: BatchPlan, tokens: list[int], *, filled: bool) -> list[Sequence]:
+        """The record of a plan :meth:`_move_on` moved on (``filled``: with its decode rows'
+        tokens; else they are pending): write the tokens in, then the prefix cache, the
+        sampled chunks, the finishes."""
+        self._ahead = None
+        self._recorded_step_id = plan.step_id
+        self._confirm_deltas(plan)
+        awaiting, self._awaiting = self._awaiting, set()
+        self._advanced_chunks = []
+        num_rows = plan.num_decode_rows
+        updated: list[Sequence] = []
+        if num_rows:
+            decode_tokens = tokens if len(tokens) == num_rows else tokens[:num_rows]
+            updated = self._record_decode_rows(plan, decode_tokens, filled=filled)
+        if num_rows < plan.num_seqs:
+            updated += self._record_chunks(plan, tokens, num_rows, awaiting, filled=filled)
+        return updated
+
+    def _record_decode_rows(
+        self, plan: BatchPlan, tokens: list[int], *, filled: bool
+    ) -> list[Sequence]:
+        register_due, self._register_due = self._register_due, []
+        length_due, self._length_due = self._length_due, []
+        batch = self._batch
+        if not self._batch_stale and batch.removals == self._ahead_removals:
+            # Every row is still there, in order: one pass over arrays, one set intersection.
+            if not filled:
+                batch.fill_pending(tokens)
+            updated = batch.seqs[: len(tokens)]  # a copy: finishing removes rows
+            finishing = self._stops.scan(updated, tokens, self._decode_stop_ids)
+            for seq in register_due:
+                if seq.status is SequenceStatus.RUNNING:
+                    self._allocator.register_full_blocks(seq)  # its last block filled up
+            for seq in length_due:
+                if (
+                    seq.status is SequenceStatus.RUNNING
+                    and seq not in finishing
+                    and seq.num_tokens >= self._stops.length_limit(seq)
+                ):
+                    finishing[seq] = FinishReason.LENGTH
+        else:
+            # Rows left or moved (preempted, aborted, rebuilt): one by one, then rebuild
+            # (the rows' inputs still hold the pending tokens).
+            self._batch_stale = True
+            updated = []
+            finishing = {}
+            for seq_id, token in zip(plan.seq_ids[: len(tokens)], tokens, strict=True):
+                row_seq = self._seqs.get(seq_id)
+                if row_seq is None or row_seq.token_ids[-1] != PENDING_TOKEN:
+                    continue  # finished since (its token is discarded)
+                row_seq.token_ids[-1] = token
+                updated.append(row_seq)
+                if row_seq.status is SequenceStatus.RUNNING:
+                    self._allocator.register_full_blocks(row_seq)
+                reason = self._stops.finish_reason(row_seq, token)
+                if reason is not None:
+                    finishing[row_seq] = reason
+        for seq in sorted(finishing, key=updated.index):  # in row order
+            self._finish(seq, finishing[seq])
+        return updated
+
+    def _record_chunks(
+        self,
+        plan: BatchPlan,
+        tokens: list[int],
+        first_row: int,
+        awaiting: set[int],
+        *,
+        filled: bool,
+    ) -> list[Sequence]:
+        """The chunks of ``plan`` (its rows from ``first_row``; ``tokens`` are all of its
+        samples). :meth:`_move_on` counted those that do not sample; ``awaiting`` are the
+        others. Planned ahead (not ``filled``), a sequence preempted since the plan was
+        made still gets its token (its step ran)."""
+        sampled = dict(zip(plan.sampled_seq_ids[first_row:], tokens[first_row:], strict=True))
+        verified = verified_rows(plan, tokens) if plan.verify_rows else None
+        updated: list[Sequence] = []
+        rows = zip(plan.seq_ids[first_row:], plan.query_lens[first_row:], strict=True)
+        for seq_id, num_tokens in rows:
+            seq = self._seqs.get(seq_id)
+            if seq is None:
+                continue
+            running = seq.status is SequenceStatus.RUNNING
+            if seq_id not in awaiting:
+                if running:
+                    self._allocator.register_full_blocks(seq)  # counted when moved on
+                continue
+            if not running and filled:
+                continue
+            if verified is not None and seq_id in verified:
+                if self._record_verified(seq, num_tokens, *verified[seq_id]):
+                    updated.append(seq)
+                continue
+            if running and not seq.decoding:
+                seq.num_computed_tokens += num_tokens
+            token = sampled[seq_id]
+            seq.token_ids.append(token)
+            if seq.spec_token_ids:
+                seq.spec_token_ids = []  # guesses after the previous last token
+            if running:
+                self._allocator.register_full_blocks(seq)
+            updated.append(seq)
+            for child in self._forks.forking.pop(seq_id, ()):  # completions sampled here too
+                self._start_fork(child, sampled[child.seq_id], updated)
+            reason = self._stops.finish_reason(seq, token)
+            if reason is not None:
+                self._finish(seq, reason)
+            elif running and not seq.decoding:
+                self._maybe_start_decoding(seq)
+        return updated
+
+    # --------------------------------------------------- speculative decoding
+    @property
+    def num_accepted_tokens(self) -> int:
+        """Drafts accepted since the start (speculative decoding)."""
+        return self._verify.num_accepted_tokens
+
+    def set_drafts(self, seq_id: int, draft_token_ids: SequenceABC[int]) -> int:
+        """Drafts (speculative decoding) for the tokens after running sequence ``seq_id``'s
+        last one, replacing any it had; the next step that computes its last token verifies
+        them. Kept: at most ``num_speculative_tokens``, and none past the sequence's length
+        limit (``max_tokens``, ``max_model_len``). Returns how many were kept (0 for an
+        unknown, waiting or finished sequence, or with speculation off)."""
+        seq = self._seqs.get(seq_id)
+        if seq is None or seq.status is not SequenceStatus.RUNNING or not self._speculative:
+            return 0
+        room = self._stops.length_limit(seq) - seq.num_tokens - 1  # the bonus token on top
+        seq.spec_token_ids = kept_drafts(draft_token_ids, self.config.num_speculative_tokens, room)
+        return len(seq.spec_token_ids)
+
+    def _record_verified(
+        self, seq: Sequence, num_tokens: int, drafts: list[int], samples: list[int]
+    ) -> bool:
+        """A verify row ran: keep the drafts its samples accept, then the next sample (the
+        correction or the bonus token); stop at a token that finishes the sequence. False
+        when the sequence left the running ones since (its tokens are discarded)."""
+        if seq.status is not SequenceStatus.RUNNING:
+            return False
+        kept = self._verify.accept(drafts, samples)
+        # The row computed the tokens up to the last one and the accepted drafts' positions.
+        computed = seq.num_computed_tokens + num_tokens - len(drafts) + len(kept) - 1
+        seq.spec_token_ids = []
+        for token in kept:
+            seq.token_ids.append(token)
+            reason = self._stops.finish_reason(seq, token)
+            if reason is not None:
+                self._finish(seq, reason)
+                return True
+        seq.num_computed_tokens = computed
+        self._allocator.register_full_blocks(seq)
+        return True
+
+    # ------------------------------------------------------- async scheduling
+    def _sample_pending(self, seq: Sequence) -> bool:
+        """Whether ``seq`` waits for a token of the plan in flight that was planned ahead of."""
+        return seq.seq_id in self._awaiting or (
+            bool(seq.token_ids) and seq.token_ids[-1] == PENDING_TOKEN
+        )
+
+    def _roll_back(self) -> None:
+        """Neither the plan moved on by :meth:`_move_on` nor the one planned after it was
+        recorded (a step failed): back to the state before the advance, as if it never ran.
+        Sequences finished or preempted since keep what that did."""
+        plan = self._ahead
+        assert plan is not None
+        self._ahead = None
+        num_rows = plan.num_decode_rows
+        if num_rows:
+            self._decode_steps_done -= 1
+            for seq_id in plan.seq_ids[:num_rows]:
+                seq = self._seqs.get(seq_id)
+                if seq is not None and seq.token_ids[-1] == PENDING_TOKEN:
+                    seq.token_ids.pop()
+        restore_chunks(self._advanced_chunks, self._seqs, self._allocator)
+        size = self.block_size
+        self._advanced_chunks = []
+        self._awaiting = set()
+        self._register_due = []
+        self._length_due = []
+        for seq in self._running:
+            if seq.decoding:
+                # A decode row keeps no block past its next token's: the rows move from
+                # block to block on the assumption that the next one is given when reached.
+                self._allocator.trim(seq, seq.num_computed_tokens // size + 1)
+        self._prefilling = [seq for seq in self._running if not seq.decoding]
+        self._joining = [seq for seq in self._joining if seq.decoding]
+        self._needs_block = []
+        self._batch_stale = True  # rows, their calendar and inputs: rebuilt from the sequences
+
+    def _confirm_deltas(self, plan: BatchPlan) -> None:
+        """The plan ran: the executor has applied its sampling deltas and block copies."""
+        self._forks.confirm(plan)
+        self._slots.confirm(plan)
+
+    def finish(self, seq_id: int, reason: FinishReason) -> Sequence | None:
+        """Finish a request now (stop string matched, caller abort). ``None`` if unknown."""
+        seq = self._seqs.get(seq_id)
+        if seq is None:
+            return None
+        self._finish(seq, reason)
+        return seq
+
+    def abort(self, seq_id: int) -> bool:
+        """Free everything request ``seq_id`` holds, in any state. False if it is unknown."""
+        return self.finish(seq_id, FinishReason.ABORT) is not None
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        if seq.token_ids and seq.token_ids[-1] == PENDING_TOKEN:
+            seq.token_ids.pop()  # its step is in flight: the token is discarded
+        if seq.seq_id in self._forks.parent:  # a completion that has not started yet
+            parent_id = self._forks.remove(seq)
+            if parent_id is not None:
+                self._no_more_forks(parent_id)
+        elif seq.status is SequenceStatus.RUNNING:
+            self._running.remove(seq)
+            self._stop_running(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self._waiting.remove(seq)
+        self._release_blocks(seq)
+        self._slots.release(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        del self._seqs[seq.seq_id]
+        if self._events is not None:
+            self._events.append(SequenceFinished(seq, reason))
+        # Completions that were to fork from it end with it (it ended before its prompt was
+        # computed: an abort).
+        for child in self._forks.orphans(seq.seq_id):
+            self._finish(child, reason)
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Recompute later: release the blocks and go back to the front of the queue."""
+        self._running.remove(seq)
+        self._stop_running(seq)
+        self._release_blocks(seq)
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        seq.status = SequenceStatus.WAITING
+        self._waiting.appendleft(seq)
+        self._num_preemptions += 1
+        if self._events is not None:
+            self._events.append(SequencePreempted(seq.seq_id, seq.num_tokens))
+
+    def _stop_running(self, seq: Sequence) -> None:
+        """Take a sequence that leaves ``running`` out of its phase's bookkeeping."""
+        if seq.decoding:
+            if seq in self._joining:
+                self._joining.remove(seq)
+            elif not self._batch_stale:
+                self._batch.remove(seq)
+            if seq in self._needs_block:
+                self._needs_block.remove(seq)
+            seq.stop_decoding()
+        else:
+            self._prefilling.remove(seq)
+
+    def _release_blocks(self, seq: Sequence) -> None:
+        # A fork's pending copy targets one of these blocks: it must not run once they are
+        # free (finished, preempted or undone; a preempted fork recomputes instead).
+        self._forks.drop_copy(seq.seq_id)
+        self._allocator.free(seq)
+
+    # ------------------------------------------------------------------ stats
+    def stats(self) -> SchedulerStats:
+        return SchedulerStats(
+            num_waiting=len(self._waiting),
+            num_running=len(self._running),
+            num_preemptions=self._num_preemptions,
+            num_prefill_steps=self._num_prefill_steps,
+            num_decode_steps=self._num_decode_steps,
+            num_mixed_steps=self._num_mixed_steps,
+            num_spec_verify_rows=self._verify.num_rows,
+            num_draft_tokens=self._verify.num_draft_tokens,
+            num_accepted_tokens=self._verify.num_accepted_tokens,
+            accepted_per_position=tuple(self._verify.accepted_per_position),
+        )
+
+    def check_integrity(self) -> None:
+        """Raise ``AssertionError`` if the incremental bookkeeping disagrees with a
+        recomputation from the sequences: phases, decode rows, calendar, slots. O(state);
+        for tests, between steps."""
+        running = self._running
+        if self._prefilling != [seq for seq in running if not seq.decoding]:
+            raise AssertionError("the prefilling list is not the running non-decoders")
+        for seq in running:
+            # Once a step is recorded, a sequence with one token left decodes (a plan that
+            # was never postprocessed may have admitted it with a one-token chunk: then it
+            # computed nothing yet, and that chunk is planned again).
+            if (
+                not seq.decoding
+                and seq.num_uncomputed_tokens <= 1
+                and seq.num_computed_tokens > 0
+                and self._in_flight is None
+                and self._ahead is None
+                and seq.seq_id not in self._forks.pending  # its last prompt token forks
+                and not self._speculative  # (speculating, it goes on in chunks)
+            ):
+                raise AssertionError(f"{seq!r} should be decoding")
+        for seq in self._waiting:
+            if seq.decoding:
+                raise AssertionError(f"waiting {seq!r} is marked decoding")
+        forking = [child for children in self._forks.forking.values() for child in children]
+        self._slots.check(running, list(self._waiting), forking, self.config.max_running)
+        in_flight = self._in_flight is not None or self._ahead is not None
+        self._forks.check(self._seqs, plan_in_flight=in_flight)
+        if self._batch_stale:
+            return
+        batch = self._batch
+        joining = set(map(id, self._joining))
+        if len(joining) != len(self._joining) or any(not seq.decoding for seq in self._joining):
+            raise AssertionError(f"joining {self._joining} holds duplicates or non-decoders")
+        if batch.seqs != [seq for seq in running if seq.decoding and id(seq) not in joining]:
+            raise AssertionError("the decode rows are not the running decoders in order")
+        batch.check()
+        opening = [seq for seq in batch.seqs if self._allocator.opens_block(seq)]
+        if sorted(map(id, opening)) != sorted(map(id, self._needs_block)):
+            raise AssertionError(f"rows needing a block {opening} != filed {self._needs_block}")
+        self._calendar.check(
+            batch.seqs,
+            self._decode_steps_done + 1,
+            opening=opening,
+            length_due=self._length_due,
+            block_size=self.block_size,
+            length_limit=self._stops.length_limit,
+        )
