@@ -42,6 +42,8 @@ __all__ = [
     "available_cpus",
     "default_num_threads",
     "engine_signature",
+    "parse_num_threads",
+    "parse_speculative_config",
     "resolve_async_scheduling",
     "resolve_device",
     "resolve_dtype",

@@ -205,3 +205,26 @@ def test_what_runs_at_once_is_computed_in_one_place() -> None:
 def test_an_unknown_keyword_names_itself_and_the_options() -> None:
     with pytest.raises(TypeError, match=r"unexpected keyword argument 'block_sz'.*max_num_seqs"):
         EngineConfig.from_options("m", {"block_sz": 16})  # type: ignore[typeddict-unknown-key]
+
+
+def test_the_top_level_help_and_version_load_no_torch() -> None:
+    """Only the command being run gets the engine's flags (building them imports torch):
+    ``pagedinfer --help`` and ``--version`` stay quick, and work on the core install."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from pagedinfer.cli import main\n"
+        "for argv in (['--help'], ['--version']):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert "generate" in result.stdout and "pagedinfer " in result.stdout

@@ -1,13 +1,5 @@
-"""The app's routes, one module per concern, each a module-level handler that takes the
-app's :class:`~pagedinfer.serving.state.ServingState` as a dependency; ``build_app``
-includes :data:`ROUTERS` in this order."""
-
-from __future__ import annotations
-
-from fastapi import APIRouter
-
-from pagedinfer.serving.routes import chat, completions, info, tokens
-
-__all__ = ["ROUTERS"]
-
-ROUTERS: tuple[APIRouter, ...] = (info.router, tokens.router, completions.router, chat.router)
+"""The app's routes, one module per concern: ``info`` (``/health``, ``/metrics``,
+``/version``, ``/v1/models``), ``tokens`` (``/tokenize``, ``/detokenize``), ``completions``
+and ``chat``. Each route is a module-level handler that takes the app's
+:class:`~pagedinfer.serving.state.ServingState` as a dependency (``state: State``);
+``build_app`` maps the paths to them."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from fastapi import APIRouter, Request, Response
+from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
 from pagedinfer.engine.async_engine import AsyncRequestStream
@@ -46,12 +46,9 @@ from pagedinfer.serving.streaming import (
 from pagedinfer.serving.structured import structured_request
 from pagedinfer.serving.tools import plan_tools
 
-__all__ = ["router"]
-
-router = APIRouter()
+__all__ = ["chat_completions"]
 
 
-@router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(body: ChatCompletionRequest, request: Request, state: State) -> Response:
     state.admit(body)
     engine, options = state.engine, state.options

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 
-from fastapi import APIRouter, Request, Response
+from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
 from pagedinfer.engine.async_engine import AsyncRequestStream
@@ -45,12 +45,9 @@ from pagedinfer.serving.streaming import (
 )
 from pagedinfer.serving.structured import structured_request
 
-__all__ = ["router"]
-
-router = APIRouter()
+__all__ = ["completions"]
 
 
-@router.post("/v1/completions", response_model=None)
 async def completions(body: CompletionRequest, request: Request, state: State) -> Response:
     state.admit(body)
     engine = state.engine

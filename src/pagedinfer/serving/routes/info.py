@@ -5,19 +5,16 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from fastapi import APIRouter, Response
+from fastapi import Response
 from fastapi.responses import JSONResponse
 
 from pagedinfer.serving.errors import ENGINE_DEAD_MESSAGE, SHUTTING_DOWN_MESSAGE, error_body
 from pagedinfer.serving.metrics import CONTENT_TYPE
 from pagedinfer.serving.state import ServingState, State
 
-__all__ = ["router"]
-
-router = APIRouter()
+__all__ = ["health", "model", "model_card", "models", "prometheus", "version"]
 
 
-@router.get("/health")
 async def health(state: State) -> Response:
     engine = state.engine
     if not engine.is_running:
@@ -28,26 +25,22 @@ async def health(state: State) -> Response:
     return Response(status_code=200)
 
 
-@router.get("/metrics")
 async def prometheus(state: State) -> Response:
     engine = state.engine
     stats = await engine.stats() if engine.is_running else None
     return Response(state.metrics.render(stats), media_type=CONTENT_TYPE)
 
 
-@router.get("/version")
 async def version() -> dict[str, str]:
     from pagedinfer import __version__
 
     return {"version": __version__}
 
 
-@router.get("/v1/models")
 async def models(state: State) -> dict[str, Any]:
     return {"object": "list", "data": [model_card(state)]}
 
 
-@router.get("/v1/models/{model_id:path}")
 async def model(model_id: str, state: State) -> dict[str, Any]:
     state.check_model(model_id)
     return model_card(state)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, TypeVar
 
-from fastapi import APIRouter, Body
+from fastapi import Body
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
@@ -24,14 +24,11 @@ from pagedinfer.serving.protocol import (
 )
 from pagedinfer.serving.state import State
 
-__all__ = ["router"]
-
-router = APIRouter()
+__all__ = ["detokenize", "tokenize"]
 
 _M = TypeVar("_M", bound=BaseModel)
 
 
-@router.post("/tokenize")
 async def tokenize(
     state: State,
     payload: dict[str, Any] = Body(...),  # noqa: B008
@@ -66,7 +63,6 @@ async def tokenize(
     }
 
 
-@router.post("/detokenize")
 async def detokenize(body: DetokenizeRequest, state: State) -> dict[str, Any]:
     state.admit(body)
     return {"prompt": await asyncio.to_thread(decode_tokens, state.engine.engine, body.tokens)}
