@@ -12,15 +12,9 @@ import os
 import random
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import NoReturn
-
-from pagedinfer.domain.grammar_limits import (
-    DEFAULT_GRAMMAR_LIMITS,
-    GRAMMAR_LIMIT_HELP,
-    GrammarLimits,
-)
 
 __all__ = ["EXIT_ENGINE_DEAD", "EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_USER_ERROR", "main"]
 
@@ -82,19 +76,6 @@ def _token_ids(text: str) -> list[int]:
     return ids
 
 
-def _num_threads(text: str) -> int | str:
-    """argparse type of ``--num-threads``: an integer >= 1, or ``auto``."""
-    if text == "auto":
-        return text
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'auto', got {text!r}")
-    return value
-
-
 def _port(text: str) -> int:
     """argparse type of ``--port``: an integer in [0, 65535] (0: any free port)."""
     try:
@@ -132,224 +113,74 @@ def _host_list(text: str) -> list[str]:
     return hosts
 
 
-_SPECULATIVE_EXAMPLE = '{"method": "ngram", "num_speculative_tokens": 3}'
-
-
-def _speculative_config(text: str) -> dict[str, object]:
-    """argparse type of ``--speculative-config``: vLLM's JSON object, checked here (before
-    the model loads) and handed to the engine as the dict."""
-    import json
-
-    from pagedinfer.domain.speculative import SpeculativeConfig
-    from pagedinfer.errors import ConfigurationError
-
-    try:
-        value = json.loads(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(
-            f"expected a JSON object such as '{_SPECULATIVE_EXAMPLE}', got {text!r} ({error})"
-        ) from None
-    try:
-        SpeculativeConfig.from_value(value)
-    except ConfigurationError as error:
-        raise argparse.ArgumentTypeError(" ".join(str(error).split())) from None
-    result: dict[str, object] = value  # a dict: from_value refuses anything else
-    return result
-
-
 def _engine_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("engine")
-    group.add_argument(
-        "--device", default="auto", metavar="DEVICE", help="auto, cpu, cuda or cuda:N"
-    )
-    group.add_argument("--dtype", default="auto", help="auto, float32, float16 or bfloat16")
-    group.add_argument(
-        "--max-model-len",
-        type=int,
-        metavar="N",
-        default=None,
-        help="most tokens (prompt + output) per request; beyond the model's limit is an error "
-        "(default: 4096, or the model's limit if lower)",
-    )
-    group.add_argument(
-        "--max-num-seqs", type=int, metavar="N", default=512, help="most requests running at once"
-    )
-    group.add_argument(
-        "--max-num-batched-tokens",
-        type=int,
-        metavar="N",
-        default=16384,
-        help="token budget of one step",
-    )
-    group.add_argument(
-        "--kv-block-size",
-        "--block-size",
-        type=int,
-        metavar="N",
-        default=256,
-        help="tokens per KV-cache block",
-    )
-    group.add_argument(
-        "--num-kv-blocks",
-        "--num-gpu-blocks-override",
-        type=int,
-        metavar="N",
-        default=None,
-        help="KV-cache size in blocks (default: sized)",
-    )
-    group.add_argument(
-        "--gpu-memory-utilization",
-        type=float,
-        metavar="X",
-        default=0.9,
-        help="share of GPU memory to use",
-    )
-    group.add_argument(
-        "--tensor-parallel-size",
-        "-tp",
-        type=int,
-        metavar="N",
-        default=1,
-        help="ranks to split the model across",
-    )
-    group.add_argument(
-        "--pipeline-parallel-size",
-        "-pp",
-        type=int,
-        metavar="N",
-        default=1,
-        help="stages to split the decoder layers into (needs --distributed-executor-backend ray)",
-    )
-    group.add_argument(
-        "--distributed-executor-backend",
-        choices=("mp", "ray"),
-        default="mp",
-        help="mp: worker processes on this machine; ray: Ray actors on the cluster this "
-        "process connects to (RAY_ADDRESS, or a local one), across nodes (docs/scaling.md)",
-    )
-    group.add_argument(
-        "--attention-backend", default="auto", metavar="NAME", help="auto, torch, triton or flash"
-    )
-    group.add_argument(
-        "--kv-cache-dtype",
-        default="auto",
-        choices=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
-        help="KV-cache element type: auto (the model's dtype) or FP8, which holds twice the "
-        "tokens of a 16-bit cache (fp8 is fp8_e4m3; not with the flash backend)",
-    )
-    group.add_argument(
-        "--kv-cache-memory-bytes",
-        type=int,
-        default=None,
-        metavar="N",
-        help="KV-cache size in bytes (default: sized from the configuration and memory)",
-    )
-    group.add_argument(
-        "--num-threads",
-        type=_num_threads,
-        default="auto",
-        metavar="N",
-        help="torch CPU threads; auto: half the CPUs this process may use, which does not "
-        "collapse when other work shares the cores (docs/api.md)",
-    )
-    group.add_argument(
-        "--tokenizer",
-        default=None,
-        metavar="DIR",
-        help="directory to load the tokenizer from (default: the model directory)",
-    )
-    group.add_argument(
-        "--skip-tokenizer-init",
-        action="store_true",
-        help="load no tokenizer: token-id prompts only, no output text",
-    )
-    group.add_argument(
-        "--worker-timeout-s",
-        type=float,
-        default=120.0,
-        metavar="X",
-        help="how long a stalled tensor-parallel worker may hold up a step",
-    )
-    group.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
-    group.add_argument(
-        "--enable-prefix-caching",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="share the KV blocks of common prompt prefixes between requests (on by default)",
-    )
-    group.add_argument(
-        "--async-scheduling",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="plan each step while the previous one runs (one step in flight); default: "
-        "where measured faster (docs/api.md)",
-    )
-    group.add_argument(
-        "--speculative-config",
-        "--speculative_config",
-        type=_speculative_config,
-        default=None,
-        metavar="JSON",
-        help=f"speculative decoding, vLLM's JSON, e.g. '{_SPECULATIVE_EXAMPLE}' (also "
-        "prompt_lookup_max, prompt_lookup_min; docs/api.md); default: off",
-    )
-    group.add_argument(
+    """The engine's options as flags, built from their one declaration: ``EngineConfig``'s
+    fields (engine/config.py), each with its ``CliFlag`` (help text, aliases, parsing) and
+    its default. Imported here, not at the top: it loads torch."""
+    from dataclasses import fields
+
+    from pagedinfer.engine.config import CLI_FLAG, CliFlag, EngineConfig
+
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for option in fields(EngineConfig):
+        flag = option.metadata.get(CLI_FLAG)
+        if not isinstance(flag, CliFlag):
+            continue  # model_path: MODEL_DIR or --model
+        if flag.group not in groups:
+            groups[flag.group] = parser.add_argument_group(flag.group)
+        group = groups[flag.group]
+        default = flag.default(option.default)
+        if flag.members is not None:  # a composite option: one integer flag per member
+            for member, text in flag.members.items():
+                value = getattr(default, member)
+                group.add_argument(
+                    f"--{flag.member_prefix}-{member.replace('_', '-')}",
+                    type=int,
+                    metavar="N",
+                    default=value,
+                    dest=f"{flag.member_prefix}_{member}",
+                    help=f"{text} (default {value})",
+                )
+            continue
+        names = (f"--{option.name.replace('_', '-')}", *flag.aliases)
+        if flag.switch:  # --x, or --x / --no-x when on (or decided later) by default
+            action = "store_true" if default is False else argparse.BooleanOptionalAction
+            group.add_argument(
+                *names, dest=option.name, action=action, default=default, help=flag.help
+            )
+            continue
+        parse = flag.parse or type(default)
+        group.add_argument(
+            *names,
+            dest=option.name,
+            type=_argument_type(parse),
+            default=default,
+            metavar=flag.metavar,
+            choices=flag.choices,
+            help=flag.help,
+        )
+    groups["engine"].add_argument(
         "--no-prefix-caching",
         dest="enable_prefix_caching",
         action="store_false",
         help=argparse.SUPPRESS,  # the old spelling of --no-enable-prefix-caching
     )
-    group.add_argument(
-        "--scheduling-policy",
-        default="mixed",
-        choices=("mixed", "prefill_first"),
-        help="mixed: prompt chunks ride along with decode tokens in one step; "
-        "prefill_first: prefill steps before decode steps",
-    )
-    group.add_argument(
-        "--seed", type=int, metavar="N", default=0, help="sampler seed of unseeded requests"
-    )
-    limits = parser.add_argument_group("request limits")
-    limits.add_argument(
-        "--max-n", type=int, metavar="N", default=128, help="most completions (n) per request"
-    )
-    limits.add_argument(
-        "--max-logprobs",
-        type=int,
-        metavar="N",
-        default=20,
-        help="most top logprobs per token (logprobs, prompt_logprobs); -1: the vocabulary",
-    )
-    limits.add_argument(
-        "--max-stop", type=int, metavar="N", default=64, help="most stop strings per request"
-    )
-    limits.add_argument(
-        "--max-stop-str-len",
-        type=int,
-        metavar="N",
-        default=1024,
-        help="most characters per stop string",
-    )
-    grammar = parser.add_argument_group(
-        "grammar limits (structured outputs; docs/structured-outputs.md)"
-    )
-    for name, text in GRAMMAR_LIMIT_HELP.items():
-        default = getattr(DEFAULT_GRAMMAR_LIMITS, name)
-        grammar.add_argument(
-            f"--grammar-{name.replace('_', '-')}",
-            type=int,
-            metavar="N",
-            default=default,
-            dest=f"grammar_{name}",
-            help=f"{text} (default {default})",
-        )
-    limits.add_argument(
-        "--max-consecutive-failed-steps",
-        type=int,
-        metavar="N",
-        default=3,
-        help="failed steps in a row after which the engine is dead (each fails its requests)",
-    )
+
+
+def _argument_type(parse: Callable[[str], object]) -> Callable[[str], object]:
+    """argparse's ``type`` for an option's parser: int, float and str as they are (argparse
+    names them in its messages); another parser's ValueError message shown as it is."""
+    if parse in (int, float, str):
+        return parse
+
+    def convert(text: str) -> object:
+        try:
+            return parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    convert.__name__ = getattr(parse, "__name__", "value")
+    return convert
 
 
 def _sampling_arguments(parser: argparse.ArgumentParser, *, temperature: float) -> None:
@@ -382,7 +213,12 @@ def _sampling_arguments(parser: argparse.ArgumentParser, *, temperature: float) 
     )
 
 
-def _build_parser() -> argparse.ArgumentParser:
+_ENGINE_COMMANDS = ("generate", "demo", "bench", "serve")
+
+
+def _build_parser(engine_commands: Collection[str] = _ENGINE_COMMANDS) -> argparse.ArgumentParser:
+    """The command line; only ``engine_commands`` get the engine's flags (building them
+    loads torch, which ``pagedinfer --help`` and ``--version`` need not)."""
     from pagedinfer import __version__
 
     parser = _Parser(prog="pagedinfer", description=_DESCRIPTION, formatter_class=_HelpFormatter)
@@ -408,7 +244,8 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="IDS",
         help="comma-separated token ids, e.g. 1,2,3 (repeatable)",
     )
-    _engine_arguments(generate)
+    if "generate" in engine_commands:
+        _engine_arguments(generate)
     _sampling_arguments(generate, temperature=0.0)
 
     demo = command("demo", "generate with a small local checkpoint (random weights by default)")
@@ -424,7 +261,8 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="where the random demo checkpoint is built",
     )
-    _engine_arguments(demo)
+    if "demo" in engine_commands:
+        _engine_arguments(demo)
     _sampling_arguments(demo, temperature=0.8)
 
     bench = command("bench", "quick engine-only throughput run")
@@ -452,7 +290,8 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar=("MIN", "MAX"),
         help="output lengths, drawn uniformly",
     )
-    _engine_arguments(bench)
+    if "bench" in engine_commands:
+        _engine_arguments(bench)
 
     serve = command(
         "serve",
@@ -461,7 +300,8 @@ def _build_parser() -> argparse.ArgumentParser:
         "/version and /metrics (see docs/serving.md)",
     )
     _serve_arguments(serve)
-    _engine_arguments(serve)
+    if "serve" in engine_commands:
+        _engine_arguments(serve)
 
     check_weights = command(
         "check-weights",
@@ -616,40 +456,28 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
 
 
 def _engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
-    return {
-        "device": args.device,
-        "dtype": args.dtype,
-        "max_model_len": args.max_model_len,
-        "max_num_seqs": args.max_num_seqs,
-        "max_num_batched_tokens": args.max_num_batched_tokens,
-        "kv_block_size": args.kv_block_size,
-        "num_kv_blocks": args.num_kv_blocks,
-        "gpu_memory_utilization": args.gpu_memory_utilization,
-        "tensor_parallel_size": args.tensor_parallel_size,
-        "pipeline_parallel_size": args.pipeline_parallel_size,
-        "distributed_executor_backend": args.distributed_executor_backend,
-        "attention_backend": args.attention_backend,
-        "kv_cache_dtype": args.kv_cache_dtype,
-        "enforce_eager": args.enforce_eager,
-        "enable_prefix_caching": args.enable_prefix_caching,
-        "async_scheduling": args.async_scheduling,
-        "speculative_config": args.speculative_config,
-        "seed": args.seed,
-        "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
-        "num_threads": args.num_threads,
-        "tokenizer": args.tokenizer,
-        "skip_tokenizer_init": args.skip_tokenizer_init,
-        "worker_timeout_s": args.worker_timeout_s,
-        "scheduling_policy": args.scheduling_policy,
-        "max_n": args.max_n,
-        "max_logprobs": args.max_logprobs,
-        "max_stop": args.max_stop,
-        "max_stop_str_len": args.max_stop_str_len,
-        "max_consecutive_failed_steps": args.max_consecutive_failed_steps,
-        "grammar_limits": GrammarLimits(
-            **{name: getattr(args, f"grammar_{name}") for name in GRAMMAR_LIMIT_HELP}
-        ),
-    }
+    """``Engine``'s keyword arguments from the parsed flags: every engine option."""
+    from pagedinfer.engine.config import ENGINE_OPTIONS
+
+    return {name: _option_value(args, name) for name in ENGINE_OPTIONS}
+
+
+def _option_value(args: argparse.Namespace, name: str) -> object:
+    """One engine option's value from the parsed flags; a composite option (``CliFlag.members``)
+    is built from its members' flags."""
+    from dataclasses import fields, is_dataclass, replace
+
+    from pagedinfer.engine.config import CLI_FLAG, CliFlag, EngineConfig
+
+    option = next(option for option in fields(EngineConfig) if option.name == name)
+    flag = option.metadata[CLI_FLAG]
+    assert isinstance(flag, CliFlag)
+    if flag.members is None:
+        return getattr(args, name)
+    values = {member: getattr(args, f"{flag.member_prefix}_{member}") for member in flag.members}
+    default = option.default
+    assert is_dataclass(default) and not isinstance(default, type)
+    return replace(default, **values)
 
 
 def _sampling_params(args: argparse.Namespace) -> object:
@@ -851,10 +679,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; return the exit status (0, or one of the ``EXIT_*`` codes)."""
     from pagedinfer.errors import PagedInferError
 
-    parser = _build_parser()
-    args = parser.parse_args(argv)
-    prog = f"{parser.prog} {args.command}"
+    argv = list(sys.argv[1:] if argv is None else argv)
+    prog = "pagedinfer"
     try:
+        # The command is the first word that is no option: only its flags are built.
+        command = next((word for word in argv if not word.startswith("-")), None)
+        parser = _build_parser(engine_commands=(command,) if command else ())
+        args = parser.parse_args(argv)
+        prog = f"{parser.prog} {args.command}"
         _resolve_model(args)
         return _COMMANDS[args.command](args)
     except PagedInferError as error:

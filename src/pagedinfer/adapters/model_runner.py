@@ -454,8 +454,7 @@ class ModelRunner:
         config = self.config
         vocab_size = self.model_config.vocab_size
         table = SamplingTable(
-            # The scheduler's slots are below its max_running.
-            min(config.max_num_seqs, config.max_num_batched_tokens),
+            config.max_running,  # the scheduler's slots are below it
             vocab_size,
             self.device,
         )
@@ -512,9 +511,7 @@ class ModelRunner:
                 available=available_host_memory(),
                 block_bytes=self.block_bytes,
                 max_blocks=max_useful_blocks(
-                    # Every running sequence gets a token in each decode step, so no more than
-                    # the step's token budget can run at once.
-                    max_num_seqs=min(config.max_num_seqs, config.max_num_batched_tokens),
+                    max_num_seqs=config.max_running,
                     max_model_len=config.max_model_len,
                     block_size=config.block_size,
                 ),
@@ -709,8 +706,7 @@ class ModelRunner:
         from pagedinfer.adapters.cuda_graph import DecodeGraphLayout, capture_decode_graphs
 
         config = self.config
-        # The scheduler never runs more sequences in a step than tokens fit in one.
-        max_running = min(config.max_num_seqs, config.max_num_batched_tokens)
+        max_running = config.max_running
         layout = DecodeGraphLayout.for_limits(
             max_num_seqs=max_running,
             max_model_len=config.max_model_len,

@@ -7,6 +7,12 @@ from dataclasses import dataclass
 import torch
 
 from pagedinfer.adapters.models.finite import WeightCheck
+from pagedinfer.domain.limits import (
+    DEFAULT_MAX_MODEL_LEN,
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DEFAULT_MAX_NUM_SEQS,
+    max_running,
+)
 
 __all__ = ["RunnerConfig"]
 
@@ -18,9 +24,9 @@ class RunnerConfig:
     dtype: torch.dtype  # resolved model dtype (and the KV cache's with kv_cache_dtype "auto")
     block_size: int
     attention_backend: str  # resolved: "torch", "triton" or "flash"
-    max_num_seqs: int = 512
-    max_num_batched_tokens: int = 16384
-    max_model_len: int = 4096
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN
     num_kv_blocks: int | None = None  # None: size from memory (GPU budget / free RAM)
     kv_cache_memory_bytes: int | None = None  # the KV cache's size in bytes, if given
     gpu_memory_utilization: float = 0.9
@@ -37,3 +43,8 @@ class RunnerConfig:
     num_speculative_tokens: int = 0
     # Which tensors must be finite at load (adapters/models/finite.py).
     weight_check: WeightCheck = "default"
+
+    @property
+    def max_running(self) -> int:
+        """The most sequences in one step (the scheduler's ``max_running``)."""
+        return max_running(self.max_num_seqs, self.max_num_batched_tokens)

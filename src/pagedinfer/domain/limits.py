@@ -27,11 +27,30 @@ from pagedinfer.errors import ConfigurationError, InvalidRequestError
 
 __all__ = [
     "DEFAULT_MAX_LOGPROBS",
+    "DEFAULT_MAX_MODEL_LEN",
     "DEFAULT_MAX_N",
+    "DEFAULT_MAX_NUM_BATCHED_TOKENS",
+    "DEFAULT_MAX_NUM_SEQS",
     "DEFAULT_MAX_STOP",
     "DEFAULT_MAX_STOP_STR_LEN",
     "RequestLimits",
+    "max_running",
 ]
+
+# The engine's sizes by default (``Engine``'s keywords, the runner's and the command line's).
+DEFAULT_MAX_NUM_SEQS = 512
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 16384
+DEFAULT_MAX_MODEL_LEN = 4096
+"""``max_model_len`` when none is given, unless the model's limit is lower: small enough that
+the KV cache of one sequence fits a CPU's memory (vLLM's default is the model's whole
+context, 40,960 tokens for Qwen3, which a CPU cache of float32 KV would spend gigabytes on)."""
+
+
+def max_running(max_num_seqs: int, max_num_batched_tokens: int) -> int:
+    """The most sequences that run at once: every running sequence must fit in one decode
+    step (one token each), or some would starve."""
+    return min(max_num_seqs, max_num_batched_tokens)
+
 
 DEFAULT_MAX_N = 128
 DEFAULT_MAX_LOGPROBS = 20

@@ -2,22 +2,33 @@
 
 from __future__ import annotations
 
+import inspect
+import json
 import math
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import TypedDict
 
 import torch
 
 from pagedinfer.adapters.kv_cache import KV_CACHE_DTYPES
-from pagedinfer.adapters.models.finite import WeightCheck, validate_weight_check
-from pagedinfer.domain.grammar_limits import DEFAULT_GRAMMAR_LIMITS, GrammarLimits
+from pagedinfer.adapters.models.finite import WEIGHT_CHECKS, WeightCheck, validate_weight_check
+from pagedinfer.domain.grammar_limits import (
+    DEFAULT_GRAMMAR_LIMITS,
+    GRAMMAR_LIMIT_HELP,
+    GrammarLimits,
+)
 from pagedinfer.domain.limits import (
     DEFAULT_MAX_LOGPROBS,
+    DEFAULT_MAX_MODEL_LEN,
     DEFAULT_MAX_N,
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DEFAULT_MAX_NUM_SEQS,
     DEFAULT_MAX_STOP,
     DEFAULT_MAX_STOP_STR_LEN,
     RequestLimits,
+    max_running,
 )
 from pagedinfer.domain.scheduler import SCHEDULING_POLICIES, SchedulingPolicy
 from pagedinfer.domain.speculative import SpeculativeConfig
@@ -25,12 +36,20 @@ from pagedinfer.errors import ConfigurationError
 
 __all__ = [
     "ATTENTION_BACKENDS",
+    "CLI_FLAG",
     "DEFAULT_MAX_MODEL_LEN",
+    "DISTRIBUTED_EXECUTOR_BACKENDS",
+    "ENGINE_OPTIONS",
     "KV_CACHE_DTYPES",
     "SCHEDULING_POLICIES",
+    "CliFlag",
     "EngineConfig",
+    "EngineOptions",
     "available_cpus",
     "default_num_threads",
+    "engine_signature",
+    "parse_num_threads",
+    "parse_speculative_config",
     "resolve_async_scheduling",
     "resolve_device",
     "resolve_dtype",
@@ -39,11 +58,8 @@ __all__ = [
 ]
 
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash")
+DISTRIBUTED_EXECUTOR_BACKENDS = ("mp", "ray")
 
-DEFAULT_MAX_MODEL_LEN = 4096
-"""``max_model_len`` when none is given, unless the model's limit is lower: small enough that
-the KV cache of one sequence fits a CPU's memory (vLLM's default is the model's whole
-context, 40,960 tokens for Qwen3, which a CPU cache of float32 KV would spend gigabytes on)."""
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -57,44 +73,360 @@ _DTYPES: dict[str, torch.dtype] = {
 }
 
 
+_LIBRARY_DEFAULT = object()  # CliFlag.cli_default: the option's own default
+
+
+@dataclass(frozen=True, slots=True)
+class CliFlag:
+    """How an engine option reads on the command line (``pagedinfer generate``, ``serve``, ...).
+
+    The flag is the field's name with dashes (``max_num_seqs``: ``--max-num-seqs``); its
+    default is the field's, shown by ``--help``.
+    """
+
+    help: str
+    group: str = "engine"  # the --help section: "engine" or "request limits"
+    aliases: tuple[str, ...] = ()  # other spellings (vLLM's: --block-size, -tp)
+    metavar: str | None = None
+    # Text to value, raising ValueError with a message that says what is expected. None: the
+    # default's type (int, float, str).
+    parse: Callable[[str], object] | None = None
+    choices: tuple[str, ...] | None = None
+    # A flag without a value: --x (default False), or --x / --no-x (default True or None).
+    switch: bool = False
+    # The command line's own default where it differs from the library's (the command line
+    # owns its process, so it may set process-wide settings: --num-threads auto).
+    cli_default: object = _LIBRARY_DEFAULT
+    # A composite option (a frozen dataclass of ints, such as GrammarLimits): one integer flag
+    # per member, --<member_prefix>-<member>, with the member's help; the value is built from them.
+    members: Mapping[str, str] | None = None
+    member_prefix: str = ""
+
+    def default(self, library_default: object) -> object:
+        """The flag's default: ``cli_default``, or else the option's (``library_default``)."""
+        return library_default if self.cli_default is _LIBRARY_DEFAULT else self.cli_default
+
+
+GRAMMAR_LIMITS_GROUP = "grammar limits (structured outputs; docs/structured-outputs.md)"
+
+CLI_FLAG = "cli"
+"""The key of a field's metadata that holds its :class:`CliFlag`."""
+
+
+def _one_of(names: tuple[str, ...]) -> str:
+    """``("a", "b", "c")``: ``"a, b or c"``."""
+    return f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+def parse_num_threads(text: str) -> int | str:
+    """``--num-threads``: an integer >= 1, or ``auto``."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"expected an integer or 'auto', got {text!r}") from None
+    if value < 1:
+        raise ValueError(f"expected an integer >= 1 or 'auto', got {text!r}")
+    return value
+
+
+_SPECULATIVE_EXAMPLE = '{"method": "ngram", "num_speculative_tokens": 3}'
+
+
+def parse_speculative_config(text: str) -> dict[str, object]:
+    """``--speculative-config``: vLLM's JSON object, checked (before the model loads) and
+    kept as the dict."""
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise ValueError(
+            f"expected a JSON object such as '{_SPECULATIVE_EXAMPLE}', got {text!r} ({error})"
+        ) from None
+    try:
+        SpeculativeConfig.from_value(value)
+    except ConfigurationError as error:
+        raise ValueError(" ".join(str(error).split())) from None
+    result: dict[str, object] = value  # a dict: from_value refuses anything else
+    return result
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    """``Engine``'s keyword arguments, checked. See :class:`pagedinfer.Engine` for meanings."""
+    """``Engine``'s keyword arguments, checked. See :class:`pagedinfer.Engine` for meanings.
+
+    Every field but ``model_path`` is an engine option, declared once here: its default,
+    and (in its metadata, :class:`CliFlag`) its command-line flag and help text, from which
+    the command line builds its flags (``pagedinfer.cli``).
+    """
 
     model_path: str
-    device: str | torch.device = "auto"
-    dtype: str | torch.dtype = "auto"
-    max_num_seqs: int = 512
-    max_num_batched_tokens: int = 16384
-    max_model_len: int | None = None  # None: DEFAULT_MAX_MODEL_LEN or the model's limit
-    kv_block_size: int = 256
-    num_kv_blocks: int | None = None
-    gpu_memory_utilization: float = 0.9
-    tensor_parallel_size: int = 1
-    enforce_eager: bool = False
-    enable_prefix_caching: bool = True
-    attention_backend: str = "auto"
-    kv_cache_dtype: str = "auto"
-    seed: int = 0
-    kv_cache_memory_bytes: int | None = None
-    num_threads: int | str | None = None  # None: torch's own; "auto": default_num_threads()
-    worker_timeout_s: float = 120.0
-    scheduling_policy: SchedulingPolicy = "mixed"
-    max_n: int = DEFAULT_MAX_N
-    max_logprobs: int = DEFAULT_MAX_LOGPROBS
-    max_stop: int = DEFAULT_MAX_STOP
-    max_stop_str_len: int = DEFAULT_MAX_STOP_STR_LEN
-    max_consecutive_failed_steps: int = 3
-    tokenizer: str | None = None  # a directory; None: the model's
-    skip_tokenizer_init: bool = False
-    pipeline_parallel_size: int = 1
-    distributed_executor_backend: str = "mp"  # "mp" or "ray"
-    async_scheduling: bool | None = None  # None: resolve_async_scheduling's default
+    device: str | torch.device = field(
+        default="auto", metadata={CLI_FLAG: CliFlag("auto, cpu, cuda or cuda:N", metavar="DEVICE")}
+    )
+    dtype: str | torch.dtype = field(
+        default="auto", metadata={CLI_FLAG: CliFlag("auto, float32, float16 or bfloat16")}
+    )
+    max_model_len: int | None = field(
+        default=None,
+        metadata={
+            CLI_FLAG: CliFlag(
+                "most tokens (prompt + output) per request; beyond the model's limit is an error "
+                f"(default: {DEFAULT_MAX_MODEL_LEN}, or the model's limit if lower)",
+                metavar="N",
+                parse=int,
+            )
+        },
+    )
+    max_num_seqs: int = field(
+        default=DEFAULT_MAX_NUM_SEQS,
+        metadata={CLI_FLAG: CliFlag("most requests running at once", metavar="N")},
+    )
+    max_num_batched_tokens: int = field(
+        default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        metadata={CLI_FLAG: CliFlag("token budget of one step", metavar="N")},
+    )
+    kv_block_size: int = field(
+        default=256,
+        metadata={
+            CLI_FLAG: CliFlag("tokens per KV-cache block", aliases=("--block-size",), metavar="N")
+        },
+    )
+    num_kv_blocks: int | None = field(
+        default=None,
+        metadata={
+            CLI_FLAG: CliFlag(
+                "KV-cache size in blocks (default: sized)",
+                aliases=("--num-gpu-blocks-override",),
+                metavar="N",
+                parse=int,
+            )
+        },
+    )
+    gpu_memory_utilization: float = field(
+        default=0.9, metadata={CLI_FLAG: CliFlag("share of GPU memory to use", metavar="X")}
+    )
+    tensor_parallel_size: int = field(
+        default=1,
+        metadata={
+            CLI_FLAG: CliFlag("ranks to split the model across", aliases=("-tp",), metavar="N")
+        },
+    )
+    pipeline_parallel_size: int = field(
+        default=1,
+        metadata={
+            CLI_FLAG: CliFlag(
+                "stages to split the decoder layers into (needs "
+                "--distributed-executor-backend ray)",
+                aliases=("-pp",),
+                metavar="N",
+            )
+        },
+    )
+    distributed_executor_backend: str = field(
+        default="mp",
+        metadata={
+            CLI_FLAG: CliFlag(
+                "mp: worker processes on this machine; ray: Ray actors on the cluster this "
+                "process connects to (RAY_ADDRESS, or a local one), across nodes (docs/scaling.md)",
+                choices=DISTRIBUTED_EXECUTOR_BACKENDS,
+            )
+        },
+    )
+    attention_backend: str = field(
+        default="auto",
+        metadata={CLI_FLAG: CliFlag(_one_of(ATTENTION_BACKENDS), metavar="NAME")},
+    )
+    kv_cache_dtype: str = field(
+        default="auto",
+        metadata={
+            CLI_FLAG: CliFlag(
+                "KV-cache element type: auto (the model's dtype) or FP8, which holds twice the "
+                "tokens of a 16-bit cache (fp8 is fp8_e4m3; not with the flash backend)",
+                choices=KV_CACHE_DTYPES,
+            )
+        },
+    )
+    kv_cache_memory_bytes: int | None = field(
+        default=None,
+        metadata={
+            CLI_FLAG: CliFlag(
+                "KV-cache size in bytes (default: sized from the configuration and memory)",
+                metavar="N",
+                parse=int,
+            )
+        },
+    )
+    # None: torch's own; "auto": default_num_threads()
+    num_threads: int | str | None = field(
+        default=None,
+        metadata={
+            CLI_FLAG: CliFlag(
+                "torch CPU threads; auto: half the CPUs this process may use, which does not "
+                "collapse when other work shares the cores (docs/api.md)",
+                metavar="N",
+                parse=parse_num_threads,
+                cli_default="auto",
+            )
+        },
+    )
+    tokenizer: str | os.PathLike[str] | None = field(
+        default=None,
+        metadata={
+            CLI_FLAG: CliFlag(
+                "directory to load the tokenizer from (default: the model directory)",
+                metavar="DIR",
+                parse=str,
+            )
+        },
+    )
+    skip_tokenizer_init: bool = field(
+        default=False,
+        metadata={
+            CLI_FLAG: CliFlag(
+                "load no tokenizer: token-id prompts only, no output text", switch=True
+            )
+        },
+    )
+    worker_timeout_s: float = field(
+        default=120.0,
+        metadata={
+            CLI_FLAG: CliFlag(
+                "how long a stalled tensor-parallel worker may hold up a step", metavar="X"
+            )
+        },
+    )
+    enforce_eager: bool = field(
+        default=False, metadata={CLI_FLAG: CliFlag("no CUDA graphs", switch=True)}
+    )
+    enable_prefix_caching: bool = field(
+        default=True,
+        metadata={
+            CLI_FLAG: CliFlag(
+                "share the KV blocks of common prompt prefixes between requests (on by default)",
+                switch=True,
+            )
+        },
+    )
+    async_scheduling: bool | None = field(
+        default=None,
+        metadata={
+            CLI_FLAG: CliFlag(
+                "plan each step while the previous one runs (one step in flight); default: "
+                "where measured faster (docs/api.md)",
+                switch=True,
+            )
+        },
+    )
     # Speculative decoding: vLLM's dict ({"method": "ngram", ...}) or the checked config.
-    speculative_config: SpeculativeConfig | Mapping[str, object] | None = None
-    weight_check: WeightCheck = "default"  # which tensors must be finite at load
-    # Structured outputs: what one constraint may cost (domain/grammar_limits.py).
-    grammar_limits: GrammarLimits = DEFAULT_GRAMMAR_LIMITS
+    speculative_config: SpeculativeConfig | Mapping[str, object] | None = field(
+        default=None,
+        metadata={
+            CLI_FLAG: CliFlag(
+                f"speculative decoding, vLLM's JSON, e.g. '{_SPECULATIVE_EXAMPLE}' (also "
+                "prompt_lookup_max, prompt_lookup_min; docs/api.md); default: off",
+                aliases=("--speculative_config",),
+                metavar="JSON",
+                parse=parse_speculative_config,
+            )
+        },
+    )
+    scheduling_policy: SchedulingPolicy = field(
+        default="mixed",
+        metadata={
+            CLI_FLAG: CliFlag(
+                "mixed: prompt chunks ride along with decode tokens in one step; "
+                "prefill_first: prefill steps before decode steps",
+                choices=SCHEDULING_POLICIES,
+            )
+        },
+    )
+    seed: int = field(
+        default=0, metadata={CLI_FLAG: CliFlag("sampler seed of unseeded requests", metavar="N")}
+    )
+    max_n: int = field(
+        default=DEFAULT_MAX_N,
+        metadata={
+            CLI_FLAG: CliFlag(
+                "most completions (n) per request", group="request limits", metavar="N"
+            )
+        },
+    )
+    max_logprobs: int = field(
+        default=DEFAULT_MAX_LOGPROBS,
+        metadata={
+            CLI_FLAG: CliFlag(
+                "most top logprobs per token (logprobs, prompt_logprobs); -1: the vocabulary",
+                group="request limits",
+                metavar="N",
+            )
+        },
+    )
+    max_stop: int = field(
+        default=DEFAULT_MAX_STOP,
+        metadata={
+            CLI_FLAG: CliFlag("most stop strings per request", group="request limits", metavar="N")
+        },
+    )
+    max_stop_str_len: int = field(
+        default=DEFAULT_MAX_STOP_STR_LEN,
+        metadata={
+            CLI_FLAG: CliFlag(
+                "most characters per stop string", group="request limits", metavar="N"
+            )
+        },
+    )
+    max_consecutive_failed_steps: int = field(
+        default=3,
+        metadata={
+            CLI_FLAG: CliFlag(
+                "failed steps in a row after which the engine is dead (each fails its requests)",
+                group="request limits",
+                metavar="N",
+            )
+        },
+    )
+
+    weight_check: WeightCheck = field(
+        default="default",
+        metadata={
+            CLI_FLAG: CliFlag(
+                "tensors that must be finite at load: default (scales, norms, biases), all "
+                "(every tensor; slower load) or none (docs/models.md)",
+                choices=WEIGHT_CHECKS,
+            )
+        },
+    )
+    # Structured outputs: what one constraint may cost (domain/grammar_limits.py); one
+    # --grammar-<name> flag per limit.
+    grammar_limits: GrammarLimits = field(
+        default=DEFAULT_GRAMMAR_LIMITS,
+        metadata={
+            CLI_FLAG: CliFlag(
+                "what one structured-output constraint may cost (docs/structured-outputs.md)",
+                group=GRAMMAR_LIMITS_GROUP,
+                members=GRAMMAR_LIMIT_HELP,
+                member_prefix="grammar",
+            )
+        },
+    )
+
+    @classmethod
+    def from_options(cls, model: str | os.PathLike[str], options: EngineOptions) -> EngineConfig:
+        """``Engine(model, **options)``'s configuration, checked (``TypeError`` for a
+        keyword that is no engine option, as a function's own would be)."""
+        unknown = sorted(set(options) - set(ENGINE_OPTIONS))
+        if unknown:
+            raise TypeError(
+                f"Engine() got an unexpected keyword argument {unknown[0]!r}: the engine's "
+                f"options are {', '.join(ENGINE_OPTIONS)} (docs/api.md)."
+            )
+        return cls(model_path=os.fspath(model), **options)
+
+    @property
+    def max_running(self) -> int:
+        """The most sequences that run at once: ``min(max_num_seqs, max_num_batched_tokens)``."""
+        return max_running(self.max_num_seqs, self.max_num_batched_tokens)
 
     @property
     def speculation(self) -> SpeculativeConfig | None:
@@ -121,7 +453,7 @@ class EngineConfig:
         _positive_int("kv_block_size", self.kv_block_size)
         _positive_int("tensor_parallel_size", self.tensor_parallel_size)
         _positive_int("pipeline_parallel_size", self.pipeline_parallel_size)
-        if self.distributed_executor_backend not in ("mp", "ray"):
+        if self.distributed_executor_backend not in DISTRIBUTED_EXECUTOR_BACKENDS:
             raise ConfigurationError(
                 f"distributed_executor_backend={self.distributed_executor_backend!r} is "
                 "invalid: expected 'mp' (worker processes on this machine, the default) or "
@@ -236,6 +568,71 @@ class EngineConfig:
                 f"scheduling_policy={self.scheduling_policy!r} is unknown: choose one of "
                 f"{', '.join(SCHEDULING_POLICIES)}."
             )
+
+
+class EngineOptions(TypedDict, total=False):
+    """``Engine``'s keyword arguments (``Engine(model, **options)``): :class:`EngineConfig`'s
+    fields but ``model_path``, for type checkers; the defaults and meanings are the config's
+    (a test checks that the names are the same)."""
+
+    device: str | torch.device
+    dtype: str | torch.dtype
+    max_model_len: int | None
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    kv_block_size: int
+    num_kv_blocks: int | None
+    gpu_memory_utilization: float
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    distributed_executor_backend: str
+    attention_backend: str
+    kv_cache_dtype: str
+    kv_cache_memory_bytes: int | None
+    num_threads: int | str | None
+    tokenizer: str | os.PathLike[str] | None
+    skip_tokenizer_init: bool
+    worker_timeout_s: float
+    enforce_eager: bool
+    enable_prefix_caching: bool
+    async_scheduling: bool | None
+    speculative_config: SpeculativeConfig | Mapping[str, object] | None
+    scheduling_policy: SchedulingPolicy
+    seed: int
+    max_n: int
+    max_logprobs: int
+    max_stop: int
+    max_stop_str_len: int
+    max_consecutive_failed_steps: int
+    weight_check: WeightCheck
+    grammar_limits: GrammarLimits
+
+
+ENGINE_OPTIONS: tuple[str, ...] = tuple(
+    option.name for option in fields(EngineConfig) if CLI_FLAG in option.metadata
+)
+"""The names of the engine's options (``Engine``'s keywords), in declaration order."""
+
+
+def engine_signature() -> inspect.Signature:
+    """``Engine.__init__``'s signature as ``help()`` and ``inspect`` show it: ``model``, then
+    every option, keyword-only, with its default (``Engine(model, **options)`` in the code)."""
+    positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    return inspect.Signature(
+        [
+            inspect.Parameter("self", positional),
+            inspect.Parameter("model", positional, annotation="str | os.PathLike[str]"),
+            *(
+                inspect.Parameter(
+                    option.name, keyword, default=option.default, annotation=option.type
+                )
+                for option in fields(EngineConfig)
+                if option.name in ENGINE_OPTIONS
+            ),
+        ],
+        return_annotation="None",
+    )
 
 
 def resolve_max_model_len(requested: int | None, context_len: int, window: int | None) -> int:

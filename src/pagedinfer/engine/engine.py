@@ -32,29 +32,28 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 
 from pagedinfer.adapters.attention import resolve_backend_name
 from pagedinfer.adapters.executor import ModelExecutor, create_executor
 from pagedinfer.adapters.kv_cache import kv_cache_dtype_name, resolve_kv_cache_dtype
-from pagedinfer.adapters.models.finite import WeightCheck
 from pagedinfer.adapters.models.registry import read_model_config
 from pagedinfer.adapters.runner_config import RunnerConfig
 from pagedinfer.adapters.sampling.grammar import GrammarCompiler
 from pagedinfer.domain.forks import completion_seed, make_forks
-from pagedinfer.domain.grammar_limits import DEFAULT_GRAMMAR_LIMITS, GrammarLimits
 from pagedinfer.domain.plan import BatchPlan
 from pagedinfer.domain.sampling import SamplingParams
-from pagedinfer.domain.scheduler import Scheduler, SchedulerConfig, SchedulingPolicy
+from pagedinfer.domain.scheduler import Scheduler, SchedulerConfig
 from pagedinfer.domain.sequence import FinishReason, SequenceStatus
 from pagedinfer.domain.sequence import Sequence as DomainSequence
-from pagedinfer.domain.speculative import SpeculativeConfig
 from pagedinfer.domain.step_output import StepOutput, TokenLogprobs
 from pagedinfer.engine.chat import render_chat
 from pagedinfer.engine.config import (
     EngineConfig,
+    EngineOptions,
+    engine_signature,
     resolve_async_scheduling,
     resolve_device,
     resolve_dtype,
@@ -85,6 +84,9 @@ from pagedinfer.errors import (
     StepFailedError,
     UnsupportedModelError,
 )
+
+if TYPE_CHECKING:
+    from typing import Unpack  # Python 3.11; only read by type checkers here
 
 __all__ = ["Engine", "EngineStats", "Prompt", "TokenizedPrompt", "completion_seed"]
 
@@ -165,81 +167,14 @@ class Engine:
     Every method may be called from any thread (see docs/api.md, "Threads").
     """
 
-    def __init__(
-        self,
-        model: str | os.PathLike[str],
-        *,
-        device: str = "auto",
-        dtype: str = "auto",
-        max_num_seqs: int = 512,
-        max_num_batched_tokens: int = 16384,
-        max_model_len: int | None = None,
-        kv_block_size: int = 256,
-        num_kv_blocks: int | None = None,
-        gpu_memory_utilization: float = 0.9,
-        tensor_parallel_size: int = 1,
-        enforce_eager: bool = False,
-        enable_prefix_caching: bool = True,
-        attention_backend: str = "auto",
-        kv_cache_dtype: str = "auto",
-        seed: int = 0,
-        kv_cache_memory_bytes: int | None = None,
-        num_threads: int | str | None = None,
-        worker_timeout_s: float = 120.0,
-        scheduling_policy: SchedulingPolicy = "mixed",
-        max_n: int = 128,
-        max_logprobs: int = 20,
-        max_stop: int = 64,
-        max_stop_str_len: int = 1024,
-        max_consecutive_failed_steps: int = 3,
-        tokenizer: str | os.PathLike[str] | None = None,
-        skip_tokenizer_init: bool = False,
-        pipeline_parallel_size: int = 1,
-        distributed_executor_backend: str = "mp",
-        async_scheduling: bool | None = None,
-        speculative_config: SpeculativeConfig | Mapping[str, object] | None = None,
-        weight_check: WeightCheck = "default",
-        grammar_limits: GrammarLimits = DEFAULT_GRAMMAR_LIMITS,
-    ) -> None:
+    def __init__(self, model: str | os.PathLike[str], **options: Unpack[EngineOptions]) -> None:
         self._executor: ModelExecutor | None = None
         self._closed = True  # until construction succeeds
         self._lock = threading.Lock()
         # Notified when a step ends, a request is finalized outside a step, or the engine closes.
         self._changed = threading.Condition(self._lock)
-        config = EngineConfig(
-            model_path=os.fspath(model),
-            device=device,
-            dtype=dtype,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_model_len=max_model_len,
-            kv_block_size=kv_block_size,
-            num_kv_blocks=num_kv_blocks,
-            gpu_memory_utilization=gpu_memory_utilization,
-            tensor_parallel_size=tensor_parallel_size,
-            enforce_eager=enforce_eager,
-            enable_prefix_caching=enable_prefix_caching,
-            attention_backend=attention_backend,
-            kv_cache_dtype=kv_cache_dtype,
-            seed=seed,
-            kv_cache_memory_bytes=kv_cache_memory_bytes,
-            num_threads=num_threads,
-            worker_timeout_s=worker_timeout_s,
-            scheduling_policy=scheduling_policy,
-            max_n=max_n,
-            max_logprobs=max_logprobs,
-            max_stop=max_stop,
-            max_stop_str_len=max_stop_str_len,
-            max_consecutive_failed_steps=max_consecutive_failed_steps,
-            tokenizer=None if tokenizer is None else os.fspath(tokenizer),
-            skip_tokenizer_init=skip_tokenizer_init,
-            pipeline_parallel_size=pipeline_parallel_size,
-            distributed_executor_backend=distributed_executor_backend,
-            async_scheduling=async_scheduling,
-            speculative_config=speculative_config,
-            weight_check=weight_check,
-            grammar_limits=grammar_limits,
-        )
+        # The options, their defaults and their checks: engine/config.py (EngineConfig).
+        config = EngineConfig.from_options(model, options)
         self.config = config
         # Speculative decoding (docs/speculative-decoding.md): how drafts are proposed.
         self.speculation = config.speculation
@@ -377,6 +312,9 @@ class Engine:
         self._worker: ThreadPoolExecutor | None = None
         self._structured: set[int] = set()
         self._closed = False
+
+    # What help() and inspect show: every option, keyword-only, with its default.
+    __init__.__signature__ = engine_signature()  # type: ignore[attr-defined]
 
     # ------------------------------------------------------------------ requests
     def tokenize(self, prompt: Prompt) -> TokenizedPrompt:
@@ -1271,7 +1209,7 @@ def _tokenizer(config: EngineConfig) -> Any:
         return None
     if config.tokenizer is None:
         return load_tokenizer(config.model_path)
-    directory = config.tokenizer
+    directory = os.fspath(config.tokenizer)
     if not os.path.isdir(directory):
         raise CheckpointNotFoundError(
             f"tokenizer={directory!r} is not a directory: pass the local directory that holds "

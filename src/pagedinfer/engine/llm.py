@@ -22,7 +22,6 @@ the model's ``generation_config.json`` defaults as vLLM does (``generation_confi
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from pagedinfer.domain.sampling import SamplingParams
+from pagedinfer.engine.config import ENGINE_OPTIONS
 from pagedinfer.engine.engine import Engine, Prompt
 from pagedinfer.engine.outputs import RequestOutput
 from pagedinfer.errors import (
@@ -183,7 +183,7 @@ _RENAMED = {"block_size": "kv_block_size", "num_gpu_blocks_override": "num_kv_bl
 _SCHEDULING_POLICIES = {"fcfs": "mixed", "mixed": "mixed", "prefill_first": "prefill_first"}
 # Fields of generation_config.json that become default sampling parameters (vLLM's list).
 _GENERATION_FIELDS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p")
-_ENGINE_ARGUMENTS = frozenset(inspect.signature(Engine.__init__).parameters) - {"self", "model"}
+_ENGINE_ARGUMENTS = frozenset(ENGINE_OPTIONS)
 
 
 class LLM(Engine):

@@ -1,0 +1,5 @@
+"""The app's routes, one module per concern: ``info`` (``/health``, ``/metrics``,
+``/version``, ``/v1/models``), ``tokens`` (``/tokenize``, ``/detokenize``), ``completions``
+and ``chat``. Each route is a module-level handler that takes the app's
+:class:`~pagedinfer.serving.state.ServingState` as a dependency (``state: State``);
+``build_app`` maps the paths to them."""
