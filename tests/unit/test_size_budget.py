@@ -11,8 +11,9 @@ BUDGET = 800
 
 OVER_BUDGET = frozenset(
     {
-        # Issue 39: being split (the decode rows and prefill admission out of scheduler/core.py; the engine's admission, in-flight
-        # step and output processing in their own modules). Remove each as it is split.
+        # Issue 39: being split (the decode rows and prefill admission out of
+        # scheduler/core.py; the engine's admission, in-flight step and output processing in
+        # their own modules). Remove each as it is split.
         "pagedinfer/domain/scheduler/core.py",
         "pagedinfer/engine/engine.py",
     }
