@@ -76,5 +76,7 @@ def test_decode_step_launches_per_layer(
     for layer in count.per_layer:
         assert sum(layer.values()) <= MAX_LAUNCHES_PER_LAYER, count.describe()
         assert dict(layer) == EXPECTED_LAYER, count.describe()
-    # Embedding, final norm, LM head and sampling.
-    assert count.outside_total <= 16, count.describe()
+    # Embedding, final norm, LM head and sampling; 17 since the sampler checks the chosen
+    # token's logit is finite (gather, isfinite, where; issue 36: a NaN row is a failed request,
+    # never a silent token) and the runner clamps a failed row's placeholder (clamp).
+    assert count.outside_total <= 17, count.describe()
