@@ -14,7 +14,7 @@ from pagedinfer.domain import (
     chain_hashes,
 )
 
-from .driver import constant_sampler, hash_sampler, run_to_completion
+from ..driver import constant_sampler, hash_sampler, run_to_completion
 
 
 def test_extra_key_zero_does_not_share_kv_with_no_key() -> None:
