@@ -228,6 +228,28 @@ class Scheduler:
             self._undo_forks()  # the step that forked them never ran (or was not recorded)
         self._in_flight = None
 
+    def _roll_back(self) -> None:
+        """Neither the plan moved on by :meth:`_move_on` nor the one planned after it was
+        recorded (a step failed): back to the state before the advance, as if it never ran.
+        Sequences finished or preempted since keep what that did."""
+        plan = self._ahead
+        assert plan is not None
+        self._ahead = None
+        restore_chunks(self._advanced_chunks, self._seqs, self._allocator)
+        self._advanced_chunks = []
+        self._awaiting = set()
+        self._rows.roll_back(plan, self._seqs, self._running)
+        self._prefilling = [seq for seq in self._running if not seq.decoding]
+
+    def _undo_forks(self) -> None:
+        """The plan that forked was never recorded: back to pending, planned again later."""
+        for child in self._forks.undo():
+            self._release_blocks(child)
+            self._slots.release(child)
+            child.num_computed_tokens = 0
+            child.num_cached_tokens = 0
+            child.status = SequenceStatus.WAITING
+
     def schedule_ahead(self) -> BatchPlan | None:
         """The next step's plan while the latest plan still runs (async scheduling), or
         ``None`` when nothing else can run before that plan is recorded.
@@ -392,45 +414,6 @@ class Scheduler:
             return newest
         return self._prefilling[-1] if self._prefilling else None
 
-    def _start_fork(self, child: Sequence, token: int, updated: list[Sequence]) -> None:
-        """The forking step ran: ``child`` has its first token and runs on its own."""
-        self._forks.started(child)
-        child.token_ids.append(token)
-        self._running.append(child)
-        if self._policy.ready_to_decode(child):  # its prompt is computed
-            self._rows.join(child)
-        else:  # speculating: a chunk of its last token and drafts per step
-            self._prefilling.append(child)
-        self._allocator.register_full_blocks(child)
-        updated.append(child)
-        reason = self._stops.finish_reason(child, token)
-        if reason is not None:
-            self._finish(child, reason)
-
-    def _undo_forks(self) -> None:
-        """The plan that forked was never recorded: back to pending, planned again later."""
-        for child in self._forks.undo():
-            self._release_blocks(child)
-            self._slots.release(child)
-            child.num_computed_tokens = 0
-            child.num_cached_tokens = 0
-            child.status = SequenceStatus.WAITING
-
-    def _no_more_forks(self, parent_id: int) -> None:
-        """The last pending fork of ``parent_id`` is gone: a parent that stayed prefilling
-        with one prompt token left only to fork decodes it like any other sequence."""
-        parent = self._seqs.get(parent_id)
-        if (
-            parent is not None
-            and parent.status is SequenceStatus.RUNNING
-            and not parent.decoding
-            and self._policy.ready_to_decode(parent)
-            and self._in_flight is None  # else recording the plan in flight does this
-            and self._ahead is None
-        ):
-            self._prefilling.remove(parent)
-            self._rows.join(parent)
-
     # ------------------------------------------------------------ postprocess
     def postprocess(self, plan: BatchPlan, sampled_token_ids: Iterable[int]) -> list[Sequence]:
         """Record a finished step: advance, cache full blocks, append samples, finish.
@@ -569,6 +552,26 @@ class Scheduler:
                 self._maybe_start_decoding(seq)
         return updated
 
+    def _start_fork(self, child: Sequence, token: int, updated: list[Sequence]) -> None:
+        """The forking step ran: ``child`` has its first token and runs on its own."""
+        self._forks.started(child)
+        child.token_ids.append(token)
+        self._running.append(child)
+        if self._policy.ready_to_decode(child):  # its prompt is computed
+            self._rows.join(child)
+        else:  # speculating: a chunk of its last token and drafts per step
+            self._prefilling.append(child)
+        self._allocator.register_full_blocks(child)
+        updated.append(child)
+        reason = self._stops.finish_reason(child, token)
+        if reason is not None:
+            self._finish(child, reason)
+
+    def _confirm_deltas(self, plan: BatchPlan) -> None:
+        """The plan ran: the executor has applied its sampling deltas and block copies."""
+        self._forks.confirm(plan)
+        self._slots.confirm(plan)
+
     # --------------------------------------------------- speculative decoding
     @property
     def num_accepted_tokens(self) -> int:
@@ -610,25 +613,7 @@ class Scheduler:
         self._allocator.register_full_blocks(seq)
         return True
 
-    # ------------------------------------------------------- async scheduling
-    def _roll_back(self) -> None:
-        """Neither the plan moved on by :meth:`_move_on` nor the one planned after it was
-        recorded (a step failed): back to the state before the advance, as if it never ran.
-        Sequences finished or preempted since keep what that did."""
-        plan = self._ahead
-        assert plan is not None
-        self._ahead = None
-        restore_chunks(self._advanced_chunks, self._seqs, self._allocator)
-        self._advanced_chunks = []
-        self._awaiting = set()
-        self._rows.roll_back(plan, self._seqs, self._running)
-        self._prefilling = [seq for seq in self._running if not seq.decoding]
-
-    def _confirm_deltas(self, plan: BatchPlan) -> None:
-        """The plan ran: the executor has applied its sampling deltas and block copies."""
-        self._forks.confirm(plan)
-        self._slots.confirm(plan)
-
+    # -------------------------------------------------------- finish, preempt
     def finish(self, seq_id: int, reason: FinishReason) -> Sequence | None:
         """Finish a request now (stop string matched, caller abort). ``None`` if unknown."""
         seq = self._seqs.get(seq_id)
@@ -664,6 +649,21 @@ class Scheduler:
         # computed: an abort).
         for child in self._forks.orphans(seq.seq_id):
             self._finish(child, reason)
+
+    def _no_more_forks(self, parent_id: int) -> None:
+        """The last pending fork of ``parent_id`` is gone: a parent that stayed prefilling
+        with one prompt token left only to fork decodes it like any other sequence."""
+        parent = self._seqs.get(parent_id)
+        if (
+            parent is not None
+            and parent.status is SequenceStatus.RUNNING
+            and not parent.decoding
+            and self._policy.ready_to_decode(parent)
+            and self._in_flight is None  # else recording the plan in flight does this
+            and self._ahead is None
+        ):
+            self._prefilling.remove(parent)
+            self._rows.join(parent)
 
     def _preempt(self, seq: Sequence) -> None:
         """Recompute later: release the blocks and go back to the front of the queue."""
