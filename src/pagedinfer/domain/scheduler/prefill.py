@@ -94,7 +94,7 @@ class PrefillPlanner:
             return decision
         admitted = decision.admitted
         for seq in waiting:
-            if budget == 0 or not self._has_room_for(seq, num_running + len(admitted), known):
+            if budget <= 0 or not self._has_room_for(seq, num_running + len(admitted), known):
                 break
             if ahead and (seq.seq_id in awaiting or seq.token_ids[-1] == PENDING_TOKEN):
                 break  # preempted with its token in flight: readmitted once it is recorded
