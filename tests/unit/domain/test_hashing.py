@@ -8,7 +8,7 @@ import xxhash
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pagedinfer.domain import block_hash, chain_hashes, extend_chain
+from pagedinfer.domain import BlockPool, block_hash, chain_hashes, extend_chain
 
 
 def nano_vllm_compute_hash(token_ids: list[int], prefix: int = -1) -> int:
@@ -179,3 +179,15 @@ def test_extend_chain_keeps_extra_key_consistent() -> None:
 def test_tuple_and_list_inputs_hash_alike() -> None:
     assert block_hash((1, 2, 3), None) == block_hash([1, 2, 3], None)
     assert chain_hashes(range(8), 4) == chain_hashes(list(range(8)), 4)
+
+
+def test_extra_key_zero_does_not_share_kv_with_no_key() -> None:
+    # Bug: extra_key only seeded xxh64, and seed 0 is the default, so extra_key=0 (say,
+    # adapter id 0) produced the same chain as no key and shared KV with the base model.
+    tokens = [7, 8, 9, 10]
+    assert chain_hashes(tokens, 4, extra_key=0) != chain_hashes(tokens, 4)
+    pool = BlockPool(2, 4)
+    (block,) = pool.allocate(1)
+    (digest,) = chain_hashes(tokens, 4)
+    pool.register(block.block_id, digest, None, tokens)
+    assert pool.find_cached_prefix(chain_hashes(tokens, 4, extra_key=0), tokens) == []

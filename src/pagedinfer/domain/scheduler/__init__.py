@@ -25,10 +25,10 @@ moved on in bulk, and the scheduler looks at a single sequence only when somethi
 to it. Every decoding sequence advances exactly one token in every step that has decode rows
 (a *decode-row step*: a decode or a mixed step), so the step at which its last block fills
 up, and the step at which it reaches its length limit, are known when it starts decoding:
-the scheduler files it under those steps in a calendar (``_calendar``, counted in decode-row
-steps) and only visits the sequences filed under the current step. Sampled stop tokens are
-found with one set intersection per step. A mixed step's plan is the decode rows' plan with
-the prefill chunks appended (:func:`~pagedinfer.domain.plan.mixed_batch_plan`).
+the rows file it under those steps in a calendar (counted in decode-row steps) and only
+visit the sequences filed under the current step. Sampled stop tokens are found with one set
+intersection per step. A mixed step's plan is the decode rows' plan with the prefill chunks
+appended (:func:`~pagedinfer.domain.plan.mixed_batch_plan`).
 
 Several completions of one prompt (``SamplingParams.n > 1``) are *forks*: the caller adds the
 request's first sequence with the others (:meth:`Scheduler.add`), only the first one
@@ -38,10 +38,13 @@ and a device copy of its partial last block each (``BatchPlan.block_copies``), s
 is computed once for all of them. A fork counts towards ``max_num_seqs`` from its parent's
 admission on. If the step that forks is never recorded, the fork is undone and planned again.
 
-The package, one concern per module (map: ``docs/architecture.md``): ``core`` (the loop),
-``config``, ``allocator`` (blocks or ``None``), ``stop_rules``, ``slots`` (sampling slots and
-their deltas), ``fork_table`` (n > 1), ``verify`` (speculative verify rows), ``rows`` (the
-decode rows' calendar) and ``ahead`` (planned-ahead scheduling). Each answers the loop with a
+The package, one concern per module (map: ``docs/architecture.md``): ``core`` (the loop:
+queues, ``schedule``, the two policies, ``postprocess``, preemption, ``finish``), ``config``,
+``allocator`` (blocks or ``None``), ``rows`` (the decode rows and their calendar),
+``prefill`` (prefill admission: chunks, drafts, lookahead, forks, what waits for a plan in
+flight), ``stop_rules``, ``slots`` (sampling slots and their deltas), ``fork_table``
+(n > 1), ``verify`` (speculative verify rows, and the decoding policy chosen once: rows or
+verify chunks) and ``ahead`` (planned-ahead scheduling). Each answers the loop with a
 decision and never calls back into it.
 """
 

@@ -6,8 +6,9 @@ tokens are known: each of its decode rows whose input is such a token holds
 :data:`~pagedinfer.domain.plan.PENDING_TOKEN`, and the plan names those rows
 (``carried_rows``) and the sample of the plan in flight each one takes
 (``carried_samples``). This module answers that question from the decode rows alone; the
-scheduler's loop moves its state on and back (``_move_on``, ``_roll_back``); the chunks
-it counted are restored by :func:`restore_chunks`.
+scheduler's loop moves its state on and back (``_move_on``, ``_roll_back``: the decode rows
+by :meth:`~pagedinfer.domain.scheduler.rows.DecodeRows.move_on` and ``roll_back``); the
+chunks it counted are restored by :func:`restore_chunks`.
 """
 
 from __future__ import annotations

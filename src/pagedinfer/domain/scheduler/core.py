@@ -11,7 +11,6 @@ from collections.abc import Sequence as SequenceABC
 from typing import TypedDict
 
 from pagedinfer.domain.block_pool import BlockPool
-from pagedinfer.domain.decode_batch import DecodeBatch
 from pagedinfer.domain.events import (
     PrefixCacheHit,
     SchedulerEvent,
@@ -26,14 +25,15 @@ from pagedinfer.domain.plan import (
     build_batch_plan,
     mixed_batch_plan,
 )
-from pagedinfer.domain.scheduler.ahead import carried_rows, restore_chunks
+from pagedinfer.domain.scheduler.ahead import restore_chunks
 from pagedinfer.domain.scheduler.allocator import BlockAllocator
 from pagedinfer.domain.scheduler.config import SchedulerConfig, SchedulerStats
 from pagedinfer.domain.scheduler.fork_table import ForkTable, check_new_forks
-from pagedinfer.domain.scheduler.rows import DecodeCalendar, sort_in_running_order
+from pagedinfer.domain.scheduler.prefill import PrefillPlanner
+from pagedinfer.domain.scheduler.rows import DecodeRows
 from pagedinfer.domain.scheduler.slots import SlotTable
 from pagedinfer.domain.scheduler.stop_rules import StopRules
-from pagedinfer.domain.scheduler.verify import VerifyStats, kept_drafts, verified_rows
+from pagedinfer.domain.scheduler.verify import VerifyStats, decoding_policy, verified_rows
 from pagedinfer.domain.sequence import FinishReason, Sequence, SequenceStatus
 from pagedinfer.errors import ConfigurationError, InvalidRequestError
 
@@ -99,39 +99,27 @@ class Scheduler:
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []  # in admission order: preemption takes the newest
         self._seqs: dict[int, Sequence] = {}
-        # Running sequences split by phase: prefilling (in running order) or decoding (rows).
+        # Running sequences by phase: prefilling (in running order) or decoding (the rows).
         self._prefilling: list[Sequence] = []
-        self._batch = DecodeBatch(config.block_size)
-        self._joining: list[Sequence] = []  # started decoding; rows from the next decode-row step
-        self._batch_stale = False  # the rows must be rebuilt before the next decode-row step
-        self._decode_stop_ids: frozenset[int] = frozenset()  # any row's stop tokens
-        # Decode-row steps (decode or mixed) recorded so far, and the sequences to look at
-        # after decode-row step N.
-        self._decode_steps_done = 0
-        self._calendar = DecodeCalendar()
-        self._needs_block: list[Sequence] = []  # rows whose last block filled up
+        self._rows = DecodeRows(self._allocator, self._stops)
         self._slots = SlotTable()  # and their deltas not yet confirmed by a postprocess
+        self._forks = ForkTable(self.pool)  # n > 1: the completions not started yet
+        self._prefill = PrefillPlanner(config, self._allocator, self._forks, self._slots)
+        # Speculative decoding on or off: how a sequence goes on once its prompt is computed.
+        self._policy = decoding_policy(config.num_speculative_tokens)
+        self._verify = VerifyStats(config.num_speculative_tokens)
         self._in_flight: BatchPlan | None = None
-        self._in_flight_version = -1
         # Async scheduling (schedule_ahead): the plan whose step still runs while the next
         # one was planned, its state moved on as if every sequence in it continued
         # (_move_on), and what its record (_record) or a roll-back needs.
         self._ahead: BatchPlan | None = None
-        self._ahead_removals = -1  # the rows' removal count after the advance; -1: changed
         self._awaiting: set[int] = set()  # its prefill chunks that sample: wait for it
         self._advanced_chunks: list[tuple[Sequence, int, int]] = []  # (seq, before, preempts)
-        self._register_due: list[Sequence] = []  # decode rows whose last block filled up
-        self._length_due: list[Sequence] = []  # decode rows at their length limit
-        self._forks = ForkTable(self.pool)  # n > 1: the completions not started yet
         self._num_preemptions = 0
         self._num_prefill_steps = 0
         self._num_decode_steps = 0
         self._num_mixed_steps = 0
         self._mixed = config.scheduling_policy == "mixed"
-        # Speculative decoding: sequences never decode one token per step in rows; each
-        # step gives every running sequence a chunk of its last token and its drafts.
-        self._speculative = config.num_speculative_tokens > 0
-        self._verify = VerifyStats(config.num_speculative_tokens)
         # Plans issued, and the number of the latest plan recorded (BatchPlan.step_id).
         self._step_id = 0
         self._recorded_step_id = 0
@@ -240,6 +228,28 @@ class Scheduler:
             self._undo_forks()  # the step that forked them never ran (or was not recorded)
         self._in_flight = None
 
+    def _roll_back(self) -> None:
+        """Neither the plan moved on by :meth:`_move_on` nor the one planned after it was
+        recorded (a step failed): back to the state before the advance, as if it never ran.
+        Sequences finished or preempted since keep what that did."""
+        plan = self._ahead
+        assert plan is not None
+        self._ahead = None
+        restore_chunks(self._advanced_chunks, self._seqs, self._allocator)
+        self._advanced_chunks = []
+        self._awaiting = set()
+        self._rows.roll_back(plan, self._seqs, self._running)
+        self._prefilling = [seq for seq in self._running if not seq.decoding]
+
+    def _undo_forks(self) -> None:
+        """The plan that forked was never recorded: back to pending, planned again later."""
+        for child in self._forks.undo():
+            self._release_blocks(child)
+            self._slots.release(child)
+            child.num_computed_tokens = 0
+            child.num_cached_tokens = 0
+            child.status = SequenceStatus.WAITING
+
     def schedule_ahead(self) -> BatchPlan | None:
         """The next step's plan while the latest plan still runs (async scheduling), or
         ``None`` when nothing else can run before that plan is recorded.
@@ -261,11 +271,7 @@ class Scheduler:
         Raises ``ValueError`` unless exactly one plan is in flight: the latest plan from
         :meth:`schedule` or :meth:`schedule_ahead` whose predecessor was postprocessed.
         """
-        if self._speculative:
-            raise ValueError(
-                "schedule_ahead() plans before the plan in flight's tokens are known; with "
-                "speculative decoding the next drafts follow them: use schedule()."
-            )
+        self._policy.check_plan_ahead()
         plan = self._in_flight
         if plan is None or self._ahead is not None:
             raise ValueError(
@@ -283,7 +289,7 @@ class Scheduler:
             if plan is not None:
                 self._step_id = plan.step_id
                 self._in_flight = plan
-                self._in_flight_version = self._batch.version
+                self._rows.planned()
                 return plan
             if any(seq.seq_id not in self._awaiting for seq in self._running):
                 # Only stuck partial prefills are left: free the newest so the others move.
@@ -307,7 +313,7 @@ class Scheduler:
         """One token for every decoding sequence, then prefill chunks in what is left."""
         preemptions = self._num_preemptions
         has_rows = self._schedule_decode()
-        budget = self.config.max_num_batched_tokens - len(self._batch.seqs)
+        budget = self.config.max_num_batched_tokens - len(self._rows.seqs)
         # As in vLLM: a step that had to preempt admits nothing (or it would thrash).
         chunks = self._schedule_prefill(budget, admit=self._num_preemptions == preemptions)
         if not chunks:
@@ -320,7 +326,7 @@ class Scheduler:
             return self._prefill_plan(chunks)
         self._num_mixed_steps += 1
         return mixed_batch_plan(
-            self._batch.plan(released_slots=(), new_requests=()),
+            self._rows.batch.plan(released_slots=(), new_requests=()),
             build_batch_plan(chunks, is_prefill=True, block_size=self.block_size),
             **self._header(has_rows=True),
         )
@@ -336,9 +342,7 @@ class Scheduler:
         copies = self._forks.copies_to_send(ahead)
         carried = samples = array("q")
         if ahead is not None and has_rows:
-            batch = self._batch
-            only_appended = not self._batch_stale and batch.removals == self._ahead_removals
-            carried, samples = carried_rows(ahead, batch, only_appended=only_appended)
+            carried, samples = self._rows.carried(ahead)
         return {
             "released_slots": released,
             "new_requests": new_requests,
@@ -359,110 +363,48 @@ class Scheduler:
         )
 
     def _decode_plan(self) -> BatchPlan:
-        return self._batch.plan(**self._header(has_rows=True))
+        return self._rows.batch.plan(**self._header(has_rows=True))
 
     def _schedule_prefill(self, budget: int, *, admit: bool = True) -> list[ScheduledChunk]:
-        """Chunks for partly prefilled sequences, then (``admit``) new ones, in ``budget``."""
-        chunks: list[ScheduledChunk] = []
-        # Partially prefilled sequences first: they already hold blocks.
-        awaiting = self._awaiting
-        for seq in self._prefilling:
-            if budget == 0:
-                return chunks
-            if awaiting and seq.seq_id in awaiting:
-                continue  # its chunk in the plan in flight samples: planned after the record
-            wanted = seq.num_uncomputed_tokens + len(seq.spec_token_ids)
-            num_tokens = min(wanted, budget, self._allocator.growth_capacity(seq))
-            forking = num_tokens == seq.num_uncomputed_tokens and seq.seq_id in self._forks.pending
-            if forking and not self._fork_fits(seq, num_tokens):
-                num_tokens -= 1  # not this step: the last prompt token must fork
-                forking = False
-            if num_tokens > 0:
-                grown = self._allocator.allocate_slots(seq, num_tokens)
-                assert grown is not None  # within its growth capacity
-                lookahead = self.config.num_lookahead_tokens
-                if num_tokens > seq.num_uncomputed_tokens and lookahead:
-                    self._allocator.allocate_lookahead(seq, num_tokens, lookahead)
-                forks = self._forks.fork(seq, self._slots) if forking else ()
-                chunks.append(ScheduledChunk(seq, num_tokens, forks))
-                budget -= num_tokens
-        # Then admit waiting requests in arrival order, stopping at the first that does not fit.
-        while admit and self._waiting and budget > 0 and self._has_room_for(self._waiting[0]):
-            seq = self._waiting[0]
-            if self._ahead is not None and self._sample_pending(seq):
-                break  # preempted with its token in flight: readmitted once it is recorded
-            num_tokens = self._admit(seq, budget)
-            if num_tokens == 0:
-                break
+        """Chunks for partly prefilled sequences, then (``admit``) new ones, in ``budget``;
+        the new ones move from the waiting queue to the running sequences."""
+        decision = self._prefill.plan(
+            budget,
+            self._prefilling,
+            self._waiting,
+            admit=admit,
+            num_running=len(self._running),
+            known=self._seqs,
+            awaiting=self._awaiting,
+            ahead=self._ahead is not None,
+        )
+        for seq in decision.admitted:
             self._waiting.popleft()
             self._running.append(seq)
             self._prefilling.append(seq)
-            forking = seq.seq_id in self._forks.pending and seq.num_uncomputed_tokens == num_tokens
-            forks = self._forks.fork(seq, self._slots) if forking else ()
-            chunks.append(ScheduledChunk(seq, num_tokens, forks))
-            budget -= num_tokens
-        return chunks
-
-    def _has_room_for(self, seq: Sequence) -> bool:
-        """Whether admitting ``seq`` (and its forks) keeps ``max_running`` sequences at most."""
-        # Forks of admitted requests will run: they count from admission on.
-        running = len(self._running) + self._forks.num_committed(self._seqs, seq.seq_id)
-        return running < self.config.max_running
-
-    def _admit(self, seq: Sequence, budget: int) -> int:
-        """Give ``seq`` its cached prefix and blocks for its first chunk; 0 if they don't fit."""
-        reserve = self._forks.extra_blocks(seq)  # the chunk forks if whole: copies too
-        admission = self._allocator.admit(seq, budget, reserve_if_whole=reserve)
-        if admission is None:
-            return 0
-        num_cached = admission.num_cached
-        if seq.num_preemptions == 0:
-            # Re-admitted after preemption, a request finds its own earlier blocks: those hits
-            # are not prompt tokens served by the cache, and may even be completion tokens.
-            seq.num_cached_tokens = num_cached
-        seq.num_computed_tokens = num_cached
-        seq.status = SequenceStatus.RUNNING
-        if seq.slot < 0:  # first admission (a preempted request keeps its slot)
-            self._slots.assign(seq)
-        if num_cached and self._events is not None:
-            self._events.append(
-                PrefixCacheHit(seq.seq_id, num_cached, readmitted=seq.num_preemptions > 0)
-            )
-        return admission.num_tokens
+            num_cached = seq.num_computed_tokens
+            if num_cached and self._events is not None:
+                readmitted = seq.num_preemptions > 0
+                self._events.append(PrefixCacheHit(seq.seq_id, num_cached, readmitted=readmitted))
+        return decision.chunks
 
     def _schedule_decode(self) -> bool:
         """One token for every decoding sequence: give new blocks where needed (preempting
         if none are free) and bring the rows up to date. False when there are no rows."""
-        upcoming = self._decode_steps_done + 1
-        if self._batch_stale:
-            needs = [
-                seq for seq in self._running if seq.decoding and self._allocator.opens_block(seq)
-            ]
-        else:
-            needs = self._needs_block
-            needs.extend(seq for seq in self._joining if self._allocator.opens_block(seq))
-            sort_in_running_order(needs, self._running)  # the order a pass over the rows would take
-        self._needs_block = []
-        for seq in needs:
-            # Preempted earlier in this loop, or already given its block.
-            if seq.decoding and self._allocator.opens_block(seq):
-                self._give_block(seq, upcoming)
-        if self._joining and not self._batch_stale:
-            self._join(upcoming)
-        if self._batch_stale:
-            self._rebuild_batch(upcoming)
-        return bool(self._batch.seqs)
+        opens_block = self._allocator.opens_block
+        for seq in self._rows.blocks_needed(self._running):
+            if seq.decoding and opens_block(seq):  # (not preempted earlier in this loop)
+                self._give_block(seq)
+        return self._rows.update(self._running)
 
-    def _give_block(self, seq: Sequence, upcoming: int) -> None:
+    def _give_block(self, seq: Sequence) -> None:
         """A block for ``seq``'s next token, preempting newer sequences if none is free."""
         while self._allocator.append_block(seq) is None:
             victim = self._decode_victim(seq)
             self._preempt(victim if victim is not None else seq)
             if victim is None:
                 return
-        if not self._batch_stale and seq not in self._joining:
-            self._batch.grew(seq)
-        self._calendar.file(seq, upcoming + self.block_size - 1)  # when this block is full in turn
+        self._rows.grew(seq)
 
     def _decode_victim(self, seq: Sequence) -> Sequence | None:
         """The newest running sequence a pass over the rows in running order has not served
@@ -471,79 +413,6 @@ class Scheduler:
         if newest is not seq:
             return newest
         return self._prefilling[-1] if self._prefilling else None
-
-    def _join(self, upcoming: int) -> None:
-        """Rows for the sequences that started decoding, after the existing rows when they
-        come later in running order (the usual case); otherwise rebuild the rows."""
-        joining = self._joining
-        sort_in_running_order(joining, self._running)
-        rows = self._batch.seqs
-        if rows and self._running.index(rows[-1]) > self._running.index(joining[0]):
-            self._batch_stale = True  # an older chunked prefill finished after newer ones
-            return
-        self._batch.extend(joining)
-        self._start_rows(joining, upcoming)
-        self._joining = []
-
-    def _rebuild_batch(self, upcoming: int) -> None:
-        """Rows for every decoding sequence, and their calendar entries from now on."""
-        rows = [seq for seq in self._running if seq.decoding]
-        self._batch.rebuild(rows)
-        self._batch_stale = False
-        self._joining = []
-        self._decode_stop_ids = frozenset()
-        self._start_rows(rows, upcoming)
-
-    def _start_rows(self, rows: list[Sequence], upcoming: int) -> None:
-        """File new rows in the calendar; add their stop tokens to the rows' union."""
-        self._decode_stop_ids = self._stops.stop_ids(rows, self._decode_stop_ids)
-        self._calendar.file_rows(rows, upcoming, self.block_size, self._stops.length_limit)
-
-    def _fork_fits(self, seq: Sequence, num_tokens: int) -> bool:
-        growth = self._allocator.blocks_missing(seq, num_tokens)
-        return growth + self._forks.extra_blocks(seq) <= self._allocator.num_free_blocks
-
-    def _start_fork(self, child: Sequence, token: int, updated: list[Sequence]) -> None:
-        """The forking step ran: ``child`` has its first token and runs on its own."""
-        self._forks.started(child)
-        child.token_ids.append(token)
-        self._running.append(child)
-        if self._speculative:  # a chunk of its last token and drafts per step
-            self._prefilling.append(child)
-        else:
-            child.start_decoding()  # its prompt is computed: one token per step from now on
-            self._joining.append(child)
-        self._allocator.register_full_blocks(child)
-        updated.append(child)
-        reason = self._stops.finish_reason(child, token)
-        if reason is not None:
-            self._finish(child, reason)
-
-    def _undo_forks(self) -> None:
-        """The plan that forked was never recorded: back to pending, planned again later."""
-        for child in self._forks.undo():
-            self._release_blocks(child)
-            self._slots.release(child)
-            child.num_computed_tokens = 0
-            child.num_cached_tokens = 0
-            child.status = SequenceStatus.WAITING
-
-    def _no_more_forks(self, parent_id: int) -> None:
-        """The last pending fork of ``parent_id`` is gone: a parent that stayed prefilling
-        with one prompt token left only to fork decodes it like any other sequence."""
-        parent = self._seqs.get(parent_id)
-        if (
-            parent is not None
-            and parent.status is SequenceStatus.RUNNING
-            and not parent.decoding
-            and parent.num_uncomputed_tokens == 1
-            and self._in_flight is None  # else recording the plan in flight does this
-            and self._ahead is None
-            and not self._speculative
-        ):
-            parent.start_decoding()
-            self._prefilling.remove(parent)
-            self._joining.append(parent)
 
     # ------------------------------------------------------------ postprocess
     def postprocess(self, plan: BatchPlan, sampled_token_ids: Iterable[int]) -> list[Sequence]:
@@ -583,26 +452,8 @@ class Scheduler:
         as computed. :meth:`_record` does the rest (tokens of sampled chunks, the prefix
         cache, finishes); :meth:`_roll_back` undoes it, should the plan never be recorded."""
         self._ahead = plan
-        self._ahead_removals = -1
+        self._rows.move_on(plan, tokens, self._seqs)
         num_rows = plan.num_decode_rows
-        if num_rows:
-            self._decode_steps_done += 1
-            batch = self._batch
-            if not self._batch_stale and batch.version == self._in_flight_version:
-                # The rows are the plan's decode rows: move them all on at once.
-                if tokens is None:
-                    batch.advance_pending()
-                else:
-                    batch.advance(tokens if len(tokens) == num_rows else tokens[:num_rows])
-                self._ahead_removals = batch.removals
-                self._calendar_due(self._calendar.pop(self._decode_steps_done))
-            else:  # rows left since the plan was made (aborts): one by one, then rebuild
-                self._calendar.pop(self._decode_steps_done)
-                self._batch_stale = True
-                for seq_id in plan.seq_ids[:num_rows]:
-                    row_seq = self._seqs.get(seq_id)
-                    if row_seq is not None and row_seq.status is SequenceStatus.RUNNING:
-                        row_seq.token_ids.append(PENDING_TOKEN)
         if num_rows == plan.num_seqs:
             return
         sampled = set(plan.sampled_seq_ids[num_rows:])
@@ -624,30 +475,12 @@ class Scheduler:
             seq.num_computed_tokens = before + num_tokens
             self._maybe_start_decoding(seq)
 
-    def _calendar_due(self, filed: Iterable[Sequence]) -> None:
-        """The rows filed under the decode-row step just moved past: those whose last block
-        filled up (registered and given a block later) or that reached their length limit
-        (finished when recorded)."""
-        for seq in filed:
-            if not seq.decoding or seq.status is not SequenceStatus.RUNNING:
-                continue  # a stale entry: the sequence left the rows since it was filed
-            if self._allocator.opens_block(seq) and seq not in self._needs_block:
-                self._register_due.append(seq)  # registered when recorded
-                self._needs_block.append(seq)
-            if seq.num_tokens >= self._stops.length_limit(seq):
-                self._length_due.append(seq)
-
     def _maybe_start_decoding(self, seq: Sequence) -> None:
         """Prompt done (or one prompt token left over): one token per step from now on."""
-        if (
-            seq.num_uncomputed_tokens == 1
-            # A request's last prompt token forks in a prefill step, never in a decode.
-            and seq.seq_id not in self._forks.pending
-            and not self._speculative  # (speculating, it goes on in chunks)
-        ):
-            seq.start_decoding()
+        # A request's last prompt token forks in a prefill step, never in a decode.
+        if self._policy.ready_to_decode(seq) and seq.seq_id not in self._forks.pending:
             self._prefilling.remove(seq)
-            self._joining.append(seq)
+            self._rows.join(seq)
 
     def _record(self, plan: BatchPlan, tokens: list[int], *, filled: bool) -> list[Sequence]:
         """The record of a plan :meth:`_move_on` moved on (``filled``: with its decode rows'
@@ -662,52 +495,11 @@ class Scheduler:
         updated: list[Sequence] = []
         if num_rows:
             decode_tokens = tokens if len(tokens) == num_rows else tokens[:num_rows]
-            updated = self._record_decode_rows(plan, decode_tokens, filled=filled)
+            updated, finishing = self._rows.record(plan, decode_tokens, self._seqs, filled=filled)
+            for seq in sorted(finishing, key=updated.index):  # in row order
+                self._finish(seq, finishing[seq])
         if num_rows < plan.num_seqs:
             updated += self._record_chunks(plan, tokens, num_rows, awaiting, filled=filled)
-        return updated
-
-    def _record_decode_rows(
-        self, plan: BatchPlan, tokens: list[int], *, filled: bool
-    ) -> list[Sequence]:
-        register_due, self._register_due = self._register_due, []
-        length_due, self._length_due = self._length_due, []
-        batch = self._batch
-        if not self._batch_stale and batch.removals == self._ahead_removals:
-            # Every row is still there, in order: one pass over arrays, one set intersection.
-            if not filled:
-                batch.fill_pending(tokens)
-            updated = batch.seqs[: len(tokens)]  # a copy: finishing removes rows
-            finishing = self._stops.scan(updated, tokens, self._decode_stop_ids)
-            for seq in register_due:
-                if seq.status is SequenceStatus.RUNNING:
-                    self._allocator.register_full_blocks(seq)  # its last block filled up
-            for seq in length_due:
-                if (
-                    seq.status is SequenceStatus.RUNNING
-                    and seq not in finishing
-                    and seq.num_tokens >= self._stops.length_limit(seq)
-                ):
-                    finishing[seq] = FinishReason.LENGTH
-        else:
-            # Rows left or moved (preempted, aborted, rebuilt): one by one, then rebuild
-            # (the rows' inputs still hold the pending tokens).
-            self._batch_stale = True
-            updated = []
-            finishing = {}
-            for seq_id, token in zip(plan.seq_ids[: len(tokens)], tokens, strict=True):
-                row_seq = self._seqs.get(seq_id)
-                if row_seq is None or row_seq.token_ids[-1] != PENDING_TOKEN:
-                    continue  # finished since (its token is discarded)
-                row_seq.token_ids[-1] = token
-                updated.append(row_seq)
-                if row_seq.status is SequenceStatus.RUNNING:
-                    self._allocator.register_full_blocks(row_seq)
-                reason = self._stops.finish_reason(row_seq, token)
-                if reason is not None:
-                    finishing[row_seq] = reason
-        for seq in sorted(finishing, key=updated.index):  # in row order
-            self._finish(seq, finishing[seq])
         return updated
 
     def _record_chunks(
@@ -760,6 +552,26 @@ class Scheduler:
                 self._maybe_start_decoding(seq)
         return updated
 
+    def _start_fork(self, child: Sequence, token: int, updated: list[Sequence]) -> None:
+        """The forking step ran: ``child`` has its first token and runs on its own."""
+        self._forks.started(child)
+        child.token_ids.append(token)
+        self._running.append(child)
+        if self._policy.ready_to_decode(child):  # its prompt is computed
+            self._rows.join(child)
+        else:  # speculating: a chunk of its last token and drafts per step
+            self._prefilling.append(child)
+        self._allocator.register_full_blocks(child)
+        updated.append(child)
+        reason = self._stops.finish_reason(child, token)
+        if reason is not None:
+            self._finish(child, reason)
+
+    def _confirm_deltas(self, plan: BatchPlan) -> None:
+        """The plan ran: the executor has applied its sampling deltas and block copies."""
+        self._forks.confirm(plan)
+        self._slots.confirm(plan)
+
     # --------------------------------------------------- speculative decoding
     @property
     def num_accepted_tokens(self) -> int:
@@ -773,10 +585,10 @@ class Scheduler:
         limit (``max_tokens``, ``max_model_len``). Returns how many were kept (0 for an
         unknown, waiting or finished sequence, or with speculation off)."""
         seq = self._seqs.get(seq_id)
-        if seq is None or seq.status is not SequenceStatus.RUNNING or not self._speculative:
+        if seq is None or seq.status is not SequenceStatus.RUNNING:
             return 0
         room = self._stops.length_limit(seq) - seq.num_tokens - 1  # the bonus token on top
-        seq.spec_token_ids = kept_drafts(draft_token_ids, self.config.num_speculative_tokens, room)
+        seq.spec_token_ids = self._policy.drafts(draft_token_ids, room)
         return len(seq.spec_token_ids)
 
     def _record_verified(
@@ -801,48 +613,7 @@ class Scheduler:
         self._allocator.register_full_blocks(seq)
         return True
 
-    # ------------------------------------------------------- async scheduling
-    def _sample_pending(self, seq: Sequence) -> bool:
-        """Whether ``seq`` waits for a token of the plan in flight that was planned ahead of."""
-        return seq.seq_id in self._awaiting or (
-            bool(seq.token_ids) and seq.token_ids[-1] == PENDING_TOKEN
-        )
-
-    def _roll_back(self) -> None:
-        """Neither the plan moved on by :meth:`_move_on` nor the one planned after it was
-        recorded (a step failed): back to the state before the advance, as if it never ran.
-        Sequences finished or preempted since keep what that did."""
-        plan = self._ahead
-        assert plan is not None
-        self._ahead = None
-        num_rows = plan.num_decode_rows
-        if num_rows:
-            self._decode_steps_done -= 1
-            for seq_id in plan.seq_ids[:num_rows]:
-                seq = self._seqs.get(seq_id)
-                if seq is not None and seq.token_ids[-1] == PENDING_TOKEN:
-                    seq.token_ids.pop()
-        restore_chunks(self._advanced_chunks, self._seqs, self._allocator)
-        size = self.block_size
-        self._advanced_chunks = []
-        self._awaiting = set()
-        self._register_due = []
-        self._length_due = []
-        for seq in self._running:
-            if seq.decoding:
-                # A decode row keeps no block past its next token's: the rows move from
-                # block to block on the assumption that the next one is given when reached.
-                self._allocator.trim(seq, seq.num_computed_tokens // size + 1)
-        self._prefilling = [seq for seq in self._running if not seq.decoding]
-        self._joining = [seq for seq in self._joining if seq.decoding]
-        self._needs_block = []
-        self._batch_stale = True  # rows, their calendar and inputs: rebuilt from the sequences
-
-    def _confirm_deltas(self, plan: BatchPlan) -> None:
-        """The plan ran: the executor has applied its sampling deltas and block copies."""
-        self._forks.confirm(plan)
-        self._slots.confirm(plan)
-
+    # -------------------------------------------------------- finish, preempt
     def finish(self, seq_id: int, reason: FinishReason) -> Sequence | None:
         """Finish a request now (stop string matched, caller abort). ``None`` if unknown."""
         seq = self._seqs.get(seq_id)
@@ -879,6 +650,21 @@ class Scheduler:
         for child in self._forks.orphans(seq.seq_id):
             self._finish(child, reason)
 
+    def _no_more_forks(self, parent_id: int) -> None:
+        """The last pending fork of ``parent_id`` is gone: a parent that stayed prefilling
+        with one prompt token left only to fork decodes it like any other sequence."""
+        parent = self._seqs.get(parent_id)
+        if (
+            parent is not None
+            and parent.status is SequenceStatus.RUNNING
+            and not parent.decoding
+            and self._policy.ready_to_decode(parent)
+            and self._in_flight is None  # else recording the plan in flight does this
+            and self._ahead is None
+        ):
+            self._prefilling.remove(parent)
+            self._rows.join(parent)
+
     def _preempt(self, seq: Sequence) -> None:
         """Recompute later: release the blocks and go back to the front of the queue."""
         self._running.remove(seq)
@@ -895,13 +681,7 @@ class Scheduler:
     def _stop_running(self, seq: Sequence) -> None:
         """Take a sequence that leaves ``running`` out of its phase's bookkeeping."""
         if seq.decoding:
-            if seq in self._joining:
-                self._joining.remove(seq)
-            elif not self._batch_stale:
-                self._batch.remove(seq)
-            if seq in self._needs_block:
-                self._needs_block.remove(seq)
-            seq.stop_decoding()
+            self._rows.leave(seq)
         else:
             self._prefilling.remove(seq)
 
@@ -939,12 +719,11 @@ class Scheduler:
             # computed nothing yet, and that chunk is planned again).
             if (
                 not seq.decoding
-                and seq.num_uncomputed_tokens <= 1
                 and seq.num_computed_tokens > 0
+                and (seq.num_uncomputed_tokens == 0 or self._policy.ready_to_decode(seq))
                 and self._in_flight is None
                 and self._ahead is None
                 and seq.seq_id not in self._forks.pending  # its last prompt token forks
-                and not self._speculative  # (speculating, it goes on in chunks)
             ):
                 raise AssertionError(f"{seq!r} should be decoding")
         for seq in self._waiting:
@@ -954,23 +733,4 @@ class Scheduler:
         self._slots.check(running, list(self._waiting), forking, self.config.max_running)
         in_flight = self._in_flight is not None or self._ahead is not None
         self._forks.check(self._seqs, plan_in_flight=in_flight)
-        if self._batch_stale:
-            return
-        batch = self._batch
-        joining = set(map(id, self._joining))
-        if len(joining) != len(self._joining) or any(not seq.decoding for seq in self._joining):
-            raise AssertionError(f"joining {self._joining} holds duplicates or non-decoders")
-        if batch.seqs != [seq for seq in running if seq.decoding and id(seq) not in joining]:
-            raise AssertionError("the decode rows are not the running decoders in order")
-        batch.check()
-        opening = [seq for seq in batch.seqs if self._allocator.opens_block(seq)]
-        if sorted(map(id, opening)) != sorted(map(id, self._needs_block)):
-            raise AssertionError(f"rows needing a block {opening} != filed {self._needs_block}")
-        self._calendar.check(
-            batch.seqs,
-            self._decode_steps_done + 1,
-            opening=opening,
-            length_due=self._length_due,
-            block_size=self.block_size,
-            length_limit=self._stops.length_limit,
-        )
+        self._rows.check(running)

@@ -164,3 +164,142 @@ def test_carried_rows_when_rows_were_only_appended() -> None:
     carried, samples = carried_rows(plan, rows, only_appended=True)
     assert carried.tolist() == [0, 1] and samples.tolist() == [0, 1]
     assert carried is not samples  # two arrays: a plan owns each of its fields
+
+
+def run_pipelined(scheduler: Scheduler, sample: int = 7, *, max_steps: int = 200) -> int:
+    """Plan step N+1 while step N is in flight until nothing is left; the number of plans."""
+    in_flight = scheduler.schedule()
+    count = 0
+    while in_flight is not None and count < max_steps:
+        count += 1
+        following = scheduler.schedule_ahead()
+        scheduler.postprocess(in_flight, [sample] * in_flight.num_samples)
+        scheduler.check_integrity()
+        in_flight = following if following is not None else scheduler.schedule()
+    assert not scheduler.has_unfinished()
+    return count
+
+
+def test_planning_ahead_gives_the_sync_loops_tokens_and_blocks() -> None:
+    def scheduler_with_requests() -> tuple[Scheduler, list[Sequence]]:
+        scheduler = Scheduler(SchedulerConfig(num_blocks=32, block_size=4, max_model_len=64))
+        seqs = [
+            Sequence(i, list(range(1, 3 + 3 * i)), SamplingParams(max_tokens=5 + 2 * i))
+            for i in range(3)
+        ]
+        for seq in seqs:
+            scheduler.add(seq)
+        return scheduler, seqs
+
+    sync, expected = scheduler_with_requests()
+    plan = sync.schedule()
+    while plan is not None:
+        sync.postprocess(plan, [7] * plan.num_samples)
+        plan = sync.schedule()
+    ahead, seqs = scheduler_with_requests()
+    run_pipelined(ahead)
+    assert [s.token_ids for s in seqs] == [s.token_ids for s in expected]
+    assert [s.finish_reason for s in seqs] == [FinishReason.LENGTH] * 3
+    assert ahead.pool.num_free_blocks == sync.pool.num_free_blocks == 32
+
+
+def test_a_row_crossing_into_a_new_block_gets_it_in_the_plan_made_ahead() -> None:
+    scheduler = Scheduler(SchedulerConfig(num_blocks=16, block_size=4, max_model_len=32))
+    seq = Sequence(0, [1, 2, 3], SamplingParams(max_tokens=8))
+    scheduler.add(seq)
+    prefill = scheduler.schedule()
+    assert prefill is not None
+    scheduler.postprocess(prefill, [10])  # 4 tokens: block 0 is full once 10 is computed
+    first = scheduler.schedule()
+    assert first is not None and first.positions.tolist() == [3]
+    ahead = scheduler.schedule_ahead()
+    assert ahead is not None and ahead.positions.tolist() == [4]
+    assert len(seq.block_table) == 2  # given while the plan in flight runs
+    assert ahead.slot_mapping.tolist() == [seq.block_table[1] * 4]
+    scheduler.postprocess(first, [11])
+    scheduler.postprocess(ahead, [12])
+    assert seq.token_ids == [1, 2, 3, 10, 11, 12]
+    scheduler.check_integrity()
+
+
+def test_a_request_added_in_flight_is_admitted_ahead_beside_the_carried_rows() -> None:
+    scheduler, _, b = decoding_pair()
+    first = scheduler.schedule()
+    assert first is not None
+    late = Sequence(2, [7, 8, 9], SamplingParams(max_tokens=2))
+    scheduler.add(late)
+    ahead = scheduler.schedule_ahead()
+    assert ahead is not None
+    assert ahead.seq_ids.tolist() == [0, 1, 2]  # the two rows, then the new prompt
+    assert ahead.num_decode_rows == 2
+    assert ahead.carried_rows.tolist() == [0, 1]  # the prompt's inputs are known
+    assert ahead.input_ids.tolist() == [PENDING_TOKEN, PENDING_TOKEN, 7, 8, 9]
+    scheduler.postprocess(first, [11, 21])
+    scheduler.postprocess(ahead, [12, 22, 30])
+    assert late.token_ids == [7, 8, 9, 30] and late.decoding
+    assert b.token_ids == [4, 5, 20, 21, 22]
+    scheduler.check_integrity()
+
+
+def test_an_abort_between_the_two_records_discards_its_row_ahead() -> None:
+    scheduler, a, b = decoding_pair()
+    first = scheduler.schedule()
+    ahead = scheduler.schedule_ahead()
+    assert first is not None and ahead is not None
+    scheduler.postprocess(first, [11, 21])
+    assert scheduler.abort(a.seq_id)
+    assert a.token_ids == [1, 2, 3, 10, 11]  # its pending token is gone with it
+    assert [s.seq_id for s in scheduler.postprocess(ahead, [12, 22])] == [1]
+    assert a.token_ids == [1, 2, 3, 10, 11] and b.token_ids == [4, 5, 20, 21, 22]
+    following = scheduler.schedule()
+    assert following is not None and following.seq_ids.tolist() == [1]
+    scheduler.check_integrity()
+
+
+def test_an_abort_after_a_failed_step_rolls_the_rest_back_and_plans_it_again() -> None:
+    scheduler, a, b = decoding_pair()
+    first = scheduler.schedule()
+    ahead = scheduler.schedule_ahead()
+    assert first is not None and ahead is not None
+    free_in_flight = scheduler.pool.num_free_blocks
+    assert scheduler.abort(a.seq_id)  # the step failed: the engine ends its sequences...
+    again = scheduler.schedule()  # ...and plans the rest again, as if neither plan ran
+    assert again is not None
+    assert again.seq_ids.tolist() == [1] and again.input_ids.tolist() == [20]
+    assert not again.made_ahead and not again.carried_rows
+    assert b.token_ids == [4, 5, 20]
+    assert scheduler.pool.num_free_blocks >= free_in_flight
+    scheduler.postprocess(again, [21])
+    assert b.token_ids == [4, 5, 20, 21]
+    scheduler.check_integrity()
+
+
+def test_a_rolled_back_chunk_is_computed_again() -> None:
+    config = SchedulerConfig(
+        num_blocks=16, block_size=4, max_model_len=32, max_num_batched_tokens=4
+    )
+    scheduler = Scheduler(config)
+    seq = Sequence(0, list(range(1, 11)), SamplingParams(max_tokens=2))  # 10: three chunks
+    scheduler.add(seq)
+    first = scheduler.schedule()
+    assert first is not None and first.query_lens.tolist() == [4]
+    ahead = scheduler.schedule_ahead()  # counts the first chunk as computed
+    assert ahead is not None and ahead.positions.tolist() == [4, 5, 6, 7]
+    assert seq.num_computed_tokens == 4 and len(seq.block_table) == 2
+    again = scheduler.schedule()  # neither recorded: the first chunk runs again
+    assert again is not None and again.positions.tolist() == [0, 1, 2, 3]
+    assert seq.num_computed_tokens == 0 and len(seq.block_table) == 1
+    scheduler.check_integrity()
+
+
+def test_schedule_ahead_needs_exactly_one_plan_in_flight_and_no_speculation() -> None:
+    scheduler, _, _ = decoding_pair()
+    with pytest.raises(ValueError, match="after schedule"):
+        scheduler.schedule_ahead()  # nothing in flight (the last plan was recorded)
+    speculating = Scheduler(
+        SchedulerConfig(num_blocks=16, block_size=4, max_model_len=32, num_speculative_tokens=2)
+    )
+    speculating.add(Sequence(0, [1, 2, 3]))
+    assert speculating.schedule() is not None
+    with pytest.raises(ValueError, match="speculative decoding"):
+        speculating.schedule_ahead()

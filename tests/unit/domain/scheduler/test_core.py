@@ -903,7 +903,7 @@ def test_check_integrity_finds_a_missing_calendar_entry() -> None:
     step(scheduler, constant_sampler(7))
     step(scheduler, constant_sampler(7))
     scheduler.check_integrity()
-    scheduler._calendar.clear()
+    scheduler._rows.calendar.clear()
     with pytest.raises(AssertionError, match="is not filed"):
         scheduler.check_integrity()
 

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pagedinfer.domain import SamplingParams, Scheduler, SchedulerConfig, Sequence, build_batch_plan
 from pagedinfer.domain.plan import ScheduledChunk
-from pagedinfer.domain.scheduler.verify import VerifyStats, kept_drafts, verified_rows
+from pagedinfer.domain.scheduler.verify import (
+    RowDecoding,
+    VerifyDecoding,
+    VerifyStats,
+    decoding_policy,
+    kept_drafts,
+    verified_rows,
+)
 
 
 def test_accept_keeps_the_matching_drafts_and_the_next_sample() -> None:
@@ -58,3 +67,31 @@ def test_the_scheduler_counts_and_keeps_what_its_verify_row_accepts() -> None:
         1,
     )
     assert stats.accepted_per_position == (1, 0)
+
+
+def test_the_decoding_policy_is_chosen_once_from_the_number_of_drafts() -> None:
+    assert isinstance(decoding_policy(0), RowDecoding)
+    policy = decoding_policy(2)
+    assert isinstance(policy, VerifyDecoding) and policy.num_speculative_tokens == 2
+
+
+def test_without_speculation_one_token_left_decodes_and_drafts_are_ignored() -> None:
+    policy = RowDecoding()
+    seq = Sequence(0, [1, 2, 3])
+    seq.num_computed_tokens = 1
+    assert not policy.ready_to_decode(seq)  # two prompt tokens to compute: a chunk
+    seq.num_computed_tokens = 2
+    assert policy.ready_to_decode(seq)
+    assert policy.drafts([5, 6], room=10) == []
+    policy.check_plan_ahead()  # no objection
+
+
+def test_speculating_a_sequence_never_decodes_in_rows_and_keeps_its_drafts() -> None:
+    policy = VerifyDecoding(num_speculative_tokens=2)
+    seq = Sequence(0, [1, 2, 3])
+    seq.num_computed_tokens = 2
+    assert not policy.ready_to_decode(seq)  # its last token and drafts: a verify chunk
+    assert policy.drafts([5, 6, 7], room=10) == [5, 6]
+    assert policy.drafts([5, 6, 7], room=1) == [5]
+    with pytest.raises(ValueError, match="use schedule"):
+        policy.check_plan_ahead()

@@ -18,7 +18,7 @@ from pagedinfer.domain import (
 )
 from pagedinfer.errors import ConfigurationError
 
-from .driver import constant_sampler, hash_sampler, run_to_completion, step
+from ..driver import constant_sampler, hash_sampler, run_to_completion, step
 
 EOS = 0
 
