@@ -135,9 +135,6 @@ _CHAT_ONLY: dict[str, Unsupported] = {
     "function_call": Unsupported(
         _is("none", "auto"), _FUNCTIONS + ' ("none" and "auto" are accepted)'
     ),
-    "include_reasoning": Unsupported(
-        _is(True), "there is no reasoning parser: the reasoning stays in the content"
-    ),
     "audio": Unsupported(_is(), _NO_MULTIMODAL),
     "modalities": Unsupported(_text_modalities, _NO_MULTIMODAL + ' (["text"] is accepted)'),
     "prediction": Unsupported(_is(), "predicted outputs are not implemented"),
