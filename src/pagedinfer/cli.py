@@ -353,7 +353,7 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
         DEFAULT_MAX_REQUEST_BYTES,
     )
     from pagedinfer.serving.reasoning.registry import REASONING_PARSERS
-    from pagedinfer.serving.tools.formats import TOOL_CALL_PARSERS
+    from pagedinfer.serving.tools.parsers import TOOL_CALL_PARSERS
 
     _model_arguments(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind")

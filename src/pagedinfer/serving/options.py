@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pagedinfer.errors import ConfigurationError, PagedInferError
 from pagedinfer.serving.hosts import host_allowed
 from pagedinfer.serving.reasoning.registry import REASONING_PARSERS
-from pagedinfer.serving.tools.formats import TOOL_CALL_PARSERS
+from pagedinfer.serving.tools.parsers import TOOL_CALL_PARSERS
 
 __all__ = [
     "API_KEY_ENV",
