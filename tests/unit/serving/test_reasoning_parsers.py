@@ -75,6 +75,20 @@ def test_qwen3_thinks_unless_the_prompt_or_enable_thinking_says_not(
     assert QWEN3.thinking(prompt, kwargs) is thinking
 
 
+@pytest.mark.parametrize(
+    ("prompt", "thinking"),
+    [
+        ("<|im_start|>assistant\n<think>\nSo far I", True),
+        ("<|im_start|>assistant\n<think>\nhmm\n</think>\n\nThe answer is", False),
+        ("<|im_start|>assistant\nThe answer is", False),  # a prefilled answer, no thinking
+    ],
+)
+def test_a_continued_message_thinks_if_its_last_marker_opens_a_thought(
+    prompt: str, thinking: bool
+) -> None:
+    assert QWEN3.thinking(prompt, None, continued=True) is thinking
+
+
 def test_deepseek_r1_ignores_enable_thinking_but_reads_the_prompt() -> None:
     assert R1.thinking("assistant\n", {"enable_thinking": False}) is True
     assert R1.thinking("assistant\n<think>\n\n</think>\n\n", None) is False

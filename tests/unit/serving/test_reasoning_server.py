@@ -235,3 +235,42 @@ def test_the_serve_flag_names_the_parser_and_refuses_an_unknown_one(
     assert "--reasoning-parser" in err and "deepseek_r1" in err and "qwen3" in err
     with pytest.raises(ValueError, match="deepseek_r1, qwen3"):
         ServingOptions(reasoning_parser="nope")
+
+
+def test_a_served_thinking_model_with_the_openai_client(
+    thinking_checkpoint: Path, ids: dict[str, int], tmp_path: Path
+) -> None:
+    """One real ``pagedinfer serve --reasoning-parser qwen3``, read with the official client
+    (``reasoning_content`` is one of vLLM's extra fields, an attribute of its objects)."""
+    openai = pytest.importorskip("openai")
+    from tests.unit.serving.conftest import MODEL_NAME, start_server
+
+    server = start_server(
+        thinking_checkpoint, tmp_path / "server.log", args=["--reasoning-parser", "qwen3"]
+    )
+    try:
+        client = openai.OpenAI(base_url=server.api_url, api_key="none", max_retries=0)
+        thought = {str(ids["word"]): 100}
+        ask: dict[str, Any] = {"model": MODEL_NAME, "messages": MESSAGES, "temperature": 0}
+        whole = client.chat.completions.create(**ask, max_tokens=5, logit_bias=thought)
+        message = whole.choices[0].message
+        assert message.reasoning_content and message.content is None
+        chunks = list(
+            client.chat.completions.create(**ask, max_tokens=5, logit_bias=thought, stream=True)
+        )
+        streamed = "".join(
+            getattr(chunk.choices[0].delta, "reasoning_content", None) or ""
+            for chunk in chunks
+            if chunk.choices
+        )
+        assert streamed == message.reasoning_content
+        answer = client.chat.completions.create(
+            **ask,
+            max_tokens=30,
+            logit_bias={str(ids["end"]): 100},
+            response_format=RESPONSE_FORMAT,  # type: ignore[arg-type]
+            extra_body={"structured_outputs": {"disable_any_whitespace": True}},
+        )
+        jsonschema.validate(json.loads(answer.choices[0].message.content or ""), SCHEMA)
+    finally:
+        server.stop()

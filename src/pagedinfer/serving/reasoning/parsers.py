@@ -65,12 +65,25 @@ class ReasoningParser(ABC):
     start_marker: ClassVar[str] = "<think>"
     end_marker: ClassVar[str] = "</think>"
 
-    def thinking(self, prompt: str | None, template_kwargs: Mapping[str, Any] | None) -> bool:
+    def thinking(
+        self,
+        prompt: str | None,
+        template_kwargs: Mapping[str, Any] | None,
+        *,
+        continued: bool = False,
+    ) -> bool:
         """Whether an answer to ``prompt`` (the rendered chat; ``None`` when unknown) starts
         in reasoning: not when the prompt ends with the end marker (the template closed
         the think block: vLLM's ``prompt_is_reasoning_end``, looked for at the prompt's end
-        only, so that a previous turn's reasoning kept in the history does not count)."""
-        return not (prompt is not None and prompt.rstrip().endswith(self.end_marker))
+        only, so that a previous turn's reasoning kept in the history does not count).
+        ``continued``: the answer continues the prompt's last message
+        (``continue_final_message``), which is in reasoning only if its last marker is the
+        start marker."""
+        if prompt is None:
+            return True
+        if continued:
+            return prompt.rfind(self.start_marker) > prompt.rfind(self.end_marker)
+        return not prompt.rstrip().endswith(self.end_marker)
 
     def split(
         self,
@@ -153,10 +166,16 @@ class Qwen3ReasoningParser(ReasoningParser):
 
     name = "qwen3"
 
-    def thinking(self, prompt: str | None, template_kwargs: Mapping[str, Any] | None) -> bool:
+    def thinking(
+        self,
+        prompt: str | None,
+        template_kwargs: Mapping[str, Any] | None,
+        *,
+        continued: bool = False,
+    ) -> bool:
         if template_kwargs is not None and not template_kwargs.get("enable_thinking", True):
             return False
-        return super().thinking(prompt, template_kwargs)
+        return super().thinking(prompt, template_kwargs, continued=continued)
 
 
 class DeepSeekR1ReasoningParser(ReasoningParser):

@@ -53,10 +53,12 @@ def plan_reasoning(
     include_reasoning: bool,
     prompt_text: str | None,
     template_kwargs: Mapping[str, Any] | None,
+    continued: bool = False,
 ) -> ReasoningPlan:
     """A chat request's :class:`ReasoningPlan` (``prompt_text``: the rendered prompt, or
-    its end; ``template_kwargs``: the chat template's variables). ``include_reasoning=false``
-    without a parser is a 400: the reasoning could not be left out."""
+    its end; ``template_kwargs``: the chat template's variables; ``continued``: the answer
+    continues the last message). ``include_reasoning=false`` without a parser is a 400: the
+    reasoning could not be left out."""
     if parser is None:
         if not include_reasoning:
             raise RequestFieldError(
@@ -65,7 +67,8 @@ def plan_reasoning(
                 "(--reasoning-parser): the reasoning stays in the content. Drop the field.",
             )
         return ReasoningPlan()
-    return ReasoningPlan(parser, parser.thinking(prompt_text, template_kwargs), end)
+    thinking = parser.thinking(prompt_text, template_kwargs, continued=continued)
+    return ReasoningPlan(parser, thinking, end)
 
 
 def reasoning_end(

@@ -83,6 +83,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
         if prompt.text is not None
         else state.decode(prompt.token_ids[-32:]),
         template_kwargs=rendering.template_kwargs,
+        continued=body.continue_final_message,
     )
     if structured is not None:
         params = reasoning.gated(params, structured.field)
