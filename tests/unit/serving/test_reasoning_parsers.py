@@ -51,6 +51,33 @@ def test_a_whole_answer_splits_at_the_first_end_marker(
     assert parser.split(text) == Reasoned(reasoning, content, ended)
 
 
+QWEN35_CALL = "<tool_call>\n<function=get_time>\n</function>\n</tool_call>"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # Qwen3.5: a tool call opened inside the thought ends it (vLLM's rule).
+        (f"I need the time.\n{QWEN35_CALL}", Reasoned("I need the time.\n", QWEN35_CALL, True)),
+        # A <tool_call> not followed by <function is reasoning text (Hermes JSON, a mention).
+        ('<tool_call>{"name": "f"}</tool_call> hmm', None),
+        ("mention <tool_call> then <functions>", None),
+        # After </think>, calls are the content's business.
+        (f"a</think>b{QWEN35_CALL}", Reasoned("a", f"b{QWEN35_CALL}", True)),
+    ],
+)
+def test_qwen3_ends_the_reasoning_at_a_tool_call_it_opens(
+    text: str, expected: Reasoned | None
+) -> None:
+    assert QWEN3.split(text) == (expected or Reasoned(text, "", False))
+    # DeepSeek-R1 has no such rule.
+    if expected is not None and "</think>" not in text:
+        assert R1.split(text) == Reasoned(text, "", False)
+    # Streamed one character at a time, the deltas add up.
+    whole = QWEN3.split(text)
+    assert _streamed(QWEN3, list(text)) == (whole.reasoning or "", whole.content)
+
+
 def test_an_answer_that_does_not_think_is_all_content() -> None:
     text = "<think>a</think>b"
     assert QWEN3.split(text, thinking=False) == Reasoned(None, text, True)
@@ -147,7 +174,26 @@ def test_split_at_every_boundary_the_deltas_add_up(text: str) -> None:
 
 
 FRAGMENTS = st.sampled_from(
-    ["<think>", "</think>", "<th", "</th", "ink>", "<", "/", ">", " ", "\n", "a", "é", "<|im_end|>"]
+    [
+        "<think>",
+        "</think>",
+        "<th",
+        "</th",
+        "ink>",
+        "<",
+        "/",
+        ">",
+        " ",
+        "\n",
+        "a",
+        "é",
+        "<|im_end|>",
+        "<tool_call>",
+        "<tool",
+        "<function=",
+        "<function",
+        "=",
+    ]
 )
 
 

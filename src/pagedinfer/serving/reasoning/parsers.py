@@ -107,6 +107,11 @@ class ReasoningParser(ABC):
             return Reasoned("", "", False)  # the start marker may be coming
         body = text[start:]
         end = body.find(self.end_marker)
+        call, decided = self._call_opening(body, len(body) if end < 0 else end, final)
+        if call >= 0 and decided:  # the answer began with a tool call, the thought unclosed
+            return Reasoned(body[:call], body[call:], True)
+        if call >= 0:  # it may: hold the rest back until the next characters tell
+            return Reasoned(body[:call], "", False)
         if end >= 0:
             return Reasoned(body[:end], body[end + len(self.end_marker) :], True)
         for end_text in end_texts:
@@ -116,6 +121,13 @@ class ReasoningParser(ABC):
             return Reasoned(body, "", False)
         markers = (self.end_marker, *(end for end in end_texts if end))
         return Reasoned(body[: len(body) - held_back(body, markers)], "", False)
+
+    def _call_opening(self, body: str, limit: int, final: bool) -> tuple[int, bool]:
+        """Where a tool call that implicitly ends the reasoning opens in ``body[:limit]``
+        (-1: none) and whether it is decided (``False``: the text may still turn into one).
+        None for this family (see :class:`Qwen3ReasoningParser`)."""
+        del body, limit, final
+        return -1, False
 
     def stream(self, *, thinking: bool = True, end_texts: tuple[str, ...] = ()) -> ReasoningStream:
         """A stream of one answer's reasoning and content deltas."""
@@ -162,9 +174,35 @@ class ReasoningStream:
 class Qwen3ReasoningParser(ReasoningParser):
     """Qwen3 / QwQ / Qwen3.5 (``--reasoning-parser qwen3``): ``<think>...</think>``, and the
     template's ``enable_thinking`` (``chat_template_kwargs``): false makes the whole answer
-    content (vLLM's rule), whatever the template rendered."""
+    content (vLLM's rule), whatever the template rendered.
+
+    Qwen3.5 may start a tool call inside its thought without closing it: a ``<tool_call>``
+    followed (after whitespace) by ``<function=`` or ``<function `` ends the reasoning, and
+    the content starts at the ``<tool_call>`` (vLLM's rule); a ``<tool_call>`` followed by
+    anything else is reasoning text."""
 
     name = "qwen3"
+    CALL = "<tool_call>"
+    FUNCTION = "<function"
+
+    def _call_opening(self, body: str, limit: int, final: bool) -> tuple[int, bool]:
+        position = body.find(self.CALL, 0, limit)
+        while position >= 0:
+            after = body[position + len(self.CALL) :].lstrip()
+            if after.startswith(self.FUNCTION):
+                following = after[len(self.FUNCTION) : len(self.FUNCTION) + 1]
+                if following in ("=", " ", "\t", "\n"):
+                    return position, True
+                if not following and not final:
+                    return position, False
+            elif not final and self.FUNCTION.startswith(after):
+                return position, False
+            position = body.find(self.CALL, position + 1, limit)
+        if not final:  # a tail that may still become "<tool_call>"
+            held = held_back(body[:limit], (self.CALL,))
+            if held and limit == len(body):
+                return len(body) - held, False
+        return -1, False
 
     def thinking(
         self,
