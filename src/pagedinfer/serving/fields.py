@@ -115,9 +115,7 @@ _COMMON: dict[str, Unsupported] = {
     "ec_transfer_params": Unsupported(_empty, "disaggregated encoding is not implemented"),
     "vllm_xargs": Unsupported(_empty, "custom extension arguments are not implemented"),
     "repetition_detection": Unsupported(_empty, "repetition detection is not implemented"),
-    "thinking_token_budget": Unsupported(
-        _number(-1), "thinking budgets need a reasoning parser, not implemented"
-    ),
+    "thinking_token_budget": Unsupported(_number(-1), "thinking budgets are not implemented"),
     "spaces_between_special_tokens": Unsupported(
         _is(True), "special tokens are always decoded as the tokenizer joins them"
     ),

@@ -116,6 +116,14 @@ def test_a_continued_message_thinks_if_its_last_marker_opens_a_thought(
     assert QWEN3.thinking(prompt, None, continued=True) is thinking
 
 
+def test_deepseek_v3_thinks_only_when_the_thinking_variable_says_so() -> None:
+    v3 = get_reasoning_parser("deepseek_v3")
+    assert v3.thinking("assistant\n", None) is False
+    assert v3.thinking("assistant\n", {"enable_thinking": True}) is False
+    assert v3.thinking("assistant\n<think>", {"thinking": True}) is True
+    assert v3.thinking("assistant\n</think>", {"thinking": True}) is False
+
+
 def test_deepseek_r1_ignores_enable_thinking_but_reads_the_prompt() -> None:
     assert R1.thinking("assistant\n", {"enable_thinking": False}) is True
     assert R1.thinking("assistant\n<think>\n\n</think>\n\n", None) is False
@@ -133,7 +141,9 @@ def test_the_registry_names_vllms_parsers_and_lists_them_for_an_unknown_name() -
     assert set(REASONING_PARSERS) >= {"qwen3", "deepseek_r1"}
     assert isinstance(get_reasoning_parser("qwen3"), Qwen3ReasoningParser)
     assert isinstance(get_reasoning_parser("deepseek_r1"), DeepSeekR1ReasoningParser)
-    with pytest.raises(ConfigurationError, match=r"'nope' is unknown.*deepseek_r1, qwen3"):
+    with pytest.raises(
+        ConfigurationError, match=r"'nope' is unknown.*deepseek_r1, deepseek_v3, qwen3"
+    ):
         get_reasoning_parser("nope")
 
 

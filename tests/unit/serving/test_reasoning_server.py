@@ -233,7 +233,7 @@ def test_the_serve_flag_names_the_parser_and_refuses_an_unknown_one(
     assert status == EXIT_USER_ERROR
     err = capsys.readouterr().err
     assert "--reasoning-parser" in err and "deepseek_r1" in err and "qwen3" in err
-    with pytest.raises(ValueError, match="deepseek_r1, qwen3"):
+    with pytest.raises(ValueError, match="deepseek_r1, deepseek_v3, qwen3"):
         ServingOptions(reasoning_parser="nope")
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pagedinfer.serving.reasoning.parsers import (
     DeepSeekR1ReasoningParser,
+    DeepSeekV3ReasoningParser,
     Qwen3ReasoningParser,
     Reasoned,
     ReasoningDelta,
@@ -23,6 +24,7 @@ from pagedinfer.serving.reasoning.registry import REASONING_PARSERS, get_reasoni
 __all__ = [
     "REASONING_PARSERS",
     "DeepSeekR1ReasoningParser",
+    "DeepSeekV3ReasoningParser",
     "Qwen3ReasoningParser",
     "Reasoned",
     "ReasoningDelta",

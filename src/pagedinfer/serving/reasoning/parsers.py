@@ -31,6 +31,7 @@ from pagedinfer.serving.tools.scan import held_back
 
 __all__ = [
     "DeepSeekR1ReasoningParser",
+    "DeepSeekV3ReasoningParser",
     "Qwen3ReasoningParser",
     "Reasoned",
     "ReasoningDelta",
@@ -221,3 +222,23 @@ class DeepSeekR1ReasoningParser(ReasoningParser):
     ``<think>...</think>``, the opening tag usually in the prompt."""
 
     name = "deepseek_r1"
+
+
+class DeepSeekV3ReasoningParser(DeepSeekR1ReasoningParser):
+    """DeepSeek-V3.1 / V3.2, hybrid models (``--reasoning-parser deepseek_v3``): they think
+    only when the template's ``thinking`` variable is true (``chat_template_kwargs``; note:
+    not ``enable_thinking``), then as DeepSeek-R1; otherwise the whole answer is content
+    (vLLM's rule)."""
+
+    name = "deepseek_v3"
+
+    def thinking(
+        self,
+        prompt: str | None,
+        template_kwargs: Mapping[str, Any] | None,
+        *,
+        continued: bool = False,
+    ) -> bool:
+        if template_kwargs is None or not template_kwargs.get("thinking", False):
+            return False
+        return super().thinking(prompt, template_kwargs, continued=continued)

@@ -8,6 +8,7 @@ from types import MappingProxyType
 from pagedinfer.errors import ConfigurationError
 from pagedinfer.serving.reasoning.parsers import (
     DeepSeekR1ReasoningParser,
+    DeepSeekV3ReasoningParser,
     Qwen3ReasoningParser,
     ReasoningParser,
 )
@@ -15,7 +16,10 @@ from pagedinfer.serving.reasoning.parsers import (
 __all__ = ["REASONING_PARSERS", "get_reasoning_parser"]
 
 REASONING_PARSERS: Mapping[str, type[ReasoningParser]] = MappingProxyType(
-    {parser.name: parser for parser in (Qwen3ReasoningParser, DeepSeekR1ReasoningParser)}
+    {
+        parser.name: parser
+        for parser in (Qwen3ReasoningParser, DeepSeekR1ReasoningParser, DeepSeekV3ReasoningParser)
+    }
 )
 """The reasoning parsers by their ``--reasoning-parser`` name."""
 
