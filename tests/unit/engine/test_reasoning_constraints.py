@@ -132,3 +132,36 @@ def test_a_reasoning_end_is_token_ids() -> None:
     assert gated.cache_key == _constraint(None).cache_key  # the same grammar
     assert "reasoning_end" in repr(gated)
     assert pickle.loads(pickle.dumps(gated)) == gated  # to a Ray worker
+
+
+def test_gated_constraints_in_a_busy_batch(thinking_checkpoint: Path) -> None:
+    """Gated and ungated constraints in one batch that chunks its prompts and preempts:
+    each completion reasons (unconstrained) until its end token, then answers under the
+    schema; the ungated ones never write the end token."""
+    from tests.unit.engine.test_structured_outputs import BUSY
+
+    with Engine(thinking_checkpoint, **BUSY) as busy:
+        end, word = _ids(busy)
+        prompt = " ".join(["Think about paged attention, then answer."] * 6)
+        gated = SamplingParams(
+            n=3,
+            seed=11,
+            max_tokens=60,
+            logit_bias={word: 12.0, end: 10.0},
+            structured_outputs=_constraint(end),
+        )
+        plain = SamplingParams(
+            n=2, seed=5, max_tokens=60, logit_bias={end: 20.0}, structured_outputs=_constraint(None)
+        )
+        before = busy.stats().num_preemptions
+        outputs = busy.generate([prompt, prompt, prompt], [gated, plain, gated], use_tqdm=False)
+        assert busy.stats().num_preemptions > before, "the batch should preempt"
+    for output, params in zip(outputs, [gated, plain, gated], strict=True):
+        for completion in output.outputs:
+            if params is plain:
+                assert end not in completion.token_ids
+                jsonschema.validate(json.loads(completion.text), SCHEMA)
+                continue
+            cut = completion.token_ids.index(end)
+            assert set(completion.token_ids[:cut]) <= {word}
+            jsonschema.validate(json.loads(completion.text.partition("</think>")[2]), SCHEMA)
