@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pagedinfer.serving.tools.scan import held_back
+from pagedinfer.serving.tools.scan import held_back, skip_space
 
 __all__ = [
     "DeepSeekR1ReasoningParser",
@@ -93,22 +93,29 @@ class ReasoningParser(ABC):
         thinking: bool = True,
         final: bool = True,
         end_texts: tuple[str, ...] = (),
+        resume: int = 0,
     ) -> Reasoned:
         """The reasoning and content of ``text`` (``final``: the answer is finished; else
         a tail that could still become a marker is held back). ``end_texts``: texts that may
         end the answer (EOS decoded with special tokens), dropped from the end of a
-        reasoning that never ended."""
+        reasoning that never ended. ``resume``: the length of a reasoning an earlier split
+        of the same growing text gave (the markers are looked for after it, so that a
+        stream does not read the whole text again at every step)."""
         if not thinking:
             return Reasoned(None, text, True)
-        stripped = text.lstrip()
+        first = skip_space(text, 0)
         start = 0
-        if stripped.startswith(self.start_marker):
-            start = len(text) - len(stripped) + len(self.start_marker)
-        elif not final and self.start_marker.startswith(stripped):
+        if text.startswith(self.start_marker, first):
+            start = first + len(self.start_marker)
+        elif (
+            not final
+            and len(text) - first < len(self.start_marker)
+            and self.start_marker.startswith(text[first:])
+        ):
             return Reasoned("", "", False)  # the start marker may be coming
         body = text[start:]
-        end = body.find(self.end_marker)
-        call, decided = self._call_opening(body, len(body) if end < 0 else end, final)
+        end = body.find(self.end_marker, resume)
+        call, decided = self._call_opening(body, len(body) if end < 0 else end, final, resume)
         if call >= 0 and decided:  # the answer began with a tool call, the thought unclosed
             return Reasoned(body[:call], body[call:], True)
         if call >= 0:  # it may: hold the rest back until the next characters tell
@@ -123,11 +130,13 @@ class ReasoningParser(ABC):
         markers = (self.end_marker, *(end for end in end_texts if end))
         return Reasoned(body[: len(body) - held_back(body, markers)], "", False)
 
-    def _call_opening(self, body: str, limit: int, final: bool) -> tuple[int, bool]:
-        """Where a tool call that implicitly ends the reasoning opens in ``body[:limit]``
-        (-1: none) and whether it is decided (``False``: the text may still turn into one).
-        None for this family (see :class:`Qwen3ReasoningParser`)."""
-        del body, limit, final
+    def _call_opening(
+        self, body: str, limit: int, final: bool, resume: int = 0
+    ) -> tuple[int, bool]:
+        """Where a tool call that implicitly ends the reasoning opens in
+        ``body[resume:limit]`` (-1: none) and whether it is decided (``False``: the text may
+        still turn into one). None for this family (see :class:`Qwen3ReasoningParser`)."""
+        del body, limit, final, resume
         return -1, False
 
     def stream(self, *, thinking: bool = True, end_texts: tuple[str, ...] = ()) -> ReasoningStream:
@@ -155,7 +164,11 @@ class ReasoningStream:
         """The reasoning and content that are new in ``text`` (the answer's whole text so
         far; ``final``: it is finished)."""
         split = self._parser.split(
-            text, thinking=self._thinking, final=final, end_texts=self._end_texts
+            text,
+            thinking=self._thinking,
+            final=final,
+            end_texts=self._end_texts,
+            resume=self._reasoning,
         )
         self.last = split
         reasoning = split.reasoning or ""
@@ -186,10 +199,13 @@ class Qwen3ReasoningParser(ReasoningParser):
     CALL = "<tool_call>"
     FUNCTION = "<function"
 
-    def _call_opening(self, body: str, limit: int, final: bool) -> tuple[int, bool]:
-        position = body.find(self.CALL, 0, limit)
+    def _call_opening(
+        self, body: str, limit: int, final: bool, resume: int = 0
+    ) -> tuple[int, bool]:
+        position = body.find(self.CALL, resume, limit)
         while position >= 0:
-            after = body[position + len(self.CALL) :].lstrip()
+            start = skip_space(body, position + len(self.CALL))
+            after = body[start : start + len(self.FUNCTION) + 1]  # what decides, no more
             if after.startswith(self.FUNCTION):
                 following = after[len(self.FUNCTION) : len(self.FUNCTION) + 1]
                 if following in ("=", " ", "\t", "\n"):
@@ -199,9 +215,9 @@ class Qwen3ReasoningParser(ReasoningParser):
             elif not final and self.FUNCTION.startswith(after):
                 return position, False
             position = body.find(self.CALL, position + 1, limit)
-        if not final:  # a tail that may still become "<tool_call>"
-            held = held_back(body[:limit], (self.CALL,))
-            if held and limit == len(body):
+        if not final and limit == len(body):  # a tail that may still become "<tool_call>"
+            held = held_back(body, (self.CALL,))
+            if held:
                 return len(body) - held, False
         return -1, False
 
