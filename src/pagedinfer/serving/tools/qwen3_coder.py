@@ -61,6 +61,8 @@ class Qwen3CoderFormat(ToolCallFormat):
     def __init__(self, tools: Sequence[Mapping[str, Any]] | None = None) -> None:
         # Each function's parameter schemas by name, for the values' types.
         self._properties: dict[str, Mapping[str, Any]] = {}
+        # Members already converted (a stream reads the growing text again at every step).
+        self._members: dict[tuple[str, str, str], str] = {}
         for tool in tools or ():
             function = tool.get("function")
             if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
@@ -104,10 +106,9 @@ class Qwen3CoderFormat(ToolCallFormat):
 
     def _next_call(self, text: str, start: int) -> int:
         """The index of the next call's first tag at or after ``start`` (-1: none)."""
-        found = [
-            i for i in (text.find(self.CALL, start), text.find(self.FUNCTION, start)) if i >= 0
-        ]
-        return min(found) if found else -1
+        call = text.find(self.CALL, start)
+        function = text.find(self.FUNCTION, start, len(text) if call < 0 else call)
+        return function if function >= 0 else call
 
     def _function(self, text: str, index: int, final: bool) -> tuple[CallSoFar | None, int, bool]:
         """The call whose name starts at ``index``: the call so far (``None``: its name is
@@ -119,7 +120,6 @@ class Qwen3CoderFormat(ToolCallFormat):
         name = text[index:close].strip()
         if not _NAME.fullmatch(name):
             return None, close, True
-        properties = self._properties.get(name, {})
         members: list[str] = []
         index = close + 1
         while True:
@@ -138,21 +138,30 @@ class Qwen3CoderFormat(ToolCallFormat):
             end = self._value_end(text, close + 1) if close >= 0 else -1
             if end < 0:  # the parameter goes on
                 return CallSoFar(name, "{" + ", ".join(members), False), len(text), final
-            key = text[start:close].strip()
-            value = _convert(_unwrap(text[close + 1 : end]), properties.get(key))
-            members.append(f"{json.dumps(key, ensure_ascii=False)}: {value}")
+            members.append(self._member(name, text[start:close].strip(), text[close + 1 : end]))
             index = end + (
                 len(self.PARAMETER_END) if text.startswith(self.PARAMETER_END, end) else 0
             )
 
+    def _member(self, function: str, key: str, raw: str) -> str:
+        """``"key": value`` of one complete parameter, its value converted by its type."""
+        cache_key = (function, key, raw)
+        member = self._members.get(cache_key)
+        if member is None:
+            value = _convert(_unwrap(raw), self._properties.get(function, {}).get(key))
+            member = f"{json.dumps(key, ensure_ascii=False)}: {value}"
+            self._members[cache_key] = member
+        return member
+
     def _value_end(self, text: str, start: int) -> int:
-        """Where the parameter value starting at ``start`` ends (-1: not yet)."""
-        ends = [
-            found
-            for tag in (self.PARAMETER_END, self.PARAMETER, self.FUNCTION_END)
-            if (found := text.find(tag, start)) >= 0
-        ]
-        return min(ends) if ends else -1
+        """Where the parameter value starting at ``start`` ends (-1: not yet). Each tag is
+        looked for only before the nearest one found so far: a value costs its length."""
+        end = -1
+        for tag in (self.PARAMETER_END, self.PARAMETER, self.FUNCTION_END):
+            found = text.find(tag, start, len(text) if end < 0 else end)
+            if found >= 0:
+                end = found
+        return end
 
 
 def _unwrap(value: str) -> str:
