@@ -69,3 +69,38 @@ def make_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., P
 def tiny_checkpoint(make_checkpoint: Callable[..., Path]) -> Path:
     """The default tiny checkpoint (GQA 4/2 heads, head_dim 32, 2 layers, tied embeddings)."""
     return make_checkpoint("tiny")
+
+
+# Qwen3's way of turning thinking off, in short: the template closes the think block.
+THINKING_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and not enable_thinking %}"
+    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
+)
+
+
+@pytest.fixture(scope="session")
+def thinking_checkpoint(
+    make_checkpoint: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """The tiny checkpoint (with a tokenizer) whose vocabulary ends with Qwen3's ``<think>``
+    and ``</think>`` as single tokens (added, not special: they stay in decoded text), and
+    :data:`THINKING_TEMPLATE` as its chat template."""
+    import json
+    import shutil
+
+    from pagedinfer.adapters.models.random_checkpoint import build_tokenizer
+
+    source = make_checkpoint("tiny", with_tokenizer=True)
+    target = tmp_path_factory.mktemp("ckpt-thinking")
+    shutil.copytree(source, target, dirs_exist_ok=True)
+    vocab_size = json.loads((source / "config.json").read_text())["vocab_size"]
+    tokenizer = build_tokenizer(vocab_size - 2)
+    tokenizer.add_tokens(["<think>", "</think>"])
+    tokenizer.chat_template = THINKING_TEMPLATE
+    tokenizer.save_pretrained(str(target))
+    assert tokenizer.convert_tokens_to_ids("</think>") == vocab_size - 1
+    return target

@@ -352,7 +352,8 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
         DEFAULT_HEADER_TIMEOUT_S,
         DEFAULT_MAX_REQUEST_BYTES,
     )
-    from pagedinfer.serving.tools.formats import TOOL_CALL_PARSERS
+    from pagedinfer.serving.reasoning.registry import REASONING_PARSERS
+    from pagedinfer.serving.tools.parsers import TOOL_CALL_PARSERS
 
     _model_arguments(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind")
@@ -405,6 +406,15 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
         action="store_true",
         help="serve tool_choice 'auto' (the default of a request with tools); needs "
         "--tool-call-parser",
+    )
+    requests.add_argument(
+        "--reasoning-parser",
+        default=None,
+        choices=sorted(REASONING_PARSERS),
+        metavar="NAME",
+        help="split a thinking model's answers into reasoning_content and content: the model "
+        f"family's markers ({', '.join(sorted(REASONING_PARSERS))}; docs/serving.md, "
+        "Reasoning)",
     )
     requests.add_argument(
         "--enable-prompt-tokens-details",
@@ -638,6 +648,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         ignore_unknown_fields=args.ignore_unknown_fields,
         tool_call_parser=args.tool_call_parser,
         enable_auto_tool_choice=args.enable_auto_tool_choice,
+        reasoning_parser=args.reasoning_parser,
     )
     try:
         run_server(

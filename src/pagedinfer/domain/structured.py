@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, NoReturn
 
 from pagedinfer.domain.json_depth import json_depth_exceeds
+from pagedinfer.domain.reasoning import ReasoningEnd
 from pagedinfer.errors import InvalidStructuredOutputError
 
 __all__ = ["ConstraintKind", "GuidedDecodingParams", "StructuredOutputsParams"]
@@ -76,6 +77,10 @@ class StructuredOutputsParams:
     allowed between JSON tokens. ``disable_fallback`` is accepted for vLLM's sake and changes
     nothing: there is one grammar engine and never a fallback.
 
+    ``reasoning_end`` (a :class:`~pagedinfer.domain.reasoning.ReasoningEnd`): the constraint
+    applies to a thinking model's answer only, from the token after the first reasoning-end
+    token it generates; ``None`` (the default): from the first token.
+
     ``compiled`` is not part of the value (not compared, hashed, shown or pickled): the
     engine's compiled grammar, set on the copy that ``Engine.check_sampling_params`` returns,
     so that a request carries its grammar from submission to finish.
@@ -91,6 +96,7 @@ class StructuredOutputsParams:
     disable_any_whitespace: bool = False
     disable_additional_properties: bool = False
     whitespace_pattern: str | None = None
+    reasoning_end: ReasoningEnd | None = None
     compiled: object | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -202,6 +208,8 @@ class StructuredOutputsParams:
                     )
         if kind == "structural_tag":
             _check_structural_tag(self.structural_tag)
+        if self.reasoning_end is not None and not isinstance(self.reasoning_end, ReasoningEnd):
+            _fail("reasoning_end", self.reasoning_end, "None or a ReasoningEnd(token_ids)")
 
     def __repr__(self) -> str:
         shown = []

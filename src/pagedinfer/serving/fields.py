@@ -115,9 +115,7 @@ _COMMON: dict[str, Unsupported] = {
     "ec_transfer_params": Unsupported(_empty, "disaggregated encoding is not implemented"),
     "vllm_xargs": Unsupported(_empty, "custom extension arguments are not implemented"),
     "repetition_detection": Unsupported(_empty, "repetition detection is not implemented"),
-    "thinking_token_budget": Unsupported(
-        _number(-1), "thinking budgets need a reasoning parser, not implemented"
-    ),
+    "thinking_token_budget": Unsupported(_number(-1), "thinking budgets are not implemented"),
     "spaces_between_special_tokens": Unsupported(
         _is(True), "special tokens are always decoded as the tokenizer joins them"
     ),
@@ -134,9 +132,6 @@ _CHAT_ONLY: dict[str, Unsupported] = {
     "functions": Unsupported(_empty, _FUNCTIONS),
     "function_call": Unsupported(
         _is("none", "auto"), _FUNCTIONS + ' ("none" and "auto" are accepted)'
-    ),
-    "include_reasoning": Unsupported(
-        _is(True), "there is no reasoning parser: the reasoning stays in the content"
     ),
     "audio": Unsupported(_is(), _NO_MULTIMODAL),
     "modalities": Unsupported(_text_modalities, _NO_MULTIMODAL + ' (["text"] is accepted)'),

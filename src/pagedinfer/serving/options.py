@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from pagedinfer.errors import ConfigurationError, PagedInferError
 from pagedinfer.serving.hosts import host_allowed
-from pagedinfer.serving.tools.formats import TOOL_CALL_PARSERS
+from pagedinfer.serving.reasoning.registry import REASONING_PARSERS
+from pagedinfer.serving.tools.parsers import TOOL_CALL_PARSERS
 
 __all__ = [
     "API_KEY_ENV",
@@ -76,7 +77,10 @@ class ServingOptions:
     (a name of :data:`~pagedinfer.serving.tools.TOOL_CALL_PARSERS`: ``hermes``,
     ``llama3_json``, ``llama4_json``, ``mistral``); ``enable_auto_tool_choice`` allows
     ``tool_choice="auto"`` (the default when a request has tools) and needs the parser, as
-    vLLM's ``--enable-auto-tool-choice`` does.
+    vLLM's ``--enable-auto-tool-choice`` does. ``reasoning_parser``: how a thinking model's
+    answers are split into ``reasoning_content`` and ``content`` (a name of
+    :data:`~pagedinfer.serving.reasoning.REASONING_PARSERS`: ``qwen3``, ``deepseek_r1``;
+    ``None``: the reasoning stays in the content).
     """
 
     api_key: str | None = None
@@ -91,8 +95,14 @@ class ServingOptions:
     ignore_unknown_fields: bool = False
     tool_call_parser: str | None = None
     enable_auto_tool_choice: bool = False
+    reasoning_parser: str | None = None
 
     def __post_init__(self) -> None:
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ConfigurationError(
+                f"reasoning_parser={self.reasoning_parser!r} is unknown: expected one of "
+                f"{', '.join(sorted(REASONING_PARSERS))} (--reasoning-parser)."
+            )
         if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_CALL_PARSERS:
             raise ConfigurationError(
                 f"tool_call_parser={self.tool_call_parser!r} is unknown: expected one of "

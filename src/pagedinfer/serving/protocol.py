@@ -7,9 +7,10 @@ extensions a vLLM user reaches for (``top_k``, ``min_p``, ``repetition_penalty``
 ``return_tokens_as_token_ids``, ``prompt_logprobs``, ``truncate_prompt_tokens``,
 ``add_special_tokens``, ``request_id``; for chat ``echo``, ``add_generation_prompt``,
 ``continue_final_message``, ``chat_template``, ``chat_template_kwargs``, ``documents``,
-``reasoning_effort``, ``return_prompt_text``). Structured outputs (``response_format``,
-``structured_outputs``, ``guided_*``) are read by :mod:`pagedinfer.serving.structured`, tools
-(``tools``, ``tool_choice``, ``parallel_tool_calls``) by :mod:`pagedinfer.serving.tools`.
+``reasoning_effort``, ``include_reasoning``, ``return_prompt_text``). Structured outputs
+(``response_format``, ``structured_outputs``, ``guided_*``) are read by
+:mod:`pagedinfer.serving.structured`, tools (``tools``, ``tool_choice``,
+``parallel_tool_calls``) by :mod:`pagedinfer.serving.tools`.
 Fields the models do not declare land in ``model_extra`` and :func:`check_fields` decides
 about them with the tables of :mod:`pagedinfer.serving.fields`: a field is implemented,
 refused with a 400 that names it, ignored with a logged warning (metadata only), or unknown
@@ -318,6 +319,8 @@ class ChatCompletionRequest(_SamplingFields, _ChatTemplateFields):
     echo: bool = False
     documents: list[dict[str, str]] | None = None
     reasoning_effort: ReasoningEffort | None = None
+    # With --reasoning-parser: false leaves the reasoning out of the answer.
+    include_reasoning: bool = True
     return_prompt_text: bool | None = None
     # Tool calling (pagedinfer.serving.tools): "none", "auto", "required" or a named function.
     tool_choice: str | dict[str, Any] | None = None

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pagedinfer.engine.outputs import RequestOutput
+from pagedinfer.serving.reasoning import ReasoningParser, ReasoningStream
 from pagedinfer.serving.tools import ToolCalls, ToolCallStream
 
 __all__ = [
@@ -131,6 +132,27 @@ class ResponseContext:
     prompt_text: bool = False
     # Chat with tools: how the answer's tool calls are read (None: the answer is text).
     tool_calls: ToolCalls | None = None
+    # Chat with --reasoning-parser: how the answer's reasoning is read (None: no parser),
+    # whether the answer starts in reasoning, whether the reasoning is sent.
+    reasoning: ReasoningParser | None = None
+    thinking: bool = True
+    include_reasoning: bool = True
+
+    def reasoning_stream(self) -> ReasoningStream | None:
+        """A chat choice's reasoning stream (``None`` without a parser)."""
+        if self.reasoning is None:
+            return None
+        return self.reasoning.stream(thinking=self.thinking, end_texts=self._end_texts())
+
+    def split_reasoning(self, text: str) -> tuple[str | None, str]:
+        """A finished chat answer's reasoning (``None``: none, or not sent) and content."""
+        if self.reasoning is None:
+            return None, text
+        split = self.reasoning.split(text, thinking=self.thinking, end_texts=self._end_texts())
+        return (split.reasoning if self.include_reasoning else None), split.content
+
+    def _end_texts(self) -> tuple[str, ...]:
+        return self.tool_calls.end_texts if self.tool_calls is not None else ()
 
 
 class ChoiceCursor:
@@ -140,10 +162,11 @@ class ChoiceCursor:
     stop string is held back until it cannot), so a delta is a plain slice.
     """
 
-    __slots__ = ("chars", "finished", "started", "text_offset", "tokens", "tools")
+    __slots__ = ("chars", "finished", "reasoning", "started", "text_offset", "tokens", "tools")
 
     def __init__(self) -> None:
         self.tools: ToolCallStream | None = None  # a chat choice whose tool calls are read
+        self.reasoning: ReasoningStream | None = None  # a chat choice whose reasoning is read
         self.tokens = 0
         self.chars = 0
         # Where the next token's logprobs entry starts: the lengths of the token strings
@@ -369,11 +392,17 @@ def chat_response(context: ResponseContext, output: RequestOutput) -> dict[str, 
     for completion in completions_of(output):
         finish_reason = completion.finish_reason
         tools = context.tool_calls
+        reasoning, text = context.split_reasoning(completion.text)
         if tools is None:
-            message = _message(context, context.echo_text + completion.text)
+            content: str | None = context.echo_text + text
+            if context.reasoning is not None and not content:
+                content = None  # vLLM's: an answer that only reasons has no content
+            message = _message(context, content, reasoning)
         else:
-            extracted = tools.extract(completion.text)
-            message = _message(context, context.echo_text + (extracted.content or "") or None)
+            extracted = tools.extract(text)
+            message = _message(
+                context, context.echo_text + (extracted.content or "") or None, reasoning
+            )
             if extracted.calls:
                 message["tool_calls"] = [
                     {
@@ -410,9 +439,12 @@ def chat_response(context: ResponseContext, output: RequestOutput) -> dict[str, 
     }
 
 
-def _message(context: ResponseContext, content: str | None) -> dict[str, Any]:
-    """A whole answer: its role and text (``None``: tool calls and no text), and (``null``)
-    the fields the server never fills; ``tool_calls`` is added when the answer has some."""
+def _message(
+    context: ResponseContext, content: str | None, reasoning: str | None = None
+) -> dict[str, Any]:
+    """A whole answer: its role and text (``None``: tool calls and no text), its reasoning
+    (``reasoning_content``, and vLLM's newer name ``reasoning``), and (``null``) the fields
+    the server never fills; ``tool_calls`` is added when the answer has some."""
     return {
         "role": context.role,
         "content": content,
@@ -420,7 +452,8 @@ def _message(context: ResponseContext, content: str | None) -> dict[str, Any]:
         "annotations": None,
         "audio": None,
         "function_call": None,
-        "reasoning": None,
+        "reasoning": reasoning,
+        "reasoning_content": reasoning,
     }
 
 
@@ -437,22 +470,35 @@ def chat_chunk(
     finish_reason = completion.finish_reason
     tool_deltas: list[dict[str, Any]] = []
     tools = context.tool_calls
+    answer = completion.text  # the answer after its reasoning (the parsers' input)
+    reasoning = ""
+    if context.reasoning is not None:
+        if cursor.reasoning is None:
+            cursor.reasoning = context.reasoning_stream()
+        assert cursor.reasoning is not None
+        step = cursor.reasoning.advance(completion.text, finished)
+        answer, text = cursor.reasoning.content, step.content
+        reasoning = step.reasoning if context.include_reasoning else ""
     if tools is not None:
         if cursor.tools is None:
             cursor.tools = tools.stream()
-        text, tool_deltas = cursor.tools.advance(completion.text, finished)
+        text, tool_deltas = cursor.tools.advance(answer, finished)
         finish_reason = tools.finish_reason(finish_reason, cursor.tools.called)
     # Nothing new to show. (Tokens still owed a chunk for their logprobs or ids; with tool
-    # calls, tokens that only extend a held-back call name send nothing, as in vLLM.)
+    # calls or reasoning, tokens that only extend a held-back marker send nothing, as in
+    # vLLM.)
     per_token = context.num_logprobs is not None or context.return_token_ids
-    quiet = tokens.start == tokens.stop or (tools is not None and not per_token)
-    if not text and not tool_deltas and quiet and not finished and cursor.started:
+    parsed = tools is not None or context.reasoning is not None
+    quiet = tokens.start == tokens.stop or (parsed and not per_token)
+    if not text and not tool_deltas and not reasoning and quiet and not finished and cursor.started:
         return None
     first = not cursor.started
     delta: dict[str, Any] = {}
     if first:
         delta["role"] = context.role
         text = context.echo_text + text
+    if reasoning:
+        delta["reasoning"] = delta["reasoning_content"] = reasoning
     if text or first:
         delta["content"] = text
     if tool_deltas:

@@ -20,6 +20,7 @@ from fastapi import Depends, Request
 from pydantic import BaseModel
 
 from pagedinfer.domain.limits import RequestLimits
+from pagedinfer.domain.reasoning import ReasoningEnd
 from pagedinfer.domain.sampling import SamplingParams
 from pagedinfer.engine.async_engine import AsyncEngine, AsyncRequestStream
 from pagedinfer.engine.prompts import TokenizedPrompt
@@ -36,6 +37,8 @@ from pagedinfer.serving.protocol import (
     chat_template_kwargs,
     check_fields,
 )
+from pagedinfer.serving.reasoning import ReasoningParser, get_reasoning_parser
+from pagedinfer.serving.reasoning.plan import reasoning_end
 from pagedinfer.serving.responses import ResponseContext
 from pagedinfer.serving.structured import StructuredRequest
 
@@ -57,12 +60,17 @@ class ServingState:
     token_text: Callable[[int], str]  # one token's text (logprobs)
     decode: Callable[[Sequence[int]], str]  # token ids' text
     end_texts: tuple[str, ...]  # the EOS tokens' texts
+    reasoning: ReasoningParser | None = None  # --reasoning-parser
+    reasoning_end: ReasoningEnd | None = None  # its end marker's token
 
     @classmethod
     def build(
         cls, engine: AsyncEngine, served_model_name: str, options: ServingOptions
     ) -> ServingState:
         sync_engine = engine.engine
+        reasoning = None
+        if options.reasoning_parser is not None:
+            reasoning = get_reasoning_parser(options.reasoning_parser)
         return cls(
             engine=engine,
             served_model_name=served_model_name,
@@ -75,6 +83,10 @@ class ServingState:
             token_text=_token_text(engine),
             decode=_decode(engine),
             end_texts=_eos_texts(engine),
+            reasoning=reasoning,
+            reasoning_end=reasoning_end(
+                reasoning, engine.tokenizer, sync_engine.model_config.vocab_size
+            ),
         )
 
     def rejected(self, status: int) -> None:

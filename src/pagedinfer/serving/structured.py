@@ -50,7 +50,11 @@ GUIDED_FIELDS = {
     "structural_tag": "structural_tag",
     "guided_whitespace_pattern": "whitespace_pattern",
 }
-_PARAMS = frozenset(item.name for item in fields(StructuredOutputsParams))
+# Request-settable: not the engine's compiled grammar nor the reasoning end (the server's).
+_PARAMS = frozenset(item.name for item in fields(StructuredOutputsParams)) - {
+    "compiled",
+    "reasoning_end",
+}
 _CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 _NAMED = re.compile(r"StructuredOutputsParams\.(\w+)")
 

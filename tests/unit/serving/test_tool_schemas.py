@@ -24,7 +24,7 @@ import pytest
 
 from pagedinfer.serving.fields import RequestFieldError
 from pagedinfer.serving.tools import plan_tools
-from pagedinfer.serving.tools.formats import TOOL_CALL_PARSERS
+from pagedinfer.serving.tools.parsers import TOOL_CALL_PARSERS
 from pagedinfer.serving.tools.schemas import (
     MAX_TOOL_SCHEMA_DEPTH,
     ToolSchemaError,
@@ -361,6 +361,8 @@ FORCED = {
     "llama3_json": r'\{"name": "tree", "parameters": ' + _ARGS + r"\}",
     "llama4_json": r'\{"name": "tree", "parameters": ' + _ARGS + r"\}",
     "mistral": r'\[TOOL_CALLS\]\[\{"name": "tree", "arguments": ' + _ARGS + r"\}\]",
+    "qwen3_coder": r"<tool_call>\n<function=tree>\n<parameter=x>\n\{\"x\": (true|false)\}\n"
+    r"</parameter>\n</function>\n</tool_call>",
 }
 
 

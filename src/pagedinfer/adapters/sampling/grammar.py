@@ -20,7 +20,9 @@ says why). Three pieces:
   slot, installed and released with the sampling table's deltas (like the logits processors).
   A preempted request keeps its slot and so its matcher: the tokens it generated stay
   accepted, and its recomputation samples the next one from the same state. Each completion
-  of ``n > 1`` has its own slot, hence its own matcher.
+  of ``n > 1`` has its own slot, hence its own matcher. A constraint with a
+  ``reasoning_end`` gets its matcher behind a gate (``reasoning_gate.py``) that lets the
+  reasoning pass unconstrained.
 * Per step, :meth:`GrammarMatchers.fill` writes the constrained rows' allowed tokens as a
   bitmask on the host (1 bit per token, int32 words, llguidance's layout) and copies it to the
   device; :func:`apply_token_bitmask` turns it into ``-inf`` for every forbidden token of those
@@ -51,6 +53,7 @@ from typing import Any
 import torch
 
 from pagedinfer.adapters.sampling.grammar_probe import probe_grammar
+from pagedinfer.adapters.sampling.reasoning_gate import gated
 from pagedinfer.adapters.sampling.table import InstalledRequest
 from pagedinfer.domain.grammar_limits import DEFAULT_GRAMMAR_LIMITS, GrammarLimits
 from pagedinfer.domain.json_depth import json_depth_exceeds
@@ -416,6 +419,7 @@ class GrammarMatchers:
         if constraint is not None:
             try:  # pinned at submission (no compile here), or a cache hit or miss (Ray)
                 matcher = self.compiler.compile(constraint).new_matcher()
+                matcher = gated(matcher, constraint.reasoning_end)  # after the reasoning
             except InvalidStructuredOutputError as error:  # fails its own row at fill
                 matcher = _FailedMatcher(str(error))
             self._matchers[request.slot] = matcher

@@ -24,6 +24,7 @@ from pagedinfer.serving.protocol import (
     response_role,
     truncation_limit,
 )
+from pagedinfer.serving.reasoning.plan import plan_reasoning
 from pagedinfer.serving.responses import (
     ChoiceCursor,
     ResponseContext,
@@ -70,9 +71,22 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
     )
     params = await state.checked(params, structured)
     truncation = Truncation(truncation_limit(body, engine.max_model_len), body.truncation_side)
+    rendering = state.rendering(body)
     prompt = await asyncio.to_thread(
-        encode_chat, engine.engine, chat_messages(body), state.rendering(body), truncation
+        encode_chat, engine.engine, chat_messages(body), rendering, truncation
     )
+    reasoning = plan_reasoning(
+        state.reasoning,
+        state.reasoning_end,
+        include_reasoning=body.include_reasoning,
+        prompt_text=prompt.text
+        if prompt.text is not None
+        else state.decode(prompt.token_ids[-32:]),
+        template_kwargs=rendering.template_kwargs,
+        continued=body.continue_final_message,
+    )
+    if structured is not None:
+        params = reasoning.gated(params, structured.field)
     stream = state.submit(prompt, params, structured)
     ctx = state.context(
         "chatcmpl",
@@ -82,6 +96,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
         echo_text=echo_prefix(body),
         prompt_text=bool(body.return_prompt_text),
         tool_calls=tools.calls,
+        reasoning=reasoning.parser,
+        thinking=reasoning.thinking,
+        include_reasoning=body.include_reasoning,
     )
     timer = state.metrics.timer()
     if body.stream:

@@ -5,7 +5,9 @@
   constraint of ``"required"`` and named functions, how calls are read and reported
   (:class:`ToolCalls`), and the history's ``tool_calls`` arguments as templates expect them.
 * :mod:`~pagedinfer.serving.tools.formats`: the families' text formats (``--tool-call-parser``
-  ``hermes``, ``llama3_json``, ``llama4_json``, ``mistral``), read from generated text.
+  ``hermes``, ``llama3_json``, ``llama4_json``, ``mistral``), read from generated text;
+  :mod:`~pagedinfer.serving.tools.qwen3_coder`: Qwen3-Coder's XML calls (``qwen3_coder``);
+  :mod:`~pagedinfer.serving.tools.parsers`: the formats by name.
 * :mod:`~pagedinfer.serving.tools.stream`: a choice's growing text as OpenAI's content and
   tool-call deltas.
 * :mod:`~pagedinfer.serving.tools.scan`: JSON objects read while they are generated.
@@ -20,13 +22,8 @@ from pagedinfer.serving.tools.choice import (
     template_messages,
     template_tools,
 )
-from pagedinfer.serving.tools.formats import (
-    TOOL_CALL_PARSERS,
-    Extracted,
-    ParsedCall,
-    ToolCallFormat,
-    tool_call_format,
-)
+from pagedinfer.serving.tools.formats import Extracted, ParsedCall, ToolCallFormat
+from pagedinfer.serving.tools.parsers import TOOL_CALL_PARSERS, tool_call_format
 from pagedinfer.serving.tools.stream import ToolCallStream
 
 __all__ = [

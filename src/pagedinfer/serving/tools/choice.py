@@ -35,8 +35,8 @@ from pagedinfer.serving.tools.formats import (
     NamedCallFormat,
     RequiredCallsFormat,
     ToolCallFormat,
-    tool_call_format,
 )
+from pagedinfer.serving.tools.parsers import tool_call_format
 from pagedinfer.serving.tools.schemas import (
     ToolSchemaError,
     check_tool_depth,
@@ -184,7 +184,7 @@ def plan_tools(
                 'to be set on the server (send tool_choice "required", a named function or '
                 '"none", or ask the operator to enable them)',
             )
-        format = tool_call_format(parser)
+        format = tool_call_format(parser, checked)
         keeps = format.keeps_special_tokens
         calls = ToolCalls(format, "auto", parallel, end_texts if keeps else ())
         return ToolPlan(tools=checked, calls=calls, keeps_special_tokens=keeps)

@@ -12,7 +12,9 @@ A call's ``arguments`` are the model's own JSON text of the arguments object, ve
 (vLLM re-serializes them with ``json.dumps``; keeping them lets a stream send the arguments
 as they are generated and still add up to the whole answer's). They must be a JSON object.
 
-Families (``--tool-call-parser NAME``, vLLM's names):
+Families (``--tool-call-parser NAME``, vLLM's names; the registry is
+:mod:`~pagedinfer.serving.tools.parsers`, ``qwen3_coder``'s XML format is
+:mod:`~pagedinfer.serving.tools.qwen3_coder`):
 
 * ``hermes`` (Hermes 2/3, Qwen2.5, Qwen3, QwQ): ``<tool_call>{"name": ..., "arguments":
   {...}}</tool_call>``, one block per call; content is the text before the first block. Some
@@ -43,13 +45,13 @@ import secrets
 import string
 import uuid
 from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pagedinfer.serving.tools.scan import ObjectScan, held_back, scan_object, skip_space
 
 __all__ = [
-    "TOOL_CALL_PARSERS",
     "CallSoFar",
     "Extracted",
     "HermesFormat",
@@ -60,7 +62,6 @@ __all__ = [
     "RequiredCallsFormat",
     "Scan",
     "ToolCallFormat",
-    "tool_call_format",
 ]
 
 
@@ -126,6 +127,12 @@ class ToolCallFormat(ABC):
     def new_id(self) -> str:
         """A tool call id (OpenAI's form)."""
         return f"call_{uuid.uuid4().hex[:24]}"
+
+    @classmethod
+    def for_tools(cls, tools: Sequence[Mapping[str, Any]] | None) -> ToolCallFormat:
+        """The format for a request's ``tools`` (most formats do not need them)."""
+        del tools
+        return cls()
 
 
 def _is_object(text: str) -> bool:
@@ -355,17 +362,3 @@ class NamedCallFormat(ToolCallFormat):
 
     def extract(self, text: str) -> Extracted:
         return Extracted(None, (ParsedCall(self.name, text.lstrip()),))
-
-
-# --tool-call-parser NAME: vLLM's names for these families.
-TOOL_CALL_PARSERS: dict[str, type[ToolCallFormat]] = {
-    "hermes": HermesFormat,
-    "llama3_json": Llama3JsonFormat,
-    "llama4_json": Llama3JsonFormat,
-    "mistral": MistralFormat,
-}
-
-
-def tool_call_format(name: str) -> ToolCallFormat:
-    """The format ``--tool-call-parser NAME`` names (a ``KeyError`` for another name)."""
-    return TOOL_CALL_PARSERS[name]()
