@@ -133,7 +133,8 @@ def run_sections(
 # --------------------------------------------------------------------- gpu_report's plan
 # The GPU tests of the paths that had never run on a GPU before issue 37 (the preflight's
 # FP8 fused kernel, FP8 KV, async scheduling, structured outputs, speculative decoding, the
-# quantized GEMMs); the rest of tests/gpu ran on the H100 before.
+# quantized GEMMs) and those added since (constraints gated by a reasoning end); the rest of
+# tests/gpu ran on the H100 before.
 NEW_PATH_TESTS = (
     "tests/gpu/test_fused_kernels_gpu.py",
     "tests/gpu/test_fp8_kv_gpu.py",
@@ -142,6 +143,7 @@ NEW_PATH_TESTS = (
     "tests/gpu/test_speculative_gpu.py",
     "tests/gpu/test_quantized_gpu.py",
     "tests/gpu/test_skinny_gemm_gpu.py",
+    "tests/gpu/test_reasoning_gpu.py",
 )
 
 # Estimated seconds per section (engine builds included): CUDA from the H100 run of
