@@ -256,14 +256,31 @@ def check_beam_width(params: BeamSearchParams, max_logprobs: int, flag: str) -> 
 
 
 def beam_search(
-    engine: Engine, prompts: Prompt | Sequence[Prompt], params: BeamSearchParams
+    engine: Engine,
+    prompts: Prompt | Sequence[Prompt],
+    params: BeamSearchParams,
+    *,
+    use_tqdm: bool = False,
 ) -> list[BeamSearchOutput]:
     """Beam search of each prompt on ``engine`` (vLLM's ``LLM.beam_search``); outputs in
-    input order. Every prompt is tokenized and checked before the first step."""
+    input order. Every prompt is tokenized and checked before the first step.
+    ``use_tqdm``: a progress bar over the steps (``max_tokens`` at most; the search may end
+    sooner)."""
     search = _start(engine, prompts, params)
     step_params = engine.check_sampling_params(search.step_params)
-    while batch := search.pending():
-        search.advance(engine.generate(batch, step_params, use_tqdm=False))
+    bar: Any = None
+    if use_tqdm:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=params.max_tokens, desc="Beam search", unit="token", dynamic_ncols=True)
+    try:
+        while batch := search.pending():
+            search.advance(engine.generate(batch, step_params, use_tqdm=False))
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
     return search.results(_decoder(engine.tokenizer))
 
 

@@ -271,16 +271,18 @@ class LLM(Engine):
         prompts: Prompt | Sequence[Prompt],
         params: BeamSearchParams,
         lora_request: object = None,
+        use_tqdm: bool = False,
         concurrency_limit: int | None = None,
     ) -> list[BeamSearchOutput]:
         """vLLM's ``LLM.beam_search``: the best ``params.beam_width`` sequences of each
         prompt, outputs in input order (docs/api.md, "Beam search"). Each step runs every
         live beam for one token through the engine together; the beams share their
-        prompt's KV blocks through the prefix cache. ``concurrency_limit`` searches that
-        many prompts at a time (``None``: all); ``lora_request`` must be None."""
+        prompt's KV blocks through the prefix cache. ``use_tqdm``: a progress bar over the
+        steps; ``concurrency_limit`` searches that many prompts at a time (``None``: all);
+        ``lora_request`` must be None."""
         _check_request_options(lora_request=lora_request)
         if concurrency_limit is None:
-            return beam_search(self, prompts, params)
+            return beam_search(self, prompts, params, use_tqdm=use_tqdm)
         if (
             not isinstance(concurrency_limit, int)
             or isinstance(concurrency_limit, bool)
@@ -294,7 +296,8 @@ class LLM(Engine):
         batch = tokenize_prompts(self, prompts)
         outputs: list[BeamSearchOutput] = []
         for start in range(0, len(batch), concurrency_limit):
-            outputs += beam_search(self, batch[start : start + concurrency_limit], params)
+            chunk = batch[start : start + concurrency_limit]
+            outputs += beam_search(self, chunk, params, use_tqdm=use_tqdm)
         return outputs
 
     def chat(

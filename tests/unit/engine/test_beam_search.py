@@ -176,14 +176,18 @@ def test_beams_share_the_prompts_blocks_through_the_prefix_cache(
         assert a.cum_logprob == pytest.approx(b.cum_logprob, abs=1e-4)
 
 
-def test_texts_and_concurrency_limit(make_checkpoint: Callable[..., Path]) -> None:
+def test_texts_concurrency_limit_and_progress_bar(
+    make_checkpoint: Callable[..., Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     path = make_checkpoint("tiny", with_tokenizer=True)
     with LLM(model=str(path), **SMALL) as llm:
         tokenizer = llm.get_tokenizer()
         prompts = ["Hello, my name is", "The capital of France is", "0 1 2"]
         params = BeamSearchParams(beam_width=2, max_tokens=3)
         together = llm.beam_search(prompts, params)
-        apart = llm.beam_search(prompts, params, concurrency_limit=1)
+        assert "Beam search" not in capsys.readouterr().err
+        apart = llm.beam_search(prompts, params, use_tqdm=True, concurrency_limit=1)
+        assert capsys.readouterr().err.count("Beam search") >= len(prompts)  # a bar each
     assert [[s.tokens for s in o.sequences] for o in together] == [
         [s.tokens for s in o.sequences] for o in apart
     ]
