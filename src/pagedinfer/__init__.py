@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from pagedinfer.domain.beam_search import BeamSearchParams
 from pagedinfer.domain.grammar_limits import GrammarLimits
 from pagedinfer.domain.sampling import SamplingParams
 from pagedinfer.domain.sequence import FinishReason
@@ -28,6 +29,7 @@ PAGEDINFER_DOMAIN_ONLY = False
 
 if TYPE_CHECKING and not PAGEDINFER_DOMAIN_ONLY:
     from pagedinfer.engine.async_engine import AsyncEngine
+    from pagedinfer.engine.beam_search import BeamSearchOutput, BeamSearchSequence
     from pagedinfer.engine.engine import Engine
     from pagedinfer.engine.llm import LLM
     from pagedinfer.engine.outputs import CompletionOutput, Logprob, RequestOutput
@@ -37,6 +39,9 @@ if TYPE_CHECKING and not PAGEDINFER_DOMAIN_ONLY:
 __all__ = [
     "LLM",
     "AsyncEngine",
+    "BeamSearchOutput",
+    "BeamSearchParams",
+    "BeamSearchSequence",
     "CompletionOutput",
     "Engine",
     "FinishReason",
@@ -53,6 +58,8 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "AsyncEngine": "pagedinfer.engine.async_engine",
+    "BeamSearchOutput": "pagedinfer.engine.beam_search",
+    "BeamSearchSequence": "pagedinfer.engine.beam_search",
     "Engine": "pagedinfer.engine.engine",
     "LLM": "pagedinfer.engine.llm",
     "CompletionOutput": "pagedinfer.engine.outputs",

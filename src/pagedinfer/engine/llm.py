@@ -29,7 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pagedinfer.domain.beam_search import BeamSearchParams
 from pagedinfer.domain.sampling import SamplingParams
+from pagedinfer.engine.beam_search import BeamSearchOutput, beam_search, tokenize_prompts
 from pagedinfer.engine.config import ENGINE_OPTIONS
 from pagedinfer.engine.engine import Engine, Prompt
 from pagedinfer.engine.outputs import RequestOutput
@@ -263,6 +265,40 @@ class LLM(Engine):
         if sampling_params is None:
             sampling_params = self._default_sampling_params
         return super().generate(prompts, sampling_params, use_tqdm)
+
+    def beam_search(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        params: BeamSearchParams,
+        lora_request: object = None,
+        use_tqdm: bool = False,
+        concurrency_limit: int | None = None,
+    ) -> list[BeamSearchOutput]:
+        """vLLM's ``LLM.beam_search``: the best ``params.beam_width`` sequences of each
+        prompt, outputs in input order (docs/api.md, "Beam search"). Each step runs every
+        live beam for one token through the engine together; the beams share their
+        prompt's KV blocks through the prefix cache. ``use_tqdm``: a progress bar over the
+        steps; ``concurrency_limit`` searches that many prompts at a time (``None``: all);
+        ``lora_request`` must be None."""
+        _check_request_options(lora_request=lora_request)
+        if concurrency_limit is None:
+            return beam_search(self, prompts, params, use_tqdm=use_tqdm)
+        if (
+            not isinstance(concurrency_limit, int)
+            or isinstance(concurrency_limit, bool)
+            or concurrency_limit < 1
+        ):
+            raise InvalidRequestError(
+                f"concurrency_limit={concurrency_limit!r} is invalid: expected None (every "
+                "prompt at once) or an integer >= 1."
+            )
+        # Every prompt is checked before the first search starts.
+        batch = tokenize_prompts(self, prompts)
+        outputs: list[BeamSearchOutput] = []
+        for start in range(0, len(batch), concurrency_limit):
+            chunk = batch[start : start + concurrency_limit]
+            outputs += beam_search(self, chunk, params, use_tqdm=use_tqdm)
+        return outputs
 
     def chat(
         self,

@@ -4,7 +4,7 @@ No field is dropped silently. Every field of a request body is one of:
 
 * **implemented**: a field of the request models in :mod:`pagedinfer.serving.protocol`;
 * **unsupported** (:data:`UNSUPPORTED`): OpenAI's or vLLM's, with a feature pagedinfer lacks
-  (beam search, watermarking, OpenAI's deprecated ``functions``, ...). A value that asks for
+  (watermarking, OpenAI's deprecated ``functions``, ...). A value that asks for
   nothing (``null``, ``false``, ``[]``, the default) is accepted; anything else is a 400
   naming the field;
 * **ignored** (:data:`IGNORED`): fields that only describe the request for the caller's own
@@ -96,9 +96,9 @@ def _text_modalities(value: Any) -> bool:
 
 # Fields of both endpoints (OpenAI's, then vLLM's).
 _COMMON: dict[str, Unsupported] = {
-    "use_beam_search": Unsupported(_is(False), "beam search is not implemented"),
-    "length_penalty": Unsupported(_number(1.0), "it applies to beam search, not implemented"),
-    "early_stopping": Unsupported(_is(False), "it applies to beam search, not implemented"),
+    "early_stopping": Unsupported(
+        _is(False), "beam search runs until every beam ends or max_tokens (vLLM's rule)"
+    ),
     "watermarking": Unsupported(_is(False), "watermarking is not implemented"),
     "bad_words": Unsupported(_empty, "bad-word filtering is not implemented"),
     "logprob_token_ids": Unsupported(
@@ -129,6 +129,12 @@ _COMPLETIONS_ONLY: dict[str, Unsupported] = {
 }
 
 _CHAT_ONLY: dict[str, Unsupported] = {
+    "use_beam_search": Unsupported(
+        _is(False), "beam search is served on /v1/completions only (use_beam_search there)"
+    ),
+    "length_penalty": Unsupported(
+        _number(1.0), "it applies to beam search, served on /v1/completions only"
+    ),
     "functions": Unsupported(_empty, _FUNCTIONS),
     "function_call": Unsupported(
         _is("none", "auto"), _FUNCTIONS + ' ("none" and "auto" are accepted)'

@@ -267,6 +267,9 @@ class CompletionRequest(_SamplingFields):
     echo: bool = False
     best_of: Int64 | None = None
     add_special_tokens: bool = True
+    # vLLM's beam search (n beams; pagedinfer.serving.beam_search).
+    use_beam_search: bool = False
+    length_penalty: Float32 = 1.0
 
     @property
     def output_tokens(self) -> int | None:

@@ -106,7 +106,7 @@ def test_refused_fields_reach_the_checks_from_a_parsed_body() -> None:
         _check(_chat(functions=[TOOL["function"]]))
     assert error.value.param == "functions"
     with pytest.raises(RequestFieldError, match="beam search") as error:
-        _check(_completion(use_beam_search=True))
+        _check(_chat(use_beam_search=True))  # served on /v1/completions only
     assert error.value.param == "use_beam_search"
     with pytest.raises(RequestFieldError, match="insertion") as error:
         _check(_completion(suffix="!"))

@@ -397,7 +397,7 @@ def test_fields_are_served_refused_or_unknown_never_dropped(client: openai.OpenA
 
     for field, value, message in [
         ("watermarking", True, "watermarking"),
-        ("use_beam_search", True, "beam search"),
+        ("length_penalty", 0.5, "beam search only"),
         ("maxtokens", 3, "Unrecognized request argument supplied: maxtokens"),
     ]:
         with pytest.raises(openai.BadRequestError, match=message) as error:

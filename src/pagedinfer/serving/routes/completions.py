@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from pagedinfer.engine.async_engine import AsyncRequestStream
 from pagedinfer.engine.outputs import RequestOutput
 from pagedinfer.engine.prompts import TokenizedPrompt
+from pagedinfer.serving.beam_search import beam_search_completions, beam_search_params
 from pagedinfer.serving.failures import raise_if_failed
 from pagedinfer.serving.metrics import RequestTimer
 from pagedinfer.serving.prompts import Truncation, encode_prompt
@@ -53,6 +54,9 @@ async def completions(body: CompletionRequest, request: Request, state: State) -
     state.admit(body)
     engine = state.engine
     check_sizes(body, state.limits, state.vocab_size)
+    beams = beam_search_params(body, engine.max_model_len)
+    if beams is not None:
+        return await beam_search_completions(body, request, state, beams)
     structured = structured_request(body)
     params = completion_sampling_params(body, None if structured is None else structured.params)
     params = await state.checked(params, structured)
