@@ -94,8 +94,8 @@ class CliFlag:
     choices: tuple[str, ...] | None = None
     # A flag without a value: --x (default False), or --x / --no-x (default True or None).
     switch: bool = False
-    # The command line's own default where it differs from the library's (the command line
-    # owns its process, so it may set process-wide settings: --num-threads auto).
+    # The command line's own default where it differs from the library's (none does today:
+    # the library's and the command line's defaults are the same).
     cli_default: object = _LIBRARY_DEFAULT
     # A composite option (a frozen dataclass of ints, such as GrammarLimits): one integer flag
     # per member, --<member_prefix>-<member>, with the member's help; the value is built from them.
@@ -257,16 +257,15 @@ class EngineConfig:
             )
         },
     )
-    # None: torch's own; "auto": default_num_threads()
+    # "auto": default_num_threads(); None: leave torch's setting (one thread per core) alone
     num_threads: int | str | None = field(
-        default=None,
+        default="auto",
         metadata={
             CLI_FLAG: CliFlag(
                 "torch CPU threads; auto: half the CPUs this process may use, which does not "
                 "collapse when other work shares the cores (docs/api.md)",
                 metavar="N",
                 parse=parse_num_threads,
-                cli_default="auto",
             )
         },
     )

@@ -150,8 +150,8 @@ class Engine:
     (decoding sequences wait while prompts are prefilled).
     ``max_model_len`` (``None``: 4096, or the model's limit if lower) beyond the model's
     limit raises ``ConfigurationError`` naming the limit. ``num_threads`` sets torch's CPU
-    threads, which are process-wide: ``None`` leaves them as they are, ``"auto"`` is half the
-    CPUs this process may use. ``tokenizer`` is another directory to load the tokenizer
+    threads, which are process-wide: ``"auto"`` (the default) is half the CPUs this process
+    may use, ``None`` leaves them alone. ``tokenizer`` is another directory to load the tokenizer
     from; ``skip_tokenizer_init=True`` loads none (token-id prompts only, empty texts).
     ``max_n``, ``max_logprobs``, ``max_stop`` and ``max_stop_str_len`` bound what one
     request may ask for (:class:`~pagedinfer.domain.limits.RequestLimits`, resolved in
@@ -232,8 +232,8 @@ class Engine:
             weight_check=config.weight_check,
         )
         if num_threads is not None:
-            # Process-wide (torch has one pool of CPU threads per process), so only when the
-            # caller asked for it: None leaves torch's setting alone (docs/api.md).
+            # Process-wide (torch has one pool of CPU threads per process): None leaves torch's
+            # setting alone (docs/api.md, num_threads).
             torch.set_num_threads(num_threads)
         self.tokenizer = _tokenizer(config)
         vocab_size = self.model_config.vocab_size
