@@ -295,7 +295,8 @@ def _build_parser(engine_commands: Collection[str] = _ENGINE_COMMANDS) -> argpar
 
     serve = command(
         "serve",
-        "OpenAI-compatible HTTP server (needs pip install 'pagedinfer[serve]'): "
+        "OpenAI-compatible HTTP server (needs the serve extra: pip install '.[serve]' in the "
+        "pagedinfer checkout): "
         "/v1/completions, /v1/chat/completions, /v1/models, /tokenize, /detokenize, /health, "
         "/version and /metrics (see docs/serving.md)",
     )
@@ -618,9 +619,11 @@ def _run_serve(args: argparse.Namespace) -> int:
     try:
         from pagedinfer.serving.server import run_server
     except ImportError as error:
+        from pagedinfer.errors import install_hint
+
         print(
             f"pagedinfer serve: error: the serve extra is not installed ({error.name or error} "
-            "is missing): pip install 'pagedinfer[serve]'",
+            f"is missing): {install_hint('serve')}",
             file=sys.stderr,
         )
         return EXIT_USER_ERROR
