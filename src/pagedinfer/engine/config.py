@@ -30,8 +30,14 @@ from pagedinfer.domain.limits import (
     RequestLimits,
     max_running,
 )
+from pagedinfer.domain.sampling import SamplingParams
 from pagedinfer.domain.scheduler import SCHEDULING_POLICIES, SchedulingPolicy
 from pagedinfer.domain.speculative import SpeculativeConfig
+from pagedinfer.engine.generation_config import (
+    check_generation_config,
+    generation_defaults,
+    parse_override_generation_config,
+)
 from pagedinfer.errors import ConfigurationError
 
 __all__ = [
@@ -343,6 +349,31 @@ class EngineConfig:
     seed: int = field(
         default=0, metadata={CLI_FLAG: CliFlag("sampler seed of unseeded requests", metavar="N")}
     )
+    # The checkpoint's generation_config.json as the default sampling fields of requests that
+    # do not set them (engine/generation_config.py), as vLLM reads it.
+    generation_config: str | os.PathLike[str] = field(
+        default="auto",
+        metadata={
+            CLI_FLAG: CliFlag(
+                "default sampling fields of requests that leave them out: auto: the model's "
+                "generation_config.json (temperature, top_p, top_k, min_p, repetition_penalty, "
+                "max_new_tokens as max_tokens), as vLLM; vllm: ignore it; DIR: that directory's",
+                metavar="auto|vllm|DIR",
+                parse=str,
+            )
+        },
+    )
+    override_generation_config: Mapping[str, object] | None = field(
+        default=None,
+        metadata={
+            CLI_FLAG: CliFlag(
+                "JSON object of sampling fields applied over --generation-config's, e.g. "
+                "'{\"temperature\": 0.6}' (default: none)",
+                metavar="JSON",
+                parse=parse_override_generation_config,
+            )
+        },
+    )
     max_n: int = field(
         default=DEFAULT_MAX_N,
         metadata={
@@ -433,6 +464,16 @@ class EngineConfig:
         if self.speculative_config is None:
             return None
         return SpeculativeConfig.from_value(self.speculative_config)
+
+    def default_sampling_params(self) -> SamplingParams:
+        """The sampling parameters of a request that sets none: ``SamplingParams()`` with
+        the fields ``generation_config`` gives (reads the file; ``ConfigurationError`` or
+        ``UnsupportedModelError`` naming it when it is invalid)."""
+        return SamplingParams(
+            **generation_defaults(
+                self.model_path, self.generation_config, self.override_generation_config
+            )
+        )
 
     @property
     def request_limits(self) -> RequestLimits:
@@ -560,6 +601,7 @@ class EngineConfig:
                 f"{self.pipeline_parallel_size} (not implemented): use tensor parallelism, "
                 "or drop speculative_config."
             )
+        check_generation_config(self.generation_config, self.override_generation_config)
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ConfigurationError(f"seed={self.seed!r} must be an integer.")
         if self.scheduling_policy not in SCHEDULING_POLICIES:
@@ -598,6 +640,8 @@ class EngineOptions(TypedDict, total=False):
     speculative_config: SpeculativeConfig | Mapping[str, object] | None
     scheduling_policy: SchedulingPolicy
     seed: int
+    generation_config: str | os.PathLike[str]
+    override_generation_config: Mapping[str, object] | None
     max_n: int
     max_logprobs: int
     max_stop: int

@@ -179,6 +179,8 @@ class Engine:
         # Speculative decoding (docs/speculative-decoding.md): how drafts are proposed.
         self.speculation = config.speculation
         self.model_config = read_model_config(config.model_path)
+        # What a request without sampling parameters gets (generation_config.json, as vLLM).
+        self.default_sampling_params = config.default_sampling_params()
         resolved_device = resolve_device(config.device)
         self.device = resolved_device
         self.dtype = resolve_dtype(config.dtype, resolved_device, self.model_config.dtype)
@@ -367,7 +369,7 @@ class Engine:
         (passing the returned params on skips compiling again).
         """
         if params is None:
-            return SamplingParams()
+            return self.default_sampling_params
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError(
                 f"sampling params must be a SamplingParams, not {type(params).__name__}."

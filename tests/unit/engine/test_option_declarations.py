@@ -29,6 +29,7 @@ from pagedinfer.engine.config import (
     parse_num_threads,
     parse_speculative_config,
 )
+from pagedinfer.engine.generation_config import parse_override_generation_config
 
 COMMANDS = ("generate", "demo", "bench", "serve")
 REPO = Path(__file__).resolve().parents[3]
@@ -44,6 +45,7 @@ SAMPLES: dict[object, tuple[str, object]] = {
         '{"method": "ngram", "num_speculative_tokens": 2}',
         {"method": "ngram", "num_speculative_tokens": 2},
     ),
+    parse_override_generation_config: ('{"temperature": 0.6}', {"temperature": 0.6}),
 }
 
 
