@@ -303,6 +303,7 @@ def _build_parser(engine_commands: Collection[str] = _ENGINE_COMMANDS) -> argpar
     _serve_arguments(serve)
     if "serve" in engine_commands:
         _engine_arguments(serve)
+        _vllm_arguments(serve)
 
     check_weights = command(
         "check-weights",
@@ -466,6 +467,61 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     )
 
 
+def _vllm_arguments(parser: argparse.ArgumentParser) -> None:
+    """``vllm serve`` flags that change nothing here (engine/vllm_flags.py): accepted so that
+    a vLLM command line runs unchanged, and named at start-up."""
+    from pagedinfer.engine.vllm_flags import VLLM_FLAGS
+
+    group = parser.add_argument_group(
+        "accepted for vLLM's command lines (change nothing here; named at start-up)"
+    )
+    for name, flag in VLLM_FLAGS.items():
+        dashed = f"--{name.replace('_', '-')}"
+        if flag.switch and flag.negatable:  # --x / --no-x
+            group.add_argument(
+                dashed,
+                dest=f"vllm_{name}",
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=flag.why,
+            )
+            continue
+        if flag.switch:
+            group.add_argument(
+                dashed, dest=f"vllm_{name}", action="store_const", const=True, help=flag.why
+            )
+            continue
+        group.add_argument(
+            dashed,
+            dest=f"vllm_{name}",
+            type=_argument_type(flag.parse),
+            default=None,
+            metavar=flag.metavar,
+            help=flag.why,
+        )
+
+
+def _checked_engine_kwargs(args: argparse.Namespace, model: str) -> dict[str, object]:
+    """:func:`_engine_kwargs`, after one stderr line per setting that does not fit the CPU
+    (``--tensor-parallel-size 2``, ``--dtype float16``, ...) and one naming the vLLM flags
+    given that change nothing here (``ConfigurationError`` for a value refused)."""
+    from pagedinfer.engine.config import EngineConfig
+    from pagedinfer.engine.cpu_notes import cpu_notes, explicit_options
+    from pagedinfer.engine.vllm_flags import VLLM_FLAGS, vllm_flag_notes
+
+    kwargs = _engine_kwargs(args)
+    prog = f"pagedinfer {args.command}"
+    if any(f"vllm_{name}" in args for name in VLLM_FLAGS):
+        values = {name: getattr(args, f"vllm_{name}") for name in VLLM_FLAGS}
+        note = vllm_flag_notes(values, model)
+        if note is not None:
+            print(f"{prog}: note: {note}", file=sys.stderr)
+    config = EngineConfig.from_options(model, kwargs)  # type: ignore[arg-type]
+    for warning in cpu_notes(config, explicit_options(kwargs)):
+        print(f"{prog}: warning: {warning}", file=sys.stderr)
+    return kwargs
+
+
 def _engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
     """``Engine``'s keyword arguments from the parsed flags: every engine option."""
     from pagedinfer.engine.config import ENGINE_OPTIONS
@@ -521,7 +577,7 @@ def _run_generate(args: argparse.Namespace) -> int:
     if not prompts:
         raise InvalidRequestError("give at least one --prompt TEXT or --token-ids IDS")
     params = _sampling_params(args)  # checked before the model loads
-    with Engine(args.model, **_engine_kwargs(args)) as engine:  # type: ignore[arg-type]
+    with Engine(args.model, **_checked_engine_kwargs(args, args.model)) as engine:  # type: ignore[arg-type]
         print(f"pagedinfer generate: {engine.describe()}", file=sys.stderr)
         outputs = engine.generate(prompts, params)  # type: ignore[arg-type]
     for output in outputs:
@@ -548,7 +604,7 @@ def _run_demo(args: argparse.Namespace) -> int:
             "is gibberish; it shows the engine at work. Pass --model DIR (make demo MODEL=DIR) "
             "for a real checkpoint."
         )
-    with Engine(model, **_engine_kwargs(args)) as engine:  # type: ignore[arg-type]
+    with Engine(model, **_checked_engine_kwargs(args, model)) as engine:  # type: ignore[arg-type]
         started = time.perf_counter()
         outputs = engine.generate(list(DEMO_PROMPTS), params)  # type: ignore[arg-type]
         seconds = time.perf_counter() - started
@@ -594,7 +650,7 @@ def _run_bench(args: argparse.Namespace) -> int:
             build_random_checkpoint(directory, args.random_weights, seed=0)
         model = str(directory)
     rng = random.Random(0)
-    with Engine(model, **_engine_kwargs(args)) as engine:  # type: ignore[arg-type]
+    with Engine(model, **_checked_engine_kwargs(args, model)) as engine:  # type: ignore[arg-type]
         vocab = min(engine.model_config.vocab_size, 10000)
         prompts = [
             [rng.randrange(vocab) for _ in range(rng.randint(*args.input_len))]
@@ -660,7 +716,7 @@ def _run_serve(args: argparse.Namespace) -> int:
             port=args.port,
             served_model_name=args.served_model_name,
             log_level=args.log_level,
-            engine_kwargs=_engine_kwargs(args),
+            engine_kwargs=_checked_engine_kwargs(args, args.model),
             options=options,
         )
     except EngineDeadError as error:
@@ -678,6 +734,15 @@ def _run_check_weights(args: argparse.Namespace) -> int:
     verdict = f"{len(report.findings)} not finite" if report.findings else "all finite"
     print(f"{report.tensors} floating-point tensors in {report.files} files: {verdict}")
     return 0 if report.clean else EXIT_FAILURE
+
+
+def _command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    """The parser of ``pagedinfer COMMAND`` (its errors say ``see pagedinfer COMMAND --help``)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            sub: argparse.ArgumentParser = action.choices[command]
+            return sub
+    return parser
 
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
@@ -699,7 +764,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The command is the first word that is no option: only its flags are built.
         command = next((word for word in argv if not word.startswith("-")), None)
         parser = _build_parser(engine_commands=(command,) if command else ())
-        args = parser.parse_args(argv)
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:  # the command's own error, pointing at its --help
+            _command_parser(parser, args.command).error(
+                f"unrecognized arguments: {' '.join(unknown)}"
+            )
         prog = f"{parser.prog} {args.command}"
         _resolve_model(args)
         return _COMMANDS[args.command](args)

@@ -23,6 +23,7 @@ the model's ``generation_config.json`` defaults as vLLM does (``generation_confi
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from typing import Any
 
 from pagedinfer.domain.sampling import SamplingParams
 from pagedinfer.engine.config import ENGINE_OPTIONS
+from pagedinfer.engine.cpu_notes import cpu_notes, explicit_options, keyword_spelling
 from pagedinfer.engine.engine import Engine, Prompt
 from pagedinfer.engine.outputs import RequestOutput
 from pagedinfer.errors import (
@@ -38,7 +40,9 @@ from pagedinfer.errors import (
     InvalidRequestError,
 )
 
-__all__ = ["LLM", "VLLM_ARGUMENTS"]
+__all__ = ["LLM", "VLLM_ARGUMENTS", "check_quantization"]
+
+_logger = logging.getLogger(__name__)
 
 
 def _is(*values: object) -> Callable[[Any], bool]:
@@ -214,7 +218,7 @@ class LLM(Engine):
     ) -> None:
         engine_kwargs = _engine_kwargs(kwargs)
         model_path = os.fspath(model)
-        _check_quantization(model_path, kwargs.get("quantization"))
+        check_quantization(model_path, kwargs.get("quantization"))
         super().__init__(
             model_path,
             tokenizer=tokenizer,
@@ -229,6 +233,10 @@ class LLM(Engine):
             override_generation_config=override_generation_config,
             **engine_kwargs,
         )
+        given = {**engine_kwargs, "tensor_parallel_size": tensor_parallel_size, "dtype": dtype}
+        given["gpu_memory_utilization"] = gpu_memory_utilization
+        for note in cpu_notes(self.config, explicit_options(given), keyword_spelling):
+            _logger.warning("LLM: %s", note)
 
     def get_tokenizer(self) -> Any:
         """The transformers tokenizer the engine uses (vLLM's ``get_tokenizer``)."""
@@ -346,9 +354,12 @@ def _check_request_options(*, lora_request: object = None, priority: object = No
         )
 
 
-def _check_quantization(model_path: str, quantization: str | None) -> None:
+def check_quantization(
+    model_path: str, quantization: str | None, *, spelling: str | None = None
+) -> None:
     """vLLM's ``quantization``: None, or the method the checkpoint's config.json names (its
-    quantization_config is what pagedinfer loads by; vLLM's Marlin names count as theirs)."""
+    quantization_config is what pagedinfer loads by; vLLM's Marlin names count as theirs).
+    ``spelling``: how the message names the argument (``LLM(quantization=...)``)."""
     if quantization is None:
         return
     try:
@@ -364,8 +375,9 @@ def _check_quantization(model_path: str, quantization: str | None) -> None:
         if method is not None
         else "has no quantization_config (an unquantized checkpoint)"
     )
+    spelling = spelling or f"LLM(quantization={quantization!r})"
     raise ConfigurationError(
-        f"LLM(quantization={quantization!r}) is not supported for this checkpoint: its "
+        f"{spelling} is not supported for this checkpoint: its "
         f"config.json {found}. A quantized checkpoint is recognised from its config.json's "
         "quantization_config, so pass quantization=None (or that method's name); quantizing "
         "an unquantized checkpoint while it loads is not implemented."

@@ -371,18 +371,18 @@ def test_quantization_names_the_checkpoints_own_method(
 ) -> None:
     """vLLM's quantization= is accepted when it names the method the checkpoint's
     config.json declares (vLLM's Marlin names count as theirs), refused otherwise."""
-    from pagedinfer.engine.llm import _check_quantization
+    from pagedinfer.engine.llm import check_quantization
 
     config: dict[str, Any] = {"model_type": "qwen3"}
     if quant_method is not None:
         config["quantization_config"] = {"quant_method": quant_method}
     (tmp_path / "config.json").write_text(json.dumps(config))
     if accepted:
-        _check_quantization(str(tmp_path), argument)
+        check_quantization(str(tmp_path), argument)
         return
     found = repr(quant_method) if quant_method else "no quantization_config"
     with pytest.raises(ConfigurationError, match=re.escape(found)):
-        _check_quantization(str(tmp_path), argument)
+        check_quantization(str(tmp_path), argument)
 
 
 def test_quantization_outside_the_loaded_formats_is_refused(checkpoint: Path) -> None:
