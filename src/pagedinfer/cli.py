@@ -311,6 +311,15 @@ def _build_parser(engine_commands: Collection[str] = _ENGINE_COMMANDS) -> argpar
         "(exit status 1 if any; loading checks only scales, norms and biases by default)",
     )
     check_weights.add_argument("checkpoint", metavar="DIR", help="checkpoint directory")
+    quantize = command("quantize", "write a dense checkpoint quantized (docs/models.md)")
+    quantize.add_argument("source", metavar="DIR", help="dense checkpoint (bf16, fp16, fp32)")
+    quantize.add_argument("target", metavar="OUT", help="new directory for the quantized one")
+    quantize.add_argument(
+        "--method", required=True, choices=("fp8", "gptq", "awq", "compressed-tensors"),
+        help="fp8: block-wise FP8 (128x128); gptq, awq: 4-bit round-to-nearest per group",
+    )  # fmt: skip
+    quantize.add_argument("--group-size", type=int, default=128, metavar="N", help="4-bit")
+    quantize.add_argument("--block", type=int, default=128, metavar="N", help="fp8: NxN")
     return parser
 
 
@@ -745,12 +754,23 @@ def _command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.A
     return parser
 
 
+def _run_quantize(args: argparse.Namespace) -> int:
+    from pagedinfer.engine.quantize import quantize_checkpoint
+
+    written = quantize_checkpoint(
+        args.source, args.target, args.method, group_size=args.group_size, block=args.block
+    )
+    print(f"wrote {args.target}: {written}")
+    return 0
+
+
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "generate": _run_generate,
     "demo": _run_demo,
     "bench": _run_bench,
     "serve": _run_serve,
     "check-weights": _run_check_weights,
+    "quantize": _run_quantize,
 }
 
 

@@ -991,6 +991,7 @@ class Engine:
             f"{self.attention_backend}, {scheduler.num_blocks} KV blocks of "
             f"{scheduler.block_size} tokens{kv_dtype}, max_model_len {self.max_model_len}"
             + (f", tensor_parallel_size {tp}" if tp > 1 else "")
+            + (f", quantization {q.describe()}" if (q := self.model_config.quantization) else "")
         )
 
     def stats(self) -> EngineStats:
