@@ -438,7 +438,8 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
         "--api-key",
         default=None,
         metavar="KEY",
-        help=f"require 'Authorization: Bearer KEY' on every route but /health (default: "
+        help=f"require 'Authorization: Bearer KEY' on every route but /health and /version "
+        f"(and /metrics with --metrics-public; default: "
         f"${API_KEY_ENV}, else no key; the variable keeps the key out of the process list)",
     )
     group.add_argument(
