@@ -135,7 +135,8 @@ VLLM_ARGUMENTS: dict[str, _VllmArgument] = {
         lambda value: value is None or value in _QUANTIZATION_METHODS,
         "a quantized checkpoint is recognised from its config.json's quantization_config "
         "(fp8, compressed-tensors, awq, gptq: docs/models.md), so pass quantization=None; "
-        "quantizing an unquantized checkpoint while it loads is not implemented",
+        "quantizing an unquantized checkpoint while it loads is not implemented (write a "
+        "quantized copy with `pagedinfer quantize`)",
     ),
     "calculate_kv_scales": _VllmArgument(
         _flag,
@@ -380,5 +381,6 @@ def check_quantization(
         f"{spelling} is not supported for this checkpoint: its "
         f"config.json {found}. A quantized checkpoint is recognised from its config.json's "
         "quantization_config, so pass quantization=None (or that method's name); quantizing "
-        "an unquantized checkpoint while it loads is not implemented."
+        "an unquantized checkpoint while it loads is not implemented: write a quantized copy "
+        "with `pagedinfer quantize DIR OUT --method fp8` (docs/models.md)."
     )
