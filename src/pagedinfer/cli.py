@@ -1,4 +1,5 @@
-"""Command line: ``pagedinfer generate``, ``demo``, ``bench``, ``serve`` and ``check-weights``.
+"""Command line: ``pagedinfer generate``, ``demo``, ``bench``, ``serve``, ``check-weights``
+and ``quantize``.
 
 Also reachable as ``python -m pagedinfer``. A user error (a path that is no checkpoint, a
 value out of range, a malformed option) prints one line on stderr and exits with status 2,
@@ -28,7 +29,8 @@ EXIT_ENGINE_DEAD = 3
 """``serve``: the engine failed while serving and the server shut down; restart it."""
 
 _DESCRIPTION = (
-    "Command line of pagedinfer: generate, demo, bench and serve (also python -m pagedinfer). "
+    "Command line of pagedinfer: generate, demo, bench, serve, check-weights and quantize "
+    "(also python -m pagedinfer). "
     "A user error (a path that is no checkpoint, a value out of range, a malformed option) "
     "prints one line on stderr and exits with status 2, without a traceback; --help on every "
     "command shows each option's default."
