@@ -305,7 +305,9 @@ def _build_parser(engine_commands: Collection[str] = _ENGINE_COMMANDS) -> argpar
     _serve_arguments(serve)
     if "serve" in engine_commands:
         _engine_arguments(serve)
-        _vllm_arguments(serve)
+        from pagedinfer.engine.vllm_flags import add_vllm_flags
+
+        add_vllm_flags(serve)  # vllm serve's flags that change nothing here
 
     check_weights = command(
         "check-weights",
@@ -477,40 +479,6 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
         metavar="X",
         help="seconds a request's body may take (408 beyond)",
     )
-
-
-def _vllm_arguments(parser: argparse.ArgumentParser) -> None:
-    """``vllm serve`` flags that change nothing here (engine/vllm_flags.py): accepted so that
-    a vLLM command line runs unchanged, and named at start-up."""
-    from pagedinfer.engine.vllm_flags import VLLM_FLAGS
-
-    group = parser.add_argument_group(
-        "accepted for vLLM's command lines (change nothing here; named at start-up)"
-    )
-    for name, flag in VLLM_FLAGS.items():
-        dashed = f"--{name.replace('_', '-')}"
-        if flag.switch and flag.negatable:  # --x / --no-x
-            group.add_argument(
-                dashed,
-                dest=f"vllm_{name}",
-                action=argparse.BooleanOptionalAction,
-                default=None,
-                help=flag.why,
-            )
-            continue
-        if flag.switch:
-            group.add_argument(
-                dashed, dest=f"vllm_{name}", action="store_const", const=True, help=flag.why
-            )
-            continue
-        group.add_argument(
-            dashed,
-            dest=f"vllm_{name}",
-            type=_argument_type(flag.parse),
-            default=None,
-            metavar=flag.metavar,
-            help=flag.why,
-        )
 
 
 def _checked_engine_kwargs(args: argparse.Namespace, model: str) -> dict[str, object]:

@@ -10,13 +10,14 @@ checkpoint, ``--no-enable-chunked-prefill``, ``--revision``) is refused with the
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from pagedinfer.engine.llm import VLLM_ARGUMENTS, check_quantization
 from pagedinfer.errors import ConfigurationError
 
-__all__ = ["VLLM_FLAGS", "VllmFlag", "vllm_flag_notes"]
+__all__ = ["VLLM_FLAGS", "VllmFlag", "add_vllm_flags", "vllm_flag_notes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,17 +39,13 @@ def _llm(name: str, **flag: object) -> VllmFlag:
     return VllmFlag(why=argument.why, accepts=argument.accepts, **flag)  # type: ignore[arg-type]
 
 
-def _number(text: str) -> float:
-    return float(text)
-
-
 _NO_REQUEST_LOG = "pagedinfer logs no per-request lines (--log-level debug shows more)"
 
 VLLM_FLAGS: dict[str, VllmFlag] = {
     "trust_remote_code": _llm("trust_remote_code", switch=True),
     "enable_chunked_prefill": _llm("enable_chunked_prefill", switch=True, negatable=True),
     "quantization": _llm("quantization", metavar="METHOD"),
-    "swap_space": _llm("swap_space", parse=_number, metavar="GIB"),
+    "swap_space": _llm("swap_space", parse=float, metavar="GIB"),
     "disable_log_stats": _llm("disable_log_stats", switch=True),
     "disable_log_requests": VllmFlag(_NO_REQUEST_LOG, switch=True),
     "enable_log_requests": VllmFlag(_NO_REQUEST_LOG, switch=True),
@@ -63,7 +60,7 @@ VLLM_FLAGS: dict[str, VllmFlag] = {
     "disable_async_output_proc": _llm("disable_async_output_proc", switch=True),
     "tokenizer_mode": _llm("tokenizer_mode", metavar="MODE"),
     "load_format": _llm("load_format", metavar="FORMAT"),
-    "cpu_offload_gb": _llm("cpu_offload_gb", parse=_number, metavar="GIB"),
+    "cpu_offload_gb": _llm("cpu_offload_gb", parse=float, metavar="GIB"),
     "hf_token": _llm("hf_token", metavar="TOKEN"),
     "revision": _llm("revision", metavar="REV"),
     "download_dir": _llm("download_dir", metavar="DIR"),
@@ -97,3 +94,22 @@ def vllm_flag_notes(values: Mapping[str, object], model_path: str) -> str | None
     if not given:
         return None
     return "accepted for vLLM's command lines, changing nothing here: " + "; ".join(given)
+
+
+def add_vllm_flags(parser: argparse.ArgumentParser) -> None:
+    """Add :data:`VLLM_FLAGS` to ``parser`` (``pagedinfer serve``), in their own ``--help``
+    group; each parses to ``vllm_<name>``, ``None`` when not given."""
+    group = parser.add_argument_group(
+        "accepted for vLLM's command lines (change nothing here; named at start-up)"
+    )
+    for name, flag in VLLM_FLAGS.items():
+        dashed, dest = f"--{name.replace('_', '-')}", f"vllm_{name}"
+        if flag.switch and flag.negatable:  # --x / --no-x
+            action = argparse.BooleanOptionalAction
+            group.add_argument(dashed, dest=dest, action=action, default=None, help=flag.why)
+        elif flag.switch:
+            group.add_argument(dashed, dest=dest, action="store_const", const=True, help=flag.why)
+        else:
+            group.add_argument(
+                dashed, dest=dest, type=flag.parse, metavar=flag.metavar, help=flag.why
+            )
