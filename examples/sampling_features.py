@@ -19,14 +19,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="a local checkpoint directory")
     args = parser.parse_args()
-    model = args.model
-    if model is None:
-        from pagedinfer.adapters.models.random_checkpoint import build_random_checkpoint
+    if args.model is not None:
+        run(args.model)
+        return
+    from pagedinfer.adapters.models.random_checkpoint import build_random_checkpoint
 
-        model = str(
-            build_random_checkpoint(tempfile.mkdtemp(), "tiny", with_tokenizer=True, seed=0)
-        )
+    with tempfile.TemporaryDirectory() as folder:  # removed with its checkpoint at the end
+        run(str(build_random_checkpoint(folder, "tiny", with_tokenizer=True, seed=0)))
 
+
+def run(model: str) -> None:
     with Engine(model=model, max_model_len=256, kv_block_size=16) as engine:
         # n completions of one prompt share its KV; completion i is seeded seed + i.
         params = SamplingParams(

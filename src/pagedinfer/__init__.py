@@ -3,8 +3,8 @@
 ``from pagedinfer import Engine, SamplingParams``, or vLLM's entry point:
 ``from pagedinfer import LLM, SamplingParams``. Importing the package does not import torch:
 ``Engine``, ``LLM`` (and everything else that needs torch) are loaded on first access, so the
-pure-Python :mod:`pagedinfer.domain` works where torch is not installed (``pip install
-pagedinfer``; the engine needs ``pip install 'pagedinfer[engine]'``, and says so with a
+pure-Python :mod:`pagedinfer.domain` works where torch is not installed (``pip install .``
+in the checkout; the engine needs ``pip install '.[engine]'``, and says so with a
 :class:`~pagedinfer.errors.MissingDependencyError` when it is missing). ``dir(pagedinfer)``
 lists the public names (``__all__``) and ``__version__``.
 

@@ -1,6 +1,6 @@
 """The optional parts of pagedinfer, the packages each needs, and the error when one is missing.
 
-``pip install pagedinfer`` is the core: :mod:`pagedinfer.domain` (pure Python and xxhash).
+``pip install .`` (in the checkout) is the core: :mod:`pagedinfer.domain` (pure Python and xxhash).
 The engine and the model path (``pagedinfer.engine``, ``pagedinfer.adapters``: ``Engine``,
 ``LLM``, the command line's ``generate``) need the ``engine`` extra. Checked when those
 packages are imported, without importing anything (``find_spec``), so the error names the
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from pagedinfer.errors import MissingDependencyError
+from pagedinfer.errors import MissingDependencyError, install_hint
 
 __all__ = ["ENGINE_EXTRA", "ENGINE_PACKAGES", "require_engine_extra"]
 
@@ -27,8 +27,8 @@ def require_engine_extra(part: str) -> None:
         verb = "is" if len(missing) == 1 else "are"
         raise MissingDependencyError(
             f"{part} needs {', '.join(missing)}, which {verb} not installed: the core "
-            "install (pip install pagedinfer) has only the pure-Python scheduler "
-            f"(pagedinfer.domain). Install the engine: pip install 'pagedinfer[{ENGINE_EXTRA}]'."
+            "install (pip install .) has only the pure-Python scheduler "
+            f"(pagedinfer.domain). Install the engine: {install_hint(ENGINE_EXTRA)}."
         )
 
 

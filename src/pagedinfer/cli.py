@@ -1,4 +1,5 @@
-"""Command line: ``pagedinfer generate``, ``demo``, ``bench``, ``serve`` and ``check-weights``.
+"""Command line: ``pagedinfer generate``, ``demo``, ``bench``, ``serve``, ``check-weights``
+and ``quantize``.
 
 Also reachable as ``python -m pagedinfer``. A user error (a path that is no checkpoint, a
 value out of range, a malformed option) prints one line on stderr and exits with status 2,
@@ -28,7 +29,8 @@ EXIT_ENGINE_DEAD = 3
 """``serve``: the engine failed while serving and the server shut down; restart it."""
 
 _DESCRIPTION = (
-    "Command line of pagedinfer: generate, demo, bench and serve (also python -m pagedinfer). "
+    "Command line of pagedinfer: generate, demo, bench, serve, check-weights and quantize "
+    "(also python -m pagedinfer). "
     "A user error (a path that is no checkpoint, a value out of range, a malformed option) "
     "prints one line on stderr and exits with status 2, without a traceback; --help on every "
     "command shows each option's default."
@@ -295,13 +297,17 @@ def _build_parser(engine_commands: Collection[str] = _ENGINE_COMMANDS) -> argpar
 
     serve = command(
         "serve",
-        "OpenAI-compatible HTTP server (needs pip install 'pagedinfer[serve]'): "
+        "OpenAI-compatible HTTP server (needs the serve extra: pip install '.[serve]' in the "
+        "pagedinfer checkout): "
         "/v1/completions, /v1/chat/completions, /v1/models, /tokenize, /detokenize, /health, "
         "/version and /metrics (see docs/serving.md)",
     )
     _serve_arguments(serve)
     if "serve" in engine_commands:
         _engine_arguments(serve)
+        from pagedinfer.engine.vllm_flags import add_vllm_flags
+
+        add_vllm_flags(serve)  # vllm serve's flags that change nothing here
 
     check_weights = command(
         "check-weights",
@@ -309,6 +315,15 @@ def _build_parser(engine_commands: Collection[str] = _ENGINE_COMMANDS) -> argpar
         "(exit status 1 if any; loading checks only scales, norms and biases by default)",
     )
     check_weights.add_argument("checkpoint", metavar="DIR", help="checkpoint directory")
+    quantize = command("quantize", "write a dense checkpoint quantized (docs/models.md)")
+    quantize.add_argument("source", metavar="DIR", help="dense checkpoint (bf16, fp16, fp32)")
+    quantize.add_argument("target", metavar="OUT", help="new directory for the quantized one")
+    quantize.add_argument(
+        "--method", required=True, choices=("fp8", "gptq", "awq", "compressed-tensors"),
+        help="fp8: block-wise FP8 (128x128); gptq, awq: 4-bit round-to-nearest per group",
+    )  # fmt: skip
+    quantize.add_argument("--group-size", type=int, default=128, metavar="N", help="4-bit")
+    quantize.add_argument("--block", type=int, default=128, metavar="N", help="fp8: NxN")
     return parser
 
 
@@ -427,7 +442,8 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
         "--api-key",
         default=None,
         metavar="KEY",
-        help=f"require 'Authorization: Bearer KEY' on every route but /health (default: "
+        help=f"require 'Authorization: Bearer KEY' on every route but /health and /version "
+        f"(and /metrics with --metrics-public; default: "
         f"${API_KEY_ENV}, else no key; the variable keeps the key out of the process list)",
     )
     group.add_argument(
@@ -463,6 +479,27 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
         metavar="X",
         help="seconds a request's body may take (408 beyond)",
     )
+
+
+def _checked_engine_kwargs(args: argparse.Namespace, model: str) -> dict[str, object]:
+    """:func:`_engine_kwargs`, after one stderr line per setting that does not fit the CPU
+    (``--tensor-parallel-size 2``, ``--dtype float16``, ...) and one naming the vLLM flags
+    given that change nothing here (``ConfigurationError`` for a value refused)."""
+    from pagedinfer.engine.config import EngineConfig
+    from pagedinfer.engine.cpu_notes import cpu_notes, explicit_options
+    from pagedinfer.engine.vllm_flags import VLLM_FLAGS, vllm_flag_notes
+
+    kwargs = _engine_kwargs(args)
+    prog = f"pagedinfer {args.command}"
+    if any(f"vllm_{name}" in args for name in VLLM_FLAGS):
+        values = {name: getattr(args, f"vllm_{name}") for name in VLLM_FLAGS}
+        note = vllm_flag_notes(values, model)
+        if note is not None:
+            print(f"{prog}: note: {note}", file=sys.stderr)
+    config = EngineConfig.from_options(model, kwargs)  # type: ignore[arg-type]
+    for warning in cpu_notes(config, explicit_options(kwargs)):
+        print(f"{prog}: warning: {warning}", file=sys.stderr)
+    return kwargs
 
 
 def _engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
@@ -520,7 +557,7 @@ def _run_generate(args: argparse.Namespace) -> int:
     if not prompts:
         raise InvalidRequestError("give at least one --prompt TEXT or --token-ids IDS")
     params = _sampling_params(args)  # checked before the model loads
-    with Engine(args.model, **_engine_kwargs(args)) as engine:  # type: ignore[arg-type]
+    with Engine(args.model, **_checked_engine_kwargs(args, args.model)) as engine:  # type: ignore[arg-type]
         print(f"pagedinfer generate: {engine.describe()}", file=sys.stderr)
         outputs = engine.generate(prompts, params)  # type: ignore[arg-type]
     for output in outputs:
@@ -547,7 +584,7 @@ def _run_demo(args: argparse.Namespace) -> int:
             "is gibberish; it shows the engine at work. Pass --model DIR (make demo MODEL=DIR) "
             "for a real checkpoint."
         )
-    with Engine(model, **_engine_kwargs(args)) as engine:  # type: ignore[arg-type]
+    with Engine(model, **_checked_engine_kwargs(args, model)) as engine:  # type: ignore[arg-type]
         started = time.perf_counter()
         outputs = engine.generate(list(DEMO_PROMPTS), params)  # type: ignore[arg-type]
         seconds = time.perf_counter() - started
@@ -593,7 +630,7 @@ def _run_bench(args: argparse.Namespace) -> int:
             build_random_checkpoint(directory, args.random_weights, seed=0)
         model = str(directory)
     rng = random.Random(0)
-    with Engine(model, **_engine_kwargs(args)) as engine:  # type: ignore[arg-type]
+    with Engine(model, **_checked_engine_kwargs(args, model)) as engine:  # type: ignore[arg-type]
         vocab = min(engine.model_config.vocab_size, 10000)
         prompts = [
             [rng.randrange(vocab) for _ in range(rng.randint(*args.input_len))]
@@ -618,9 +655,11 @@ def _run_serve(args: argparse.Namespace) -> int:
     try:
         from pagedinfer.serving.server import run_server
     except ImportError as error:
+        from pagedinfer.errors import install_hint
+
         print(
             f"pagedinfer serve: error: the serve extra is not installed ({error.name or error} "
-            "is missing): pip install 'pagedinfer[serve]'",
+            f"is missing): {install_hint('serve')}",
             file=sys.stderr,
         )
         return EXIT_USER_ERROR
@@ -657,7 +696,7 @@ def _run_serve(args: argparse.Namespace) -> int:
             port=args.port,
             served_model_name=args.served_model_name,
             log_level=args.log_level,
-            engine_kwargs=_engine_kwargs(args),
+            engine_kwargs=_checked_engine_kwargs(args, args.model),
             options=options,
         )
     except EngineDeadError as error:
@@ -677,12 +716,32 @@ def _run_check_weights(args: argparse.Namespace) -> int:
     return 0 if report.clean else EXIT_FAILURE
 
 
+def _command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    """The parser of ``pagedinfer COMMAND`` (its errors say ``see pagedinfer COMMAND --help``)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            sub: argparse.ArgumentParser = action.choices[command]
+            return sub
+    return parser
+
+
+def _run_quantize(args: argparse.Namespace) -> int:
+    from pagedinfer.engine.quantize import quantize_checkpoint
+
+    written = quantize_checkpoint(
+        args.source, args.target, args.method, group_size=args.group_size, block=args.block
+    )
+    print(f"wrote {args.target}: {written}")
+    return 0
+
+
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "generate": _run_generate,
     "demo": _run_demo,
     "bench": _run_bench,
     "serve": _run_serve,
     "check-weights": _run_check_weights,
+    "quantize": _run_quantize,
 }
 
 
@@ -696,7 +755,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The command is the first word that is no option: only its flags are built.
         command = next((word for word in argv if not word.startswith("-")), None)
         parser = _build_parser(engine_commands=(command,) if command else ())
-        args = parser.parse_args(argv)
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:  # the command's own error, pointing at its --help
+            _command_parser(parser, args.command).error(
+                f"unrecognized arguments: {' '.join(unknown)}"
+            )
         prog = f"{parser.prog} {args.command}"
         _resolve_model(args)
         return _COMMANDS[args.command](args)

@@ -26,7 +26,16 @@ __all__ = [
     "UnsupportedModelError",
     "WorkerDiedError",
     "WorkerTimeoutError",
+    "install_hint",
 ]
+
+
+def install_hint(extra: str | None = None) -> str:
+    """The command that installs pagedinfer (with the optional ``extra``) from where users
+    are: pagedinfer is not on the package index, so a checkout of its repository (or a wheel
+    built there: README.md, Install)."""
+    target = "." if extra is None else f"'.[{extra}]'"
+    return f"pip install {target} in the pagedinfer checkout (README.md, Install)"
 
 
 class PagedInferError(Exception):

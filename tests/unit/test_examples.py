@@ -277,10 +277,12 @@ def test_throughput_benchmark_smoke_run(tmp_path: Path) -> None:
     assert table[0][5] == "1.00x"
 
 
-def test_sampling_features_example_runs() -> None:
-    """The vLLM-style example (n, logprobs, penalties, chat, stream) on a random checkpoint."""
+def test_sampling_features_example_runs(tmp_path: Path) -> None:
+    """The vLLM-style example (n, logprobs, penalties, chat, stream) on a random checkpoint,
+    which it leaves no copy of in the temporary folder (issue 46)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
+    env["TMPDIR"] = str(tmp_path)
     result = subprocess.run(
         [sys.executable, str(REPO / "examples" / "sampling_features.py")],
         capture_output=True,
@@ -292,6 +294,7 @@ def test_sampling_features_example_runs() -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("cumulative logprob") == 3
     assert "chat prompt:" in result.stdout and "delta:" in result.stdout
+    assert not [path for path in tmp_path.rglob("*.safetensors")], "a checkpoint was left"
 
 
 # --------------------------------------------------------------- the mixed-steps benchmark

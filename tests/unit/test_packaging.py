@@ -207,7 +207,7 @@ def test_the_core_install_runs_the_domain_and_names_the_extra_for_the_engine(
     assert len(messages) == 3, result.stdout
     for message in messages:
         assert "torch, safetensors, transformers" in message
-        assert "pip install 'pagedinfer[engine]'" in message
+        assert "pip install '.[engine]' in the pagedinfer checkout" in message
 
 
 _DOMAIN_ONLY_SCRIPT = """

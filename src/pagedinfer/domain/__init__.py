@@ -1,7 +1,7 @@
 """The pure-Python core: sequences, block pool with prefix cache, scheduler, batch plans.
 
-Nothing here imports torch, numpy or triton (``pip install pagedinfer`` installs this and
-xxhash only); a custom runtime can drive :class:`Scheduler` with any :class:`Executor` that
+Nothing here imports torch, numpy or triton (``pip install .``, the core install, installs
+this and xxhash only); a custom runtime can drive :class:`Scheduler` with any :class:`Executor` that
 can run a :class:`BatchPlan`. The executor contract: :mod:`pagedinfer.domain.executor`.
 """
 

@@ -30,8 +30,15 @@ from pagedinfer.domain.limits import (
     RequestLimits,
     max_running,
 )
+from pagedinfer.domain.sampling import SamplingParams
 from pagedinfer.domain.scheduler import SCHEDULING_POLICIES, SchedulingPolicy
 from pagedinfer.domain.speculative import SpeculativeConfig
+from pagedinfer.engine.generation_config import (
+    check_generation_config,
+    generation_defaults,
+    parse_override_generation_config,
+)
+from pagedinfer.engine.threads import available_cpus, default_num_threads, resolve_num_threads
 from pagedinfer.errors import ConfigurationError
 
 __all__ = [
@@ -94,8 +101,8 @@ class CliFlag:
     choices: tuple[str, ...] | None = None
     # A flag without a value: --x (default False), or --x / --no-x (default True or None).
     switch: bool = False
-    # The command line's own default where it differs from the library's (the command line
-    # owns its process, so it may set process-wide settings: --num-threads auto).
+    # The command line's own default where it differs from the library's (none does today:
+    # the library's and the command line's defaults are the same).
     cli_default: object = _LIBRARY_DEFAULT
     # A composite option (a frozen dataclass of ints, such as GrammarLimits): one integer flag
     # per member, --<member_prefix>-<member>, with the member's help; the value is built from them.
@@ -257,16 +264,15 @@ class EngineConfig:
             )
         },
     )
-    # None: torch's own; "auto": default_num_threads()
+    # "auto": default_num_threads(); None: leave torch's setting (one thread per core) alone
     num_threads: int | str | None = field(
-        default=None,
+        default="auto",
         metadata={
             CLI_FLAG: CliFlag(
                 "torch CPU threads; auto: half the CPUs this process may use, which does not "
                 "collapse when other work shares the cores (docs/api.md)",
                 metavar="N",
                 parse=parse_num_threads,
-                cli_default="auto",
             )
         },
     )
@@ -343,6 +349,31 @@ class EngineConfig:
     )
     seed: int = field(
         default=0, metadata={CLI_FLAG: CliFlag("sampler seed of unseeded requests", metavar="N")}
+    )
+    # The checkpoint's generation_config.json as the default sampling fields of requests that
+    # do not set them (engine/generation_config.py), as vLLM reads it.
+    generation_config: str | os.PathLike[str] = field(
+        default="auto",
+        metadata={
+            CLI_FLAG: CliFlag(
+                "default sampling fields of requests that leave them out: auto: the model's "
+                "generation_config.json (temperature, top_p, top_k, min_p, repetition_penalty, "
+                "max_new_tokens as max_tokens), as vLLM; vllm: ignore it; DIR: that directory's",
+                metavar="auto|vllm|DIR",
+                parse=str,
+            )
+        },
+    )
+    override_generation_config: Mapping[str, object] | None = field(
+        default=None,
+        metadata={
+            CLI_FLAG: CliFlag(
+                "JSON object of sampling fields applied over --generation-config's, e.g. "
+                "'{\"temperature\": 0.6}' (default: none)",
+                metavar="JSON",
+                parse=parse_override_generation_config,
+            )
+        },
     )
     max_n: int = field(
         default=DEFAULT_MAX_N,
@@ -434,6 +465,16 @@ class EngineConfig:
         if self.speculative_config is None:
             return None
         return SpeculativeConfig.from_value(self.speculative_config)
+
+    def default_sampling_params(self) -> SamplingParams:
+        """The sampling parameters of a request that sets none: ``SamplingParams()`` with
+        the fields ``generation_config`` gives (reads the file; ``ConfigurationError`` or
+        ``UnsupportedModelError`` naming it when it is invalid)."""
+        return SamplingParams(
+            **generation_defaults(
+                self.model_path, self.generation_config, self.override_generation_config
+            )
+        )
 
     @property
     def request_limits(self) -> RequestLimits:
@@ -561,6 +602,7 @@ class EngineConfig:
                 f"{self.pipeline_parallel_size} (not implemented): use tensor parallelism, "
                 "or drop speculative_config."
             )
+        check_generation_config(self.generation_config, self.override_generation_config)
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ConfigurationError(f"seed={self.seed!r} must be an integer.")
         if self.scheduling_policy not in SCHEDULING_POLICIES:
@@ -599,6 +641,8 @@ class EngineOptions(TypedDict, total=False):
     speculative_config: SpeculativeConfig | Mapping[str, object] | None
     scheduling_policy: SchedulingPolicy
     seed: int
+    generation_config: str | os.PathLike[str]
+    override_generation_config: Mapping[str, object] | None
     max_n: int
     max_logprobs: int
     max_stop: int
@@ -660,50 +704,6 @@ def resolve_async_scheduling(config: EngineConfig, device: torch.device) -> bool
         and config.speculative_config is None  # the next drafts follow this step's tokens
         and device.type in ASYNC_SCHEDULING_BY_DEFAULT
     )
-
-
-def available_cpus() -> int:
-    """The CPUs this process may run on: its affinity mask, bounded by a cgroup CPU quota
-    (a container's ``--cpus``) where there is one."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        cpus = os.cpu_count() or 1
-    quota = _cgroup_cpu_quota()
-    return max(1, min(cpus, quota) if quota is not None else cpus)
-
-
-def _cgroup_cpu_quota() -> int | None:
-    """CPUs allowed by the cgroup v2 quota (``cpu.max``, rounded up), or None if unlimited."""
-    try:
-        with open("/sys/fs/cgroup/cpu.max", encoding="ascii") as file:
-            quota, period = file.read().split()[:2]
-        if quota == "max":
-            return None
-        return max(1, math.ceil(int(quota) / int(period)))
-    except (OSError, ValueError):
-        return None
-
-
-def default_num_threads(tensor_parallel_size: int = 1) -> int:
-    """``num_threads="auto"``: half the CPUs this process may use (:func:`available_cpus`),
-    shared by the tensor-parallel ranks, at least 1.
-
-    Half, not all: torch's CPU kernels split every operation across their threads and wait
-    for the slowest, so when another busy process holds a core a step waits for a thread that
-    is not running. Measured on 2 cores beside other work (docs/benchmarks.md): 2 threads
-    decoded at 37 tok/s, 1 thread at 622 tok/s. On a machine of one's own, half the cores
-    costs less than that collapse (torch's default: one thread per core).
-    """
-    return max(1, available_cpus() // 2 // max(1, tensor_parallel_size))
-
-
-def resolve_num_threads(requested: int | str | None, tensor_parallel_size: int) -> int | None:
-    """The thread count to set (``None``: leave torch's alone)."""
-    if requested == "auto":
-        return default_num_threads(tensor_parallel_size)
-    assert requested is None or isinstance(requested, int)
-    return requested
 
 
 def _positive_int(name: str, value: object, minimum: int = 1) -> None:

@@ -150,8 +150,8 @@ class Engine:
     (decoding sequences wait while prompts are prefilled).
     ``max_model_len`` (``None``: 4096, or the model's limit if lower) beyond the model's
     limit raises ``ConfigurationError`` naming the limit. ``num_threads`` sets torch's CPU
-    threads, which are process-wide: ``None`` leaves them as they are, ``"auto"`` is half the
-    CPUs this process may use. ``tokenizer`` is another directory to load the tokenizer
+    threads, which are process-wide: ``"auto"`` (the default) is half the CPUs this process
+    may use, ``None`` leaves them alone. ``tokenizer`` is another directory to load the tokenizer
     from; ``skip_tokenizer_init=True`` loads none (token-id prompts only, empty texts).
     ``max_n``, ``max_logprobs``, ``max_stop`` and ``max_stop_str_len`` bound what one
     request may ask for (:class:`~pagedinfer.domain.limits.RequestLimits`, resolved in
@@ -179,6 +179,8 @@ class Engine:
         # Speculative decoding (docs/speculative-decoding.md): how drafts are proposed.
         self.speculation = config.speculation
         self.model_config = read_model_config(config.model_path)
+        # What a request without sampling parameters gets (generation_config.json, as vLLM).
+        self.default_sampling_params = config.default_sampling_params()
         resolved_device = resolve_device(config.device)
         self.device = resolved_device
         self.dtype = resolve_dtype(config.dtype, resolved_device, self.model_config.dtype)
@@ -232,8 +234,8 @@ class Engine:
             weight_check=config.weight_check,
         )
         if num_threads is not None:
-            # Process-wide (torch has one pool of CPU threads per process), so only when the
-            # caller asked for it: None leaves torch's setting alone (docs/api.md).
+            # Process-wide (torch has one pool of CPU threads per process): None leaves torch's
+            # setting alone (docs/api.md, num_threads).
             torch.set_num_threads(num_threads)
         self.tokenizer = _tokenizer(config)
         vocab_size = self.model_config.vocab_size
@@ -367,7 +369,7 @@ class Engine:
         (passing the returned params on skips compiling again).
         """
         if params is None:
-            return SamplingParams()
+            return self.default_sampling_params
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError(
                 f"sampling params must be a SamplingParams, not {type(params).__name__}."
@@ -989,6 +991,7 @@ class Engine:
             f"{self.attention_backend}, {scheduler.num_blocks} KV blocks of "
             f"{scheduler.block_size} tokens{kv_dtype}, max_model_len {self.max_model_len}"
             + (f", tensor_parallel_size {tp}" if tp > 1 else "")
+            + (f", quantization {q.describe()}" if (q := self.model_config.quantization) else "")
         )
 
     def stats(self) -> EngineStats:

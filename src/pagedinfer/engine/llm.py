@@ -23,6 +23,7 @@ the model's ``generation_config.json`` defaults as vLLM does (``generation_confi
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,16 +34,17 @@ from pagedinfer.domain.beam_search import BeamSearchParams
 from pagedinfer.domain.sampling import SamplingParams
 from pagedinfer.engine.beam_search import BeamSearchOutput, beam_search, tokenize_prompts
 from pagedinfer.engine.config import ENGINE_OPTIONS
+from pagedinfer.engine.cpu_notes import cpu_notes, explicit_options, keyword_spelling
 from pagedinfer.engine.engine import Engine, Prompt
 from pagedinfer.engine.outputs import RequestOutput
 from pagedinfer.errors import (
     ConfigurationError,
     InvalidRequestError,
-    InvalidSamplingParamsError,
-    UnsupportedModelError,
 )
 
-__all__ = ["LLM", "VLLM_ARGUMENTS"]
+__all__ = ["LLM", "VLLM_ARGUMENTS", "check_quantization"]
+
+_logger = logging.getLogger(__name__)
 
 
 def _is(*values: object) -> Callable[[Any], bool]:
@@ -135,7 +137,8 @@ VLLM_ARGUMENTS: dict[str, _VllmArgument] = {
         lambda value: value is None or value in _QUANTIZATION_METHODS,
         "a quantized checkpoint is recognised from its config.json's quantization_config "
         "(fp8, compressed-tensors, awq, gptq: docs/models.md), so pass quantization=None; "
-        "quantizing an unquantized checkpoint while it loads is not implemented",
+        "quantizing an unquantized checkpoint while it loads is not implemented (write a "
+        "quantized copy with `pagedinfer quantize`)",
     ),
     "calculate_kv_scales": _VllmArgument(
         _flag,
@@ -183,8 +186,6 @@ VLLM_ARGUMENTS: dict[str, _VllmArgument] = {
 _RENAMED = {"block_size": "kv_block_size", "num_gpu_blocks_override": "num_kv_blocks"}
 # vLLM's scheduling policies: first come, first served is what pagedinfer's "mixed" does.
 _SCHEDULING_POLICIES = {"fcfs": "mixed", "mixed": "mixed", "prefill_first": "prefill_first"}
-# Fields of generation_config.json that become default sampling parameters (vLLM's list).
-_GENERATION_FIELDS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p")
 _ENGINE_ARGUMENTS = frozenset(ENGINE_OPTIONS)
 
 
@@ -220,9 +221,7 @@ class LLM(Engine):
     ) -> None:
         engine_kwargs = _engine_kwargs(kwargs)
         model_path = os.fspath(model)
-        _check_quantization(model_path, kwargs.get("quantization"))
-        # Before the model loads: a bad generation_config fails at once.
-        defaults = _generation_defaults(model_path, generation_config, override_generation_config)
+        check_quantization(model_path, kwargs.get("quantization"))
         super().__init__(
             model_path,
             tokenizer=tokenizer,
@@ -233,9 +232,14 @@ class LLM(Engine):
             gpu_memory_utilization=gpu_memory_utilization,
             enforce_eager=enforce_eager,
             max_model_len=max_model_len,
+            generation_config=generation_config,
+            override_generation_config=override_generation_config,
             **engine_kwargs,
         )
-        self._default_sampling_params = defaults
+        given = {**engine_kwargs, "tensor_parallel_size": tensor_parallel_size, "dtype": dtype}
+        given["gpu_memory_utilization"] = gpu_memory_utilization
+        for note in cpu_notes(self.config, explicit_options(given), keyword_spelling):
+            _logger.warning("LLM: %s", note)
 
     def get_tokenizer(self) -> Any:
         """The transformers tokenizer the engine uses (vLLM's ``get_tokenizer``)."""
@@ -249,7 +253,7 @@ class LLM(Engine):
     def get_default_sampling_params(self) -> SamplingParams:
         """What ``generate`` and ``chat`` use without ``sampling_params``: the model's
         ``generation_config.json`` over ``SamplingParams()`` (``generation_config="auto"``)."""
-        return self._default_sampling_params
+        return self.default_sampling_params
 
     def generate(
         self,
@@ -262,8 +266,6 @@ class LLM(Engine):
         """vLLM's ``LLM.generate``: outputs in input order. ``lora_request`` must be None;
         ``priority`` None or all 0 (requests are served first come, first served)."""
         _check_request_options(lora_request=lora_request, priority=priority)
-        if sampling_params is None:
-            sampling_params = self._default_sampling_params
         return super().generate(prompts, sampling_params, use_tqdm)
 
     def beam_search(
@@ -335,8 +337,6 @@ class LLM(Engine):
         for name, (bad, why) in refused.items():
             if bad:
                 raise InvalidRequestError(f"LLM.chat({name}=...) is not supported: {why}.")
-        if sampling_params is None:
-            sampling_params = self._default_sampling_params
         return super().chat(
             messages,
             sampling_params,
@@ -391,9 +391,12 @@ def _check_request_options(*, lora_request: object = None, priority: object = No
         )
 
 
-def _check_quantization(model_path: str, quantization: str | None) -> None:
+def check_quantization(
+    model_path: str, quantization: str | None, *, spelling: str | None = None
+) -> None:
     """vLLM's ``quantization``: None, or the method the checkpoint's config.json names (its
-    quantization_config is what pagedinfer loads by; vLLM's Marlin names count as theirs)."""
+    quantization_config is what pagedinfer loads by; vLLM's Marlin names count as theirs).
+    ``spelling``: how the message names the argument (``LLM(quantization=...)``)."""
     if quantization is None:
         return
     try:
@@ -409,59 +412,11 @@ def _check_quantization(model_path: str, quantization: str | None) -> None:
         if method is not None
         else "has no quantization_config (an unquantized checkpoint)"
     )
+    spelling = spelling or f"LLM(quantization={quantization!r})"
     raise ConfigurationError(
-        f"LLM(quantization={quantization!r}) is not supported for this checkpoint: its "
+        f"{spelling} is not supported for this checkpoint: its "
         f"config.json {found}. A quantized checkpoint is recognised from its config.json's "
         "quantization_config, so pass quantization=None (or that method's name); quantizing "
-        "an unquantized checkpoint while it loads is not implemented."
+        "an unquantized checkpoint while it loads is not implemented: write a quantized copy "
+        "with `pagedinfer quantize DIR OUT --method fp8` (docs/models.md)."
     )
-
-
-def _generation_defaults(
-    model_path: str, source: str, overrides: Mapping[str, Any] | None
-) -> SamplingParams:
-    """The default sampling parameters (vLLM's ``get_default_sampling_params``)."""
-    if source == "vllm":
-        config: dict[str, Any] = {}
-        where = "override_generation_config"
-    elif source == "auto" or os.path.isdir(source):
-        directory = Path(model_path if source == "auto" else source)
-        config = _read_generation_config(directory / "generation_config.json")
-        where = str(directory / "generation_config.json")
-    else:
-        raise ConfigurationError(
-            f"LLM(generation_config={source!r}) is invalid: expected 'auto' (the model's "
-            "generation_config.json), 'vllm' (SamplingParams' defaults) or a directory that "
-            "holds a generation_config.json."
-        )
-    if overrides is not None:
-        if not isinstance(overrides, Mapping):
-            raise ConfigurationError(
-                f"LLM(override_generation_config={overrides!r}) is invalid: expected a dict."
-            )
-        config.update(overrides)
-    fields = {name: config[name] for name in _GENERATION_FIELDS if config.get(name) is not None}
-    if config.get("max_new_tokens") is not None:
-        fields["max_tokens"] = config["max_new_tokens"]
-    try:
-        return SamplingParams(**fields)
-    except InvalidSamplingParamsError as error:
-        raise ConfigurationError(f"{where} gives an invalid default: {error}") from error
-
-
-def _read_generation_config(path: Path) -> dict[str, Any]:
-    if not path.exists():
-        return {}
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise UnsupportedModelError(
-            f"{str(path)!r} cannot be read as JSON ({error}): copy it again from the original "
-            "checkpoint, or pass generation_config='vllm' to ignore it."
-        ) from error
-    if not isinstance(config, dict):
-        raise UnsupportedModelError(
-            f"{str(path)!r} holds {type(config).__name__}, not a JSON object: copy it again "
-            "from the original checkpoint, or pass generation_config='vllm' to ignore it."
-        )
-    return config

@@ -3,6 +3,7 @@ with speculative decoding the acceptance of this call's drafts."""
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +26,9 @@ class ProgressBar:
     redraws) adds ``accept=`` (drafts accepted / drafts verified) and ``accept_len=`` (mean
     acceptance length: tokens per verify row, 1 + accepted / rows), counted from the bar's
     creation, once this call has verified a draft.
+
+    The bar is drawn only where someone watches it: ``terminal`` (``None``: whether stderr
+    is a terminal). In a log file or a CI job each redraw would be one more line.
     """
 
     def __init__(
@@ -33,7 +37,11 @@ class ProgressBar:
         *,
         enabled: bool,
         spec_decode: Callable[[], SchedulerStats] | None = None,
+        terminal: bool | None = None,
     ) -> None:
+        if terminal is None:
+            terminal = _stderr_is_terminal()
+        enabled = enabled and terminal
         self._bar: Any = None
         self._spec_decode = spec_decode if enabled else None
         self._spec_start = (0, 0, 0)
@@ -85,3 +93,11 @@ class ProgressBar:
 def _spec_counts(stats: SchedulerStats) -> tuple[int, int, int]:
     """(verify rows with drafts, drafts verified, drafts accepted) since the start."""
     return stats.num_spec_verify_rows, stats.num_draft_tokens, stats.num_accepted_tokens
+
+
+def _stderr_is_terminal() -> bool:
+    isatty = getattr(sys.stderr, "isatty", None)
+    try:
+        return bool(isatty and isatty())
+    except (OSError, ValueError):  # a closed or detached stream
+        return False

@@ -1,5 +1,5 @@
 """Data-parallel offline inference on Ray Data: one Engine per replica (``pip install
-'pagedinfer[ray]'``).
+'.[ray]'`` in the checkout).
 
 ``EnginePredictor`` is a callable class for ``ray.data.Dataset.map_batches``;
 ``generate(prompts, model, params, num_replicas=N)`` covers the common case. See

@@ -9,7 +9,12 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard, overload
 
 from pagedinfer.domain.sampling import SamplingParams
-from pagedinfer.errors import ConfigurationError, InvalidRequestError, MissingDependencyError
+from pagedinfer.errors import (
+    ConfigurationError,
+    InvalidRequestError,
+    MissingDependencyError,
+    install_hint,
+)
 from pagedinfer.ray.columns import MESSAGES_COLUMN, PROMPT_COLUMN
 from pagedinfer.ray.predictor import EnginePredictor, as_sampling_params
 
@@ -19,7 +24,7 @@ try:
 except ImportError as error:
     raise MissingDependencyError(
         f"pagedinfer.ray.generate needs Ray Data, which could not be imported ({error}): "
-        "install it with pip install 'pagedinfer[ray]'."
+        f"install it with {install_hint('ray')}."
     ) from error
 
 __all__ = ["DEFAULT_BATCH_SIZE", "Generation", "generate"]

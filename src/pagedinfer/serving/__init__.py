@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP server (``pagedinfer serve``; ``pip install 'pagedinfer[serve]'``).
+"""The OpenAI-compatible HTTP server (``pagedinfer serve``; ``pip install '.[serve]'``).
 
 ``build_app(async_engine, served_model_name=..., options=...)`` is the FastAPI app
 (``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``, ``/health``, ``/metrics``);

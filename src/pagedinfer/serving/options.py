@@ -180,6 +180,6 @@ def load_chat_template(value: str) -> str:
 
 def served_name(model_path: str) -> str:
     """The model name clients send by default: the checkpoint directory's name (its path
-    stays on the server)."""
-    name = os.path.basename(os.path.abspath(model_path))
+    stays on the server), without leading dots (``.demo-model`` is served as ``demo-model``)."""
+    name = os.path.basename(os.path.abspath(model_path)).lstrip(".")
     return name or "model"

@@ -31,6 +31,7 @@ from uvicorn.config import LOGGING_CONFIG
 from pagedinfer.engine.async_engine import AsyncEngine
 from pagedinfer.errors import ConfigurationError, EngineDeadError
 from pagedinfer.serving.app import build_app
+from pagedinfer.serving.generation_defaults import request_defaults
 from pagedinfer.serving.options import (
     AddressInUseError,
     ServingOptions,
@@ -155,6 +156,12 @@ def run_server(
         engine = AsyncEngine(model_path, **(engine_kwargs or {}))
         name = served_model_name or served_name(os.fspath(model_path))
         logger.info("%s; served as %r", engine.engine.describe(), name)
+        if defaults := request_defaults(engine.engine.config):
+            logger.info(
+                "default sampling fields from the model's generation config: %s (a request "
+                "that sets a field keeps its own; --generation-config vllm ignores the file)",
+                ", ".join(f"{key}={value!r}" for key, value in defaults.items()),
+            )
         serve_engine(engine, sock, served_model_name=name, log_level=log_level, options=options)
     finally:
         sock.close()

@@ -27,6 +27,7 @@ from pagedinfer.engine.prompts import TokenizedPrompt
 from pagedinfer.errors import InvalidStructuredOutputError
 from pagedinfer.serving.errors import OpenAIError
 from pagedinfer.serving.fields import FieldPolicy
+from pagedinfer.serving.generation_defaults import apply_generation_defaults, request_defaults
 from pagedinfer.serving.metrics import ServerMetrics
 from pagedinfer.serving.options import ServingOptions
 from pagedinfer.serving.prompts import ChatRendering
@@ -60,6 +61,8 @@ class ServingState:
     token_text: Callable[[int], str]  # one token's text (logprobs)
     decode: Callable[[Sequence[int]], str]  # token ids' text
     end_texts: tuple[str, ...]  # the EOS tokens' texts
+    # The model's generation_config.json defaults, for the fields a request leaves out.
+    sampling_defaults: dict[str, Any]
     reasoning: ReasoningParser | None = None  # --reasoning-parser
     reasoning_end: ReasoningEnd | None = None  # its end marker's token
 
@@ -83,6 +86,7 @@ class ServingState:
             token_text=_token_text(engine),
             decode=_decode(engine),
             end_texts=_eos_texts(engine),
+            sampling_defaults=request_defaults(sync_engine.config),
             reasoning=reasoning,
             reasoning_end=reasoning_end(
                 reasoning, engine.tokenizer, sync_engine.model_config.vocab_size
@@ -109,6 +113,7 @@ class ServingState:
             body, self.policy, trust_request_chat_template=self.options.trust_request_chat_template
         )
         self.check_model(getattr(body, "model", None))
+        apply_generation_defaults(body, self.sampling_defaults)
 
     def rendering(self, body: ChatCompletionRequest | TokenizeChatRequest) -> ChatRendering:
         return ChatRendering(

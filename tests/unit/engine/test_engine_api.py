@@ -221,7 +221,12 @@ def test_close_and_context_manager(checkpoint: Path) -> None:
     engine.close()  # idempotent
 
 
-def test_progress_bar_reports_rates(checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_progress_bar_reports_rates(
+    checkpoint: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pagedinfer.engine import progress
+
+    monkeypatch.setattr(progress, "_stderr_is_terminal", lambda: True)  # drawn on a terminal
     with Engine(checkpoint, device="cpu", kv_block_size=16, max_model_len=64) as engine:
         engine.generate([[1, 2, 3], [4, 5]], GREEDY, use_tqdm=True)
     err = capsys.readouterr().err

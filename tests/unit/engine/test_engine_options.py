@@ -80,13 +80,17 @@ def test_num_threads_sets_torchs_cpu_threads(checkpoint: Path) -> None:
 
 
 @pytest.mark.usefixtures("restore_threads")
-def test_num_threads_auto_is_half_the_cpus_and_none_leaves_torch_alone(checkpoint: Path) -> None:
+def test_num_threads_auto_is_the_default_and_none_leaves_torch_alone(checkpoint: Path) -> None:
     cpus = len(os.sched_getaffinity(0))
     assert default_num_threads() == max(1, cpus // 2)
     assert default_num_threads(tensor_parallel_size=2) == max(1, cpus // 4)
-    torch.set_num_threads(3)
-    with Engine(checkpoint, **OPTIONS):  # num_threads=None: a process-wide setting untouched
-        assert torch.get_num_threads() == 3
+    other = default_num_threads() + 2
+    torch.set_num_threads(other)
+    with Engine(checkpoint, num_threads=None, **OPTIONS):  # a process-wide setting untouched
+        assert torch.get_num_threads() == other
+    with Engine(checkpoint, **OPTIONS):  # the default: "auto", as on the command line
+        assert torch.get_num_threads() == default_num_threads()
+    torch.set_num_threads(other)
     with Engine(checkpoint, num_threads="auto", **OPTIONS):
         assert torch.get_num_threads() == default_num_threads()
     with pytest.raises(ConfigurationError, match="'all' is invalid: expected an integer >= 1"):

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import pagedinfer
-from pagedinfer import LLM, SamplingParams
+from pagedinfer import LLM, Engine, SamplingParams
 from pagedinfer.engine.llm import VLLM_ARGUMENTS
 from pagedinfer.errors import ConfigurationError, InvalidRequestError
 
@@ -303,8 +303,18 @@ def test_generation_config_gives_the_defaults_as_in_vllm(checkpoint: Path, tmp_p
     (model / "generation_config.json").write_text(json.dumps({"temperature": -1}))
     with pytest.raises(ConfigurationError, match=r"generation_config\.json gives an invalid"):
         LLM(str(model), **SMALL)
-    with pytest.raises(ConfigurationError, match=r"LLM\(generation_config='nope'\) is invalid"):
+    with pytest.raises(ConfigurationError, match=r"generation_config='nope' is invalid"):
         LLM(str(model), generation_config="nope", **SMALL)
+    # The Engine reads it too: its calls without sampling parameters get the same defaults.
+    (model / "generation_config.json").write_text(json.dumps(config))
+    with Engine(model, **SMALL) as engine:
+        assert engine.default_sampling_params == SamplingParams(
+            temperature=0.0, top_k=20, max_tokens=5
+        )
+        (output,) = engine.generate([[1, 2, 3]], use_tqdm=False)
+        assert len(output.outputs[0].token_ids) <= 5
+    with Engine(model, generation_config="vllm", **SMALL) as engine:
+        assert engine.default_sampling_params == SamplingParams()
 
 
 def test_sampling_params_defaults_are_vllms() -> None:
@@ -361,18 +371,18 @@ def test_quantization_names_the_checkpoints_own_method(
 ) -> None:
     """vLLM's quantization= is accepted when it names the method the checkpoint's
     config.json declares (vLLM's Marlin names count as theirs), refused otherwise."""
-    from pagedinfer.engine.llm import _check_quantization
+    from pagedinfer.engine.llm import check_quantization
 
     config: dict[str, Any] = {"model_type": "qwen3"}
     if quant_method is not None:
         config["quantization_config"] = {"quant_method": quant_method}
     (tmp_path / "config.json").write_text(json.dumps(config))
     if accepted:
-        _check_quantization(str(tmp_path), argument)
+        check_quantization(str(tmp_path), argument)
         return
     found = repr(quant_method) if quant_method else "no quantization_config"
     with pytest.raises(ConfigurationError, match=re.escape(found)):
-        _check_quantization(str(tmp_path), argument)
+        check_quantization(str(tmp_path), argument)
 
 
 def test_quantization_outside_the_loaded_formats_is_refused(checkpoint: Path) -> None:

@@ -29,6 +29,7 @@ from pagedinfer.engine.config import (
     parse_num_threads,
     parse_speculative_config,
 )
+from pagedinfer.engine.generation_config import parse_override_generation_config
 
 COMMANDS = ("generate", "demo", "bench", "serve")
 REPO = Path(__file__).resolve().parents[3]
@@ -44,6 +45,7 @@ SAMPLES: dict[object, tuple[str, object]] = {
         '{"method": "ngram", "num_speculative_tokens": 2}',
         {"method": "ngram", "num_speculative_tokens": 2},
     ),
+    parse_override_generation_config: ('{"temperature": 0.6}', {"temperature": 0.6}),
 }
 
 
@@ -126,14 +128,15 @@ def test_every_option_has_a_flag_and_every_engine_flag_an_option(command: str) -
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_a_flags_default_is_the_options_default(command: str) -> None:
-    """Written once: the flag's default is the field's, except where the command line's own
-    default is declared (--num-threads auto: the command line owns its process)."""
+    """Written once: the flag's default is the field's (none declares a command-line default
+    of its own: --num-threads auto is the library's default too)."""
     parsed = _parse(command)
     defaults = _defaults()
     own = object()
     differing = {name: flag.default(own) for name, flag in _flags().items()}
     differing = {name: default for name, default in differing.items() if default is not own}
-    assert differing == {"num_threads": "auto"}
+    assert differing == {}
+    assert defaults["num_threads"] == "auto"
     for name in ENGINE_OPTIONS:
         assert parsed[name] == differing.get(name, defaults[name]), name
 

@@ -17,7 +17,7 @@ def test_rates_are_drawn_before_any_request_finishes(
 ) -> None:
     clock = iter([10.0, 10.5, 10.55, 11.0])
     monkeypatch.setattr(progress_module.time, "monotonic", lambda: next(clock))
-    bar = ProgressBar(total=2, enabled=True)
+    bar = ProgressBar(total=2, enabled=True, terminal=True)
     bar.update(0, True, 300, 0.1)  # a prefill step: drawn
     assert "prefill=3000tok/s" in capsys.readouterr().err
     bar.update(0, False, 2, 0.001)  # a decode step 0.5 s later: drawn, nothing finished
@@ -46,7 +46,7 @@ def test_speculative_decoding_adds_this_calls_acceptance(
         rows, drafts, accepted = counts[-1]
         return SchedulerStats(0, 0, 0, 0, 0, 0, rows, drafts, accepted)
 
-    bar = ProgressBar(total=2, enabled=True, spec_decode=stats)
+    bar = ProgressBar(total=2, enabled=True, spec_decode=stats, terminal=True)
     bar.update(0, True, 300, 0.1)  # prefill only: no draft verified yet, nothing shown
     assert "accept" not in capsys.readouterr().err
     counts.append((14, 42, 9))  # 4 rows, 12 drafts, 6 accepted
@@ -56,8 +56,20 @@ def test_speculative_decoding_adds_this_calls_acceptance(
     bar.close()
     capsys.readouterr()
     # Without speculation (or without a bar) nothing is read.
-    plain = ProgressBar(total=1, enabled=True)
+    plain = ProgressBar(total=1, enabled=True, terminal=True)
     plain.update(1, False, 2, 0.001)
     assert "accept" not in capsys.readouterr().err
     plain.close()
     ProgressBar(total=1, enabled=False, spec_decode=lambda: pytest.fail("read")).close()
+
+
+def test_no_bar_where_nobody_watches(capsys: pytest.CaptureFixture[str]) -> None:
+    """Not a terminal (a log file, CI): no bar, so no line per redraw (issue 46)."""
+    bar = ProgressBar(total=2, enabled=True, terminal=False)
+    bar.update(2, True, 300, 0.1)
+    bar.close()
+    assert capsys.readouterr().err == ""
+    bar = ProgressBar(total=2, enabled=True)  # capsys: stderr is no terminal
+    bar.update(2, True, 300, 0.1)
+    bar.close()
+    assert capsys.readouterr().err == ""

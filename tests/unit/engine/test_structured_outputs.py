@@ -285,7 +285,9 @@ def test_engines_that_cannot_constrain_say_why(
     with pytest.raises(InvalidRequestError, match="need an EOS token"):
         GrammarCompiler(_tokenizer(checkpoint), 512, []).compile(constraint)
     monkeypatch.setitem(__import__("sys").modules, "llguidance", None)
-    with pytest.raises(MissingDependencyError, match=r"pagedinfer\[structured\]"):
+    with pytest.raises(
+        MissingDependencyError, match=r"pip install '\.\[structured\]' in the pagedinfer checkout"
+    ):
         grammar_module.grammar_text(constraint)
 
 

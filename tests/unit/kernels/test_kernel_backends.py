@@ -44,7 +44,9 @@ class TestBlockSizeRules:
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         monkeypatch.setitem(sys.modules, "flash_attn", None)  # makes the import fail
-        with pytest.raises(ConfigurationError, match=r"pagedinfer\[flash\]"):
+        with pytest.raises(
+            ConfigurationError, match=r"pip install '\.\[flash\]' in the pagedinfer checkout"
+        ):
             FlashAttentionBackend(256)
 
 

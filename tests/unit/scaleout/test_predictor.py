@@ -284,4 +284,4 @@ def test_without_ray_generate_says_what_to_install() -> None:
         """
     )
     assert result.returncode == 0, result.stderr
-    assert "pip install 'pagedinfer[ray]'" in result.stdout
+    assert "pip install '.[ray]' in the pagedinfer checkout" in result.stdout

@@ -217,7 +217,7 @@ def test_serve_without_the_extra_says_what_to_install(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 2, result.stderr
-    assert "pip install 'pagedinfer[serve]'" in result.stderr
+    assert "pip install '.[serve]' in the pagedinfer checkout" in result.stderr
     assert "fastapi" in result.stderr
     assert "Traceback" not in result.stderr
 

@@ -30,7 +30,7 @@ import torch
 from pagedinfer.adapters.attention import FLASH_BLOCK_SIZE_MULTIPLE
 from pagedinfer.adapters.attention.base import AttentionMetadata
 from pagedinfer.adapters.attention.torch_ref import store_kv_torch
-from pagedinfer.errors import ConfigurationError
+from pagedinfer.errors import ConfigurationError, install_hint
 
 __all__ = ["FlashAttentionBackend"]
 
@@ -41,8 +41,8 @@ def _import_flash_attn() -> ModuleType:
     except Exception as error:  # ImportError, or a broken build failing to load its library
         raise ConfigurationError(
             f"attention_backend='flash' needs the flash-attn package, which failed to import "
-            f"({type(error).__name__}: {error}). Install it with `pip install "
-            "'pagedinfer[flash]'` or use attention_backend='triton'."
+            f"({type(error).__name__}: {error}). Install it with {install_hint('flash')} "
+            "or use attention_backend='triton'."
         ) from error
 
 

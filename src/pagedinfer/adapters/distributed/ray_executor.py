@@ -60,6 +60,7 @@ from pagedinfer.errors import (
     PagedInferError,
     WorkerDiedError,
     WorkerTimeoutError,
+    install_hint,
 )
 
 __all__ = [
@@ -90,7 +91,7 @@ def import_ray() -> Any:
     except ImportError as error:
         raise MissingDependencyError(
             f"distributed_executor_backend='ray' needs Ray, which could not be imported "
-            f"({error}): install it with pip install 'pagedinfer[ray]', or use the default "
+            f"({error}): install it with {install_hint('ray')}, or use the default "
             "distributed_executor_backend='mp' on one machine."
         ) from error
     return ray

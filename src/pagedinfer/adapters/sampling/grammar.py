@@ -62,6 +62,7 @@ from pagedinfer.errors import (
     InvalidRequestError,
     InvalidStructuredOutputError,
     MissingDependencyError,
+    install_hint,
 )
 
 __all__ = [
@@ -78,8 +79,8 @@ DEFAULT_GRAMMAR_CACHE_SIZE = 256
 _REFUSALS_KEPT = 1024  # refused constraints remembered (LRU), by cache key
 
 _INSTALL_HINT = (
-    "structured outputs need the llguidance package: pip install 'pagedinfer[structured]' "
-    "(or pip install llguidance)"
+    f"structured outputs need the llguidance package: {install_hint('structured')} (or "
+    "pip install llguidance)"
 )
 
 
