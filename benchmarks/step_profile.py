@@ -246,7 +246,7 @@ def phase_table(engine: Engine, workload: throughput.Workload) -> list[str]:
     timers.wrap(engine.scheduler, "schedule", "schedule")
     timers.wrap(runner, "prepare", "pack inputs")
     timers.wrap(runner, "_run_model", "launch model")
-    timers.wrap(runner, "sampler", "launch sampler")
+    timers.wrap(runner.sampling, "sampler", "launch sampler")
     timers.wrap(runner, "_sample", "sample (launch + wait)")
     timers.wrap(engine, "_execute", "execute (all of the runner)")
     timers.wrap(engine, "_record", "bookkeeping")

@@ -66,7 +66,7 @@ def timed_grammar() -> Iterator[dict[str, float]]:
     (which also waits for the device on CUDA only at the step's end, so it is launch time)."""
     totals = {"fill_s": 0.0, "apply_s": 0.0, "steps": 0.0}
     fill, apply = grammar_module.GrammarMatchers.fill, grammar_module.apply_token_bitmask
-    import pagedinfer.adapters.model_runner as runner_module
+    import pagedinfer.adapters.sampling.pipeline as pipeline_module
 
     def timed_fill(self: Any, slots: Any) -> Any:
         started = time.perf_counter()
@@ -81,12 +81,12 @@ def timed_grammar() -> Iterator[dict[str, float]]:
         totals["apply_s"] += time.perf_counter() - started
 
     grammar_module.GrammarMatchers.fill = timed_fill  # type: ignore[method-assign]
-    runner_module.apply_token_bitmask = timed_apply  # type: ignore[attr-defined]
+    pipeline_module.apply_token_bitmask = timed_apply  # type: ignore[attr-defined]
     try:
         yield totals
     finally:
         grammar_module.GrammarMatchers.fill = fill  # type: ignore[method-assign]
-        runner_module.apply_token_bitmask = apply  # type: ignore[attr-defined]
+        pipeline_module.apply_token_bitmask = apply  # type: ignore[attr-defined]
 
 
 def run_structured(

@@ -18,6 +18,9 @@
 * **CPU** (``zero_copy``): the tensors are views of the plan's own arrays
   (``torch.frombuffer``): nothing is copied at all.
 
+This is the one place a plan becomes tensors: the attention metadata of a plan alone (kernel
+tests, tools) comes from the same packer (:func:`plan_metadata`).
+
 Aligned offsets matter beyond speed: Triton specializes kernels on pointer alignment, so a
 field whose offset changed alignment from step to step would compile new variants mid-run.
 """
@@ -35,7 +38,7 @@ from pagedinfer.adapters.attention.base import AttentionMetadata
 from pagedinfer.adapters.sampling.table import FLOAT_COLUMNS, INT_COLUMNS, TableDelta
 from pagedinfer.domain.plan import PADDING_SLOT, BatchPlan
 
-__all__ = ["GraphInputs", "StepInputs", "StepPacker", "pack_layout"]
+__all__ = ["GraphInputs", "StepInputs", "StepPacker", "pack_layout", "plan_metadata"]
 
 ALIGNMENT = 64  # bytes; every field starts on a multiple
 _INT64, _INT32, _FLOAT32 = torch.int64, torch.int32, torch.float32
@@ -484,3 +487,11 @@ def _table_rows(
     if "delta_slots" not in tensors:
         return None
     return tensors["delta_slots"], tensors["delta_floats"], tensors["delta_ints"]
+
+
+def plan_metadata(plan: BatchPlan, device: torch.device) -> AttentionMetadata:
+    """A plan's attention metadata on ``device``, through a packer of its own (views of the
+    plan's arrays on the CPU, one copy elsewhere): for callers that run attention without a
+    runner (kernel tests, benchmarks)."""
+    packer = StepPacker(device, sampled=False, zero_copy=device.type == "cpu")
+    return packer.pack(plan).meta

@@ -27,6 +27,7 @@ from pagedinfer.adapters.cuda_graph import (
     decode_graph_buckets,
     graph_metadata,
 )
+from pagedinfer.adapters.kv_sizing import warm_up_plan
 from pagedinfer.adapters.model_runner import ModelRunner
 from pagedinfer.adapters.models.base import CausalLM
 from pagedinfer.adapters.step_inputs import GraphInputs, StepPacker
@@ -394,7 +395,7 @@ def test_warm_up_pass_runs_on_a_one_block_cache(tiny_checkpoint: Path, backend: 
         max_num_batched_tokens=200,
         max_num_seqs=6,
     )
-    plan = runner._warm_up_plan()
+    plan = warm_up_plan(runner.config)
     assert plan.is_prefill and plan.num_tokens == 200
     assert plan.query_lens.tolist() == [80, 80, 40]  # max_model_len sequences, the last shorter
     assert plan.num_samples == 6

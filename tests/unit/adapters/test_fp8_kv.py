@@ -23,6 +23,7 @@ from pagedinfer.adapters.kv_cache import (
     scale_row,
 )
 from pagedinfer.adapters.layers.attention import PagedAttention
+from pagedinfer.adapters.step_inputs import plan_metadata
 from pagedinfer.domain import ScheduledChunk, Sequence, build_batch_plan
 from pagedinfer.engine.config import EngineConfig
 from pagedinfer.errors import ConfigurationError, UnsupportedModelError
@@ -110,7 +111,7 @@ def _prefill_meta(
     plan = build_batch_plan(
         [ScheduledChunk(seq, prompt_len - cached)], is_prefill=True, block_size=block_size
     )
-    return AttentionMetadata.from_plan(plan, torch.device("cpu"))
+    return plan_metadata(plan, torch.device("cpu"))
 
 
 @pytest.mark.parametrize("dtype", [E4M3, E5M2], ids=["e4m3", "e5m2"])

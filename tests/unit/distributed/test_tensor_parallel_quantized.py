@@ -5,7 +5,7 @@ with the weight's rows and columns; GPTQ act-order: packed words cut along the i
 group's scales kept by both ranks of a row-parallel layer), dequantized on the CPU. One
 engine per format: chunked prefill, a warm prefix cache and preemption, token for token
 against ``tensor_parallel_size=1``. The layer-by-layer split of every format is in
-``tests/unit/adapters/test_quantized_tensor_parallel.py``.
+``tests/unit/adapters/quantization/test_quantized_tensor_parallel.py``.
 """
 
 from __future__ import annotations

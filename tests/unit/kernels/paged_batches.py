@@ -1,11 +1,11 @@
 """Paged attention batches for kernel tests, built through the domain layer, and a dense oracle.
 
 :func:`make_batch` lays out sequences the way the engine does: :class:`Sequence` objects with
-block tables from a shuffled pool, :func:`build_batch_plan`, then
-:meth:`AttentionMetadata.from_plan`. The prefix of every context (the tokens "computed in
-earlier steps") is written into the caches directly; this step's K/V are returned for the
-backend to store. Cache slots nobody owns hold NaN, so a kernel that reads outside a
-sequence's context, or a page it does not own, poisons its output.
+block tables from a shuffled pool, :func:`build_batch_plan`, then the runner's packer
+(:func:`~pagedinfer.adapters.step_inputs.plan_metadata`). The prefix of every context (the
+tokens "computed in earlier steps") is written into the caches directly; this step's K/V are
+returned for the backend to store. Cache slots nobody owns hold NaN, so a kernel that reads
+outside a sequence's context, or a page it does not own, poisons its output.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedinfer.adapters.attention.base import AttentionMetadata
+from pagedinfer.adapters.step_inputs import plan_metadata
 from pagedinfer.domain import ScheduledChunk, Sequence, build_batch_plan
 
 
@@ -90,7 +91,7 @@ def make_batch(
     if num_decode_rows:
         assert is_prefill and query_lens[:num_decode_rows] == [1] * num_decode_rows
         plan = dataclasses.replace(plan, num_decode_rows=num_decode_rows)
-    meta = AttentionMetadata.from_plan(plan, device)
+    meta = plan_metadata(plan, device)
     if table_width is not None:
         tables = meta.block_tables
         padded = torch.zeros(tables.shape[0], table_width, dtype=tables.dtype, device=device)

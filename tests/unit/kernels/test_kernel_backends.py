@@ -10,10 +10,10 @@ import pytest
 import torch
 from paged_batches import dense_reference, make_batch, tolerance
 
-from pagedinfer.adapters.attention.base import AttentionMetadata
 from pagedinfer.adapters.attention.flash import FlashAttentionBackend
 from pagedinfer.adapters.attention.torch_ref import TorchAttentionBackend
 from pagedinfer.adapters.attention.triton import TritonAttentionBackend
+from pagedinfer.adapters.step_inputs import plan_metadata
 from pagedinfer.domain import SamplingParams, Scheduler, SchedulerConfig, Sequence
 from pagedinfer.errors import ConfigurationError
 
@@ -121,7 +121,7 @@ def test_triton_backend_follows_the_torch_oracle_through_scheduler_plans(
 ) -> None:
     """Drive the real scheduler: a long prompt chunked over several steps, a second prompt
     that hits the first one's cached blocks, then decode steps; every step's plan goes
-    through ``AttentionMetadata.from_plan`` into both backends, on separate caches."""
+    through ``plan_metadata`` (the runner's packer) into both backends, on separate caches."""
     block_size, num_heads, num_kv_heads, head_dim = 16, 4, 2, 32
     config = SchedulerConfig(
         num_blocks=24, block_size=block_size, max_num_batched_tokens=48, max_model_len=128
@@ -146,7 +146,7 @@ def test_triton_backend_follows_the_torch_oracle_through_scheduler_plans(
         kinds.append(
             "decode" if not plan.is_prefill else "prefix" if plan.has_cached_prefix else "fresh"
         )
-        meta = AttentionMetadata.from_plan(plan, device)
+        meta = plan_metadata(plan, device)
         query, key, value = (
             torch.randn(plan.num_tokens, heads, head_dim, generator=generator).to(device)
             for heads in (num_heads, num_kv_heads, num_kv_heads)

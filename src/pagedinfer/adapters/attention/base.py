@@ -1,8 +1,9 @@
 """The attention-backend contract and the per-step metadata every backend reads.
 
 There is no global "context": the model runner builds one :class:`AttentionMetadata` per step
-from the :class:`~pagedinfer.domain.BatchPlan` and passes it down through the model's
-``forward`` explicitly.
+from the :class:`~pagedinfer.domain.BatchPlan` (in one place, the packer of
+:mod:`pagedinfer.adapters.step_inputs`; :func:`~pagedinfer.adapters.step_inputs.plan_metadata`
+gives a plan's metadata alone) and passes it down through the model's ``forward`` explicitly.
 
 Shapes (``T`` query tokens this step, ``B`` sequences, ``W`` block-table width):
 
@@ -16,16 +17,13 @@ Shapes (``T`` query tokens this step, ``B`` sequences, ``W`` block-table width):
 
 from __future__ import annotations
 
-from array import array
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
 
-from pagedinfer.adapters.plan_arrays import plan_tensor
-from pagedinfer.domain.plan import BatchPlan
-
-__all__ = ["AttendsStoredKV", "AttentionBackend", "AttentionMetadata"]
+__all__ = ["AttendsStoredKV", "AttentionBackend", "AttentionMetadata", "PagedAttentionBackend"]
 
 
 @dataclass(slots=True)
@@ -123,32 +121,6 @@ class AttentionMetadata:
         self.derived["mixed_parts"] = (decode, prefill)
         return decode, prefill
 
-    @classmethod
-    def from_plan(cls, plan: BatchPlan, device: torch.device) -> AttentionMetadata:
-        def ints(values: array[int], dtype: torch.dtype) -> torch.Tensor:
-            return plan_tensor(values, dtype, device)
-
-        if plan.block_table_width:
-            block_tables = ints(plan.block_tables, torch.int32).view(-1, plan.block_table_width)
-        else:  # no sequence holds a block: one filler column keeps the shape valid
-            block_tables = torch.zeros((plan.num_seqs, 1), dtype=torch.int32, device=device)
-        return cls(
-            is_prefill=plan.is_prefill,
-            block_size=plan.block_size,
-            slot_mapping=ints(plan.slot_mapping, torch.int64),
-            cu_seqlens_q=ints(plan.cu_seqlens_q, torch.int32),
-            cu_seqlens_k=ints(plan.cu_seqlens_k, torch.int32),
-            context_lens=ints(plan.context_lens, torch.int32),
-            block_tables=block_tables,
-            max_seqlen_q=plan.max_seqlen_q,
-            max_seqlen_k=plan.max_seqlen_k,
-            has_cached_prefix=plan.has_cached_prefix,
-            has_padding_slots=bool(plan.slot_mapping) and min(plan.slot_mapping) < 0,
-            query_lens_host=plan.query_lens.tolist(),
-            context_lens_host=plan.context_lens.tolist(),
-            num_decode_rows=plan.num_decode_rows,
-        )
-
 
 class AttentionBackend(Protocol):
     """Stores a step's K/V into the paged cache and computes paged attention.
@@ -212,3 +184,140 @@ class AttendsStoredKV(Protocol):
     ) -> torch.Tensor:
         """Attention of ``query [T, heads, dim]`` over the cache; this step's K/V are in it."""
         ...
+
+
+class PagedAttentionBackend(ABC):
+    """What every backend shares: the public store / forward wrappers and the dispatch of a
+    step to the kernels. A backend implements three hooks, :meth:`_store`, :meth:`_prefill`
+    and :meth:`_decode`, and nothing else about the step's shape.
+
+    Dispatch (:meth:`_attend`): a prefill step goes to ``_prefill``, a decode step to
+    ``_decode``; a mixed step (decode rows first, then prefill chunks) is split with
+    :meth:`AttentionMetadata.split_mixed` and each part goes to its kernel, writing its rows of
+    one output (``split_mixed_steps``, the default). With ``split_mixed_steps=False`` the
+    prefill kernel serves every row (a decode row is a one-token chunk with a cached prefix).
+    """
+
+    name: ClassVar[str]
+    # True when forward() reads no host-side values, so decode can be captured in a CUDA graph.
+    supports_cuda_graphs: ClassVar[bool]
+
+    def __init__(self, block_size: int, *, split_mixed_steps: bool = True) -> None:
+        self.block_size = block_size
+        self.split_mixed_steps = split_mixed_steps
+
+    def store_kv(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        *,
+        kv_scales: torch.Tensor | None = None,
+    ) -> None:
+        """Write ``key[t]`` / ``value[t]`` into slot ``slot_mapping[t]``; skip slots ``< 0``
+        (quantized with ``kv_scales`` into a float8 cache)."""
+        self._store(key, value, k_cache, v_cache, slot_mapping, True, kv_scales)
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        *,
+        kv_scales: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Store this step's K/V, then attend; returns ``[T, num_heads, head_dim]``."""
+        self._store(
+            key, value, k_cache, v_cache, meta.slot_mapping, meta.has_padding_slots, kv_scales
+        )
+        return self._attend(query, key, value, k_cache, v_cache, meta, scale, kv_scales)
+
+    def _attend(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor | None,
+        value: torch.Tensor | None,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        kv_scales: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Attention of the step's queries over the cache, which holds this step's K/V;
+        ``key`` / ``value`` are this step's own (``None`` when the caller stored them itself:
+        a backend that needs them must not be used that way)."""
+        scales = self._scales(k_cache, kv_scales)
+        if meta.is_mixed and self.split_mixed_steps:
+            decode, prefill = meta.split_mixed()
+            rows = meta.num_decode_rows  # = decode tokens
+            out = torch.empty_like(query)
+            self._decode(query[:rows], k_cache, v_cache, decode, scale, scales, out[:rows])
+            self._prefill(
+                query[rows:],
+                None if key is None else key[rows:],
+                None if value is None else value[rows:],
+                k_cache,
+                v_cache,
+                prefill,
+                scale,
+                scales,
+                out[rows:],
+            )
+            return out
+        if meta.is_prefill:
+            return self._prefill(query, key, value, k_cache, v_cache, meta, scale, scales, None)
+        return self._decode(query, k_cache, v_cache, meta, scale, scales, None)
+
+    def _scales(self, k_cache: torch.Tensor, kv_scales: torch.Tensor | None) -> torch.Tensor | None:
+        """The scale row the kernels get (the layer's, by default)."""
+        return kv_scales
+
+    # ------------------------------------------------------------------ the kernels
+    @abstractmethod
+    def _store(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        has_padding_slots: bool,
+        kv_scales: torch.Tensor | None,
+    ) -> None:
+        """The store kernel (``has_padding_slots``: some slots may be ``< 0``)."""
+
+    @abstractmethod
+    def _prefill(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor | None,
+        value: torch.Tensor | None,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        kv_scales: torch.Tensor | None,
+        out: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """The prefill kernel over a prefill step (or part): into ``out`` when given (and
+        returned), else into a new tensor."""
+
+    @abstractmethod
+    def _decode(
+        self,
+        query: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        kv_scales: torch.Tensor | None,
+        out: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """The decode kernel over a decode step (or part), one query token per sequence:
+        into ``out`` when given (and returned), else into a new tensor."""

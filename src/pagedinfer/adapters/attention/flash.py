@@ -28,7 +28,7 @@ from typing import ClassVar
 import torch
 
 from pagedinfer.adapters.attention import FLASH_BLOCK_SIZE_MULTIPLE
-from pagedinfer.adapters.attention.base import AttentionMetadata
+from pagedinfer.adapters.attention.base import AttentionMetadata, PagedAttentionBackend
 from pagedinfer.adapters.attention.torch_ref import store_kv_torch
 from pagedinfer.errors import ConfigurationError, install_hint
 
@@ -46,7 +46,7 @@ def _import_flash_attn() -> ModuleType:
         ) from error
 
 
-class FlashAttentionBackend:
+class FlashAttentionBackend(PagedAttentionBackend):
     """Paged attention with flash-attn; block sizes that are multiples of 256."""
 
     name: ClassVar[str] = "flash"
@@ -70,20 +70,20 @@ class FlashAttentionBackend:
                 "attention_backend='triton', which takes any multiple of 16."
             )
         flash_attn = _import_flash_attn()
-        self.block_size = block_size
-        self.split_mixed_steps = split_mixed_steps
+        super().__init__(block_size, split_mixed_steps=split_mixed_steps)
         self._varlen = flash_attn.flash_attn_varlen_func
         self._with_kvcache = flash_attn.flash_attn_with_kvcache
 
-    def store_kv(
+    # ------------------------------------------------------------------ the kernels
+    def _store(
         self,
         key: torch.Tensor,
         value: torch.Tensor,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
-        *,
-        kv_scales: torch.Tensor | None = None,
+        has_padding_slots: bool,
+        kv_scales: torch.Tensor | None,
     ) -> None:
         assert kv_scales is None, "the flash backend refuses FP8 KV caches at construction"
         if k_cache.is_cuda:
@@ -93,47 +93,21 @@ class FlashAttentionBackend:
         else:
             store_kv_torch(key, value, k_cache, v_cache, slot_mapping)
 
-    def forward(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        scale: float,
-        *,
-        kv_scales: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        assert kv_scales is None, "the flash backend refuses FP8 KV caches at construction"
-        self.store_kv(key, value, k_cache, v_cache, meta.slot_mapping)
-        if meta.is_mixed and self.split_mixed_steps:
-            decode, prefill = meta.split_mixed()
-            rows = meta.num_decode_rows  # = decode tokens
-            return torch.cat(
-                [
-                    self._decode(query[:rows], k_cache, v_cache, decode, scale),
-                    self._prefill(
-                        query[rows:], key[rows:], value[rows:], k_cache, v_cache, prefill, scale
-                    ),
-                ]
-            )
-        if meta.is_prefill:
-            return self._prefill(query, key, value, k_cache, v_cache, meta, scale)
-        return self._decode(query, k_cache, v_cache, meta, scale)
-
     def _prefill(
         self,
         query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
+        key: torch.Tensor | None,
+        value: torch.Tensor | None,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        kv_scales: torch.Tensor | None,
+        out: torch.Tensor | None,
     ) -> torch.Tensor:
         # Without a cached prefix the step's own K/V are the whole context: no page reads.
         paged = meta.has_cached_prefix
+        assert paged or (key is not None and value is not None), "flash reads the step's K/V"
         output: torch.Tensor = self._varlen(
             query,
             k_cache if paged else key,
@@ -146,7 +120,7 @@ class FlashAttentionBackend:
             causal=True,
             block_table=meta.block_tables if paged else None,
         )
-        return output
+        return _into(out, output)
 
     def _decode(
         self,
@@ -155,6 +129,8 @@ class FlashAttentionBackend:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        kv_scales: torch.Tensor | None,
+        out: torch.Tensor | None,
     ) -> torch.Tensor:
         # Decode reads tensors only (no host values): safe to capture in a CUDA graph.
         output: torch.Tensor = self._with_kvcache(
@@ -166,4 +142,12 @@ class FlashAttentionBackend:
             softmax_scale=scale,
             causal=True,
         )
-        return output.squeeze(1)
+        return _into(out, output.squeeze(1))
+
+
+def _into(out: torch.Tensor | None, result: torch.Tensor) -> torch.Tensor:
+    """``result``, copied into ``out`` when given (flash-attn's calls return new tensors)."""
+    if out is None:
+        return result
+    out.copy_(result)
+    return out

@@ -31,7 +31,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from pagedinfer.adapters.attention.base import AttentionMetadata
+from pagedinfer.adapters.attention.base import AttentionMetadata, PagedAttentionBackend
 from pagedinfer.adapters.kv_cache import dequantize_fp8, is_fp8, quantize_fp8, unit_scales
 
 __all__ = [
@@ -262,7 +262,7 @@ def _sdpa(
     return out[0] if unbatched else out
 
 
-class TorchAttentionBackend:
+class TorchAttentionBackend(PagedAttentionBackend):
     """Paged attention with plain torch ops; any block size.
 
     A mixed step (decode rows, then prefill chunks) is split into its decode part, which takes
@@ -274,82 +274,48 @@ class TorchAttentionBackend:
     name: ClassVar[str] = "torch"
     supports_cuda_graphs: ClassVar[bool] = False
 
-    def __init__(self, block_size: int, *, split_mixed_steps: bool = True) -> None:
-        self.block_size = block_size
-        self.split_mixed_steps = split_mixed_steps
+    def _scales(self, k_cache: torch.Tensor, kv_scales: torch.Tensor | None) -> torch.Tensor | None:
+        """``None`` for a cache in a model dtype, else the row (unit scales when not given)."""
+        return fp8_scales(k_cache, kv_scales)
 
-    def store_kv(
+    # ------------------------------------------------------------------ the kernels
+    def _store(
         self,
         key: torch.Tensor,
         value: torch.Tensor,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
-        *,
-        kv_scales: torch.Tensor | None = None,
+        has_padding_slots: bool,
+        kv_scales: torch.Tensor | None,
     ) -> None:
-        store_kv_torch(key, value, k_cache, v_cache, slot_mapping, kv_scales=kv_scales)
-
-    def forward(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        scale: float,
-        *,
-        kv_scales: torch.Tensor | None = None,
-    ) -> torch.Tensor:
         store_kv_torch(
             key,
             value,
             k_cache,
             v_cache,
-            meta.slot_mapping,
-            has_padding_slots=meta.has_padding_slots,
+            slot_mapping,
+            has_padding_slots=has_padding_slots,
             kv_scales=kv_scales,
         )
-        scales = fp8_scales(k_cache, kv_scales)
-        if meta.is_mixed and self.split_mixed_steps:
-            decode, prefill = meta.split_mixed()
-            rows = meta.num_decode_rows  # = decode tokens
-            output = torch.empty_like(query)
-            output[:rows] = self._decode(query[:rows], k_cache, v_cache, decode, scale, scales)
-            self._prefill(
-                query[rows:],
-                key[rows:],
-                value[rows:],
-                k_cache,
-                v_cache,
-                prefill,
-                scale,
-                scales,
-                output=output[rows:],
-            )
-            return output
-        if meta.is_prefill:
-            return self._prefill(query, key, value, k_cache, v_cache, meta, scale, scales)
-        return self._decode(query, k_cache, v_cache, meta, scale, scales)
 
     def _prefill(
         self,
         query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
+        key: torch.Tensor | None,
+        value: torch.Tensor | None,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
-        scales: torch.Tensor | None = None,
-        *,
-        output: torch.Tensor | None = None,
+        kv_scales: torch.Tensor | None,
+        out: torch.Tensor | None,
     ) -> torch.Tensor:
+        assert key is not None and value is not None, "the torch prefill reads the step's K/V"
+        scales = kv_scales
         query_lens = _host(meta.query_lens_host, meta.cu_seqlens_q.diff())
         context_lens = _host(meta.context_lens_host, meta.context_lens)
-        if output is None:
-            output = torch.empty_like(query)
+        output = torch.empty_like(query) if out is None else out
         if scales is not None:  # attend to what the cache holds: the K/V as stored
             dtype = k_cache.dtype
             key = dequantize_fp8(quantize_fp8(key, scales[2], dtype), scales[0], query.dtype)
@@ -361,7 +327,7 @@ class TorchAttentionBackend:
             if ctx_len == q_len:  # nothing cached: this step's own K/V are the whole context
                 k = key[start:end].transpose(0, 1)
                 v = value[start:end].transpose(0, 1)
-                out = _sdpa(q, k, v, scale, is_causal=True)
+                attended = _sdpa(q, k, v, scale, is_causal=True)
             else:
                 table = meta.block_tables[index]
                 k = _readable(gather_context(k_cache, table, ctx_len), scales, 0, q.dtype)
@@ -369,8 +335,8 @@ class TorchAttentionBackend:
                 # Query i sits at position ctx_len - q_len + i and sees keys up to there.
                 rows = torch.arange(ctx_len - q_len, ctx_len, device=query.device)
                 mask = torch.arange(ctx_len, device=query.device)[None, :] <= rows[:, None]
-                out = _sdpa(q, k.transpose(0, 1), v.transpose(0, 1), scale, attn_mask=mask)
-            output[start:end] = out.transpose(0, 1)
+                attended = _sdpa(q, k.transpose(0, 1), v.transpose(0, 1), scale, attn_mask=mask)
+            output[start:end] = attended.transpose(0, 1)
             start = end
         return output
 
@@ -381,18 +347,24 @@ class TorchAttentionBackend:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
-        scales: torch.Tensor | None = None,
+        kv_scales: torch.Tensor | None,
+        out: torch.Tensor | None,
     ) -> torch.Tensor:
+        scales = kv_scales  # fp8_scales' row (see _scales)
         num_kv_heads, head_dim = k_cache.shape[-2], k_cache.shape[-1]
         row_bytes = 2 * num_kv_heads * head_dim * k_cache.element_size()
         groups = _decode_groups(meta, row_bytes)
         if len(groups) == 1:
-            return self._decode_group(query, k_cache, v_cache, groups[0], scale, scales)
-        output = torch.empty_like(query)
+            result = self._decode_group(query, k_cache, v_cache, groups[0], scale, scales)
+            if out is None:
+                return result
+            out.copy_(result)
+            return out
+        output = torch.empty_like(query) if out is None else out
         for group in groups:
             assert group.rows is not None  # only a single group covers the batch in order
-            out = self._decode_group(query[group.rows], k_cache, v_cache, group, scale, scales)
-            output.index_copy_(0, group.rows, out)
+            part = self._decode_group(query[group.rows], k_cache, v_cache, group, scale, scales)
+            output.index_copy_(0, group.rows, part)
         return output
 
     @staticmethod

@@ -33,7 +33,7 @@ from typing import ClassVar
 
 import torch
 
-from pagedinfer.adapters.attention.base import AttentionMetadata
+from pagedinfer.adapters.attention.base import AttentionMetadata, PagedAttentionBackend
 from pagedinfer.adapters.kernels.decode_attention import (
     MAX_SPLITS,
     SplitPartials,
@@ -51,7 +51,7 @@ __all__ = ["TritonAttentionBackend"]
 BLOCK_SIZE_MULTIPLE = 16
 
 
-class TritonAttentionBackend:
+class TritonAttentionBackend(PagedAttentionBackend):
     """Paged attention with the project's Triton kernels; block sizes that are multiples of 16.
 
     ``num_splits`` fixes the number of split-KV partitions for decode (``1`` turns splitting
@@ -77,9 +77,8 @@ class TritonAttentionBackend:
                 f"num_splits={num_splits} is out of range: it must be between 1 and "
                 f"{MAX_SPLITS}, or None to choose per batch."
             )
-        self.block_size = block_size
+        super().__init__(block_size, split_mixed_steps=split_mixed_steps)
         self.num_splits = num_splits
-        self.split_mixed_steps = split_mixed_steps
         self._workspace: torch.Tensor | None = None
         # Every workspace ever handed out, replaced ones included: a CUDA graph captured over
         # one keeps writing to its address on every replay, so none may be freed (and its
@@ -112,33 +111,6 @@ class TritonAttentionBackend:
         )
         self._workspace_of(needed, device)
 
-    def store_kv(
-        self,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-        *,
-        kv_scales: torch.Tensor | None = None,
-    ) -> None:
-        store_kv_cache(key, value, k_cache, v_cache, slot_mapping, kv_scales=kv_scales)
-
-    def forward(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        scale: float,
-        *,
-        kv_scales: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        store_kv_cache(key, value, k_cache, v_cache, meta.slot_mapping, kv_scales=kv_scales)
-        return self.attend(query, k_cache, v_cache, meta, scale, kv_scales=kv_scales)
-
     def attend(
         self,
         query: torch.Tensor,
@@ -152,30 +124,33 @@ class TritonAttentionBackend:
         """Attention over the cache, which already holds this step's K/V (stored by
         :meth:`forward`, or by the fused q/k-norm + RoPE + store kernel of the layer)."""
         assert k_cache.shape[1] == self.block_size, (k_cache.shape, self.block_size)
-        if meta.is_mixed and self.split_mixed_steps:
-            decode, prefill = meta.split_mixed()
-            rows = meta.num_decode_rows  # = decode tokens
-            out = torch.empty_like(query)
-            self._decode(
-                query[:rows], k_cache, v_cache, decode, scale, out=out[:rows], kv_scales=kv_scales
-            )
-            self._prefill(
-                query[rows:], k_cache, v_cache, prefill, scale, out=out[rows:], kv_scales=kv_scales
-            )
-            return out
-        if meta.is_prefill:
-            return self._prefill(query, k_cache, v_cache, meta, scale, kv_scales=kv_scales)
-        return self._decode(query, k_cache, v_cache, meta, scale, kv_scales=kv_scales)
+        return self._attend(query, None, None, k_cache, v_cache, meta, scale, kv_scales)
 
-    @staticmethod
+    # ------------------------------------------------------------------ the kernels
+    def _store(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        has_padding_slots: bool,
+        kv_scales: torch.Tensor | None,
+    ) -> None:
+        assert k_cache.shape[1] == self.block_size, (k_cache.shape, self.block_size)
+        store_kv_cache(key, value, k_cache, v_cache, slot_mapping, kv_scales=kv_scales)
+
     def _prefill(
+        self,
         query: torch.Tensor,
+        key: torch.Tensor | None,
+        value: torch.Tensor | None,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
-        out: torch.Tensor | None = None,
-        kv_scales: torch.Tensor | None = None,
+        kv_scales: torch.Tensor | None,
+        out: torch.Tensor | None,
     ) -> torch.Tensor:
         return paged_prefill_attention(
             query,
@@ -197,8 +172,8 @@ class TritonAttentionBackend:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
-        out: torch.Tensor | None = None,
-        kv_scales: torch.Tensor | None = None,
+        kv_scales: torch.Tensor | None,
+        out: torch.Tensor | None,
     ) -> torch.Tensor:
         # Shapes and static settings only: this runs inside CUDA-graph captures.
         num_seqs, num_heads, head_dim = query.shape

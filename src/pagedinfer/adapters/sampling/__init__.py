@@ -1,7 +1,11 @@
 """Sampling on the device: from a step's logits to its token ids (the sampling rank only).
 
-Map (data flows top to bottom in ``ModelRunner._sample``):
+Map (data flows top to bottom in ``SamplingPipeline.sample``):
 
+* ``pipeline.py`` — :class:`SamplingPipeline`: one step's sampling in three calls (begin: the
+  plan's table deltas; sample: the passes below, launched; read: the ids and logprobs on the
+  host), and the records of what each step changed in the per-request state, undone when the
+  scheduler drops the step.
 * ``table.py`` — :class:`SamplingTable`: every live request's parameters by slot, a host mirror
   and device columns, following the plans' install / release deltas; its callbacks keep the
   per-slot state below in step.

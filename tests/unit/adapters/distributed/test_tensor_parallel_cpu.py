@@ -9,7 +9,7 @@ import torch.multiprocessing as mp
 
 from pagedinfer.domain import SamplingParams
 
-from .runner_helpers import generate, make_runner, random_prompts
+from ..runner_helpers import generate, make_runner, random_prompts
 from .tp_worker import run_rank
 
 MAX_TOKENS = 8

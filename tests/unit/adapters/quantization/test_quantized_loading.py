@@ -31,8 +31,8 @@ from pagedinfer.adapters.models.registry import build_model, read_model_config
 from pagedinfer.domain import SamplingParams
 from pagedinfer.errors import UnsupportedModelError
 
+from ..runner_helpers import generate, make_runner, random_prompts
 from .quantized_helpers import BASE, CASES, make_quantized_factory
-from .runner_helpers import generate, make_runner, random_prompts
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 

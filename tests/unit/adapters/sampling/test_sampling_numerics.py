@@ -18,7 +18,7 @@ from pagedinfer.adapters.sampling.sampler import Sampler
 from pagedinfer.domain import SamplingParams
 from pagedinfer.domain.sampling import GREEDY_TEMPERATURE_EPSILON
 
-from .runner_helpers import generate, make_runner, random_prompts
+from ..runner_helpers import generate, make_runner, random_prompts
 
 CPU = torch.device("cpu")
 TINY = [1e-40, 1e-50, 5e-324, 1e-300, 9.99e-6, 0.0]

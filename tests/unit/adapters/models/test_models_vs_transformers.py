@@ -17,7 +17,7 @@ from hf_reference import hf_model
 from pagedinfer.adapters.model_runner import ModelRunner
 from pagedinfer.domain import SamplingParams, Scheduler, SchedulerConfig, Sequence
 
-from .runner_helpers import make_runner, random_prompts
+from ..runner_helpers import make_runner, random_prompts
 
 LLAMA = {"architecture": "LlamaForCausalLM"}
 QWEN2 = {"architecture": "Qwen2ForCausalLM"}

@@ -32,7 +32,7 @@ from pagedinfer.adapters.models.registry import build_model, read_model_config
 from pagedinfer.cli import EXIT_FAILURE, main
 from pagedinfer.errors import ConfigurationError, NonFiniteWeightError, UnsupportedModelError
 
-from .quantized_helpers import BASE, make_quantized_factory
+from ..quantization.quantized_helpers import BASE, make_quantized_factory
 
 
 @pytest.fixture(scope="module")
