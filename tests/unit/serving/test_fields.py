@@ -72,6 +72,13 @@ REFUSED: dict[str, Any] = {
     "web_search_options": {},
     "verbosity": "low",
     "moderation": {"x": 1},
+    "background": True,
+    "include": ["reasoning.encrypted_content"],
+    "conversation": "conv_1",
+    "prompt": {"id": "pmpt_1"},
+    "max_tool_calls": 3,
+    "top_logprobs": 2,
+    "truncation": "auto",
 }
 # What clients send when they want none of it: accepted.
 HARMLESS: dict[str, list[Any]] = {
@@ -84,6 +91,10 @@ HARMLESS: dict[str, list[Any]] = {
     "modalities": [["text"]],
     "bad_words": [[]],
     "suffix": [None, ""],
+    "background": [False],
+    "include": [[]],
+    "top_logprobs": [0],
+    "truncation": ["disabled"],
 }
 
 
