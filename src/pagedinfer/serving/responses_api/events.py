@@ -7,8 +7,9 @@ Each event is ``event: <type>`` and ``data: <json>`` whose ``sequence_number`` c
 ``response.content_part.done``; a message: the same with ``response.output_text.delta`` /
 ``.done``; a function call: ``response.function_call_arguments.delta``... and ``.done``) and
 ``response.output_item.done``; one item is closed before the next opens. The stream ends
-with ``response.completed`` (``response.incomplete`` when ``max_output_tokens`` cut it) whose
-``response`` holds every item and the usage, or (a failure) ``error`` then
+with ``response.completed`` whose ``response`` holds every item and the usage (its status
+``incomplete`` when ``max_output_tokens`` cut it: vLLM's event, and the one the ``openai``
+client's stream helper waits for), or (a failure) ``error`` then
 ``response.failed``. There is no ``[DONE]``, as in OpenAI's API.
 """
 
@@ -113,7 +114,7 @@ class ResponseEvents:
         status = "completed" if incomplete is None else "incomplete"
         body = self._shape.body(status, self.output, response_usage(prompt, completion), incomplete)
         self.final_body = body
-        return [self._event(f"response.{status}", response=body)]
+        return [self._event("response.completed", response=body)]
 
     def failed(self, error: dict[str, Any]) -> list[str]:
         """The events that end a failed stream (``error``: OpenAI's error object)."""
