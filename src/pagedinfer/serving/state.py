@@ -169,6 +169,8 @@ class ServingState:
             prompt_logprobs=body.prompt_logprobs is not None,
             tokens_as_ids=bool(body.return_tokens_as_token_ids),
             continuous_usage=body.stream and body.continuous_usage,
+            prompt_tokens_details=self.options.enable_prompt_tokens_details,
+            min_characters=body.min_characters if body.stream else 0,
             **fields,
         )
 

@@ -35,6 +35,7 @@ ROUTES = {
     ("POST", "/v1/chat/completions"),
     ("POST", "/v1/responses"),
     ("GET", "/v1/responses/{response_id}"),
+    ("POST", "/invocations"),
 }
 
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pagedinfer.serving.fields import RESPONSES, FieldPolicy, RequestFieldError
 from pagedinfer.serving.protocol import (
@@ -144,7 +145,10 @@ def chat_request(
     effort = (request.reasoning or {}).get("effort")
     if effort is not None:
         fields["reasoning_effort"] = _effort(effort)
-    return ChatCompletionRequest.model_validate(fields)
+    try:
+        return ChatCompletionRequest.model_validate(fields)
+    except ValidationError as error:  # a field of the request the chat cannot take
+        raise RequestValidationError(error.errors()) from None
 
 
 def conversation(
