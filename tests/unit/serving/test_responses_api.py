@@ -16,6 +16,14 @@ import pytest
 from pagedinfer import AsyncEngine
 from pagedinfer.serving import ServingOptions, build_app
 from pagedinfer.serving.fields import FieldPolicy, RequestFieldError
+from pagedinfer.serving.responses import Completion, Prompt
+from pagedinfer.serving.responses_api.events import ResponseEvents
+from pagedinfer.serving.responses_api.output import (
+    ReasoningSplit,
+    ResponseShape,
+    assistant_message,
+    response_body,
+)
 from pagedinfer.serving.responses_api.request import (
     ResponsesRequest,
     chat_request,
@@ -346,3 +354,78 @@ def test_refusals_are_openai_errors(app: Any) -> None:
         response = _post(app, "/v1/responses", body)
         assert response.status_code in (400, 404), body
         assert response.json()["error"]["param"] == param, response.json()
+
+
+# ---------------------------------------------------------------- reasoning items
+def _think(text: str, final: bool) -> ReasoningSplit:
+    """A reasoning parser for ``<think>...</think>`` answers (the route's hook)."""
+    reasoning, end, content = text.removeprefix("<think>").partition("</think>")
+    if not end:  # hold back what may still become </think>
+        held = next((n for n in range(8, 0, -1) if reasoning.endswith("</think>"[:n])), 0)
+        return ReasoningSplit(reasoning[: len(reasoning) - held], "")
+    return ReasoningSplit(reasoning, content)
+
+
+def _completion(text: str, finish_reason: str | None) -> Completion:
+    return Completion(0, text, list(range(len(text))), finish_reason, None, None)
+
+
+def test_reasoning_becomes_its_own_item_whole_and_streamed() -> None:
+    shape = ResponseShape("resp_x", "m", ResponsesRequest.model_validate({"input": "hi"}))
+    prompt = Prompt("hi", [1, 2, 3], None)
+    texts = [
+        "<think>Let",
+        "<think>Let me</thi",
+        "<think>Let me</think>\nHel",
+        "<think>Let me</think>\nHello",
+    ]
+    events = ResponseEvents(shape, None, _think)
+    bodies = [json.loads(e.split("\ndata: ")[1]) for e in events.started()]
+    for index, text in enumerate(texts):
+        last = index == len(texts) - 1
+        for raw in events.advance(_completion(text, "stop" if last else None)):
+            bodies.append(json.loads(raw.split("\ndata: ")[1]))
+    bodies += [
+        json.loads(e.split("\ndata: ")[1])
+        for e in events.finished(prompt, _completion(texts[-1], "stop"))
+    ]
+    kinds = [body["type"] for body in bodies]
+    assert kinds == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    reasoning = "".join(b["delta"] for b in bodies if b["type"] == "response.reasoning_text.delta")
+    answer = "".join(b["delta"] for b in bodies if b["type"] == "response.output_text.delta")
+    assert (reasoning, answer) == ("Let me", "\nHello")
+    assert [b["output_index"] for b in bodies if b["type"] == "response.output_item.added"] == [
+        0,
+        1,
+    ]
+    whole = response_body(shape, prompt, _completion(texts[-1], "stop"), None, _think)
+    assert [item["type"] for item in whole["output"]] == ["reasoning", "message"]
+    assert whole["output"][0]["content"] == [{"type": "reasoning_text", "text": "Let me"}]
+    assert whole["output"][1]["content"][0]["text"] == "\nHello"
+    final = bodies[-1]["response"]
+    assert [item["type"] for item in final["output"]] == ["reasoning", "message"]
+    assert final["output"][0]["content"] == whole["output"][0]["content"]
+    # The next turn gets the reasoning as the assistant message's reasoning_content.
+    assert assistant_message(whole["output"]) == {
+        "role": "assistant",
+        "content": "\nHello",
+        "reasoning_content": "Let me",
+    }
