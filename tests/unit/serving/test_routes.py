@@ -36,6 +36,7 @@ ROUTES = {
     ("POST", "/v1/responses"),
     ("GET", "/v1/responses/{response_id}"),
     ("POST", "/invocations"),
+    ("POST", "/v1/messages"),
 }
 
 
