@@ -162,6 +162,11 @@ _RESPONSES_ONLY: dict[str, Unsupported] = {
     "truncation": Unsupported(
         _is("disabled"), 'an input too long is refused, never truncated ("disabled" is accepted)'
     ),
+    "background_options": Unsupported(_is(), "it applies to background, not implemented"),
+    "context_management": Unsupported(_empty, "context compaction is not implemented"),
+    "access_programs": Unsupported(_is(), "programmatic tool calling is not implemented"),
+    "image": Unsupported(_is(), _NO_MULTIMODAL),
+    "moderation": Unsupported(_is(), "there is no moderation"),
     "priority": _COMMON["priority"],
     "cache_salt": _COMMON["cache_salt"],
     "mm_processor_kwargs": _COMMON["mm_processor_kwargs"],
