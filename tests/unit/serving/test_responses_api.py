@@ -19,7 +19,6 @@ from pagedinfer.serving.fields import FieldPolicy, RequestFieldError
 from pagedinfer.serving.responses import Completion, Prompt
 from pagedinfer.serving.responses_api.events import ResponseEvents
 from pagedinfer.serving.responses_api.output import (
-    ReasoningSplit,
     ResponseShape,
     assistant_message,
     response_body,
@@ -30,6 +29,7 @@ from pagedinfer.serving.responses_api.request import (
     check_response_fields,
 )
 from pagedinfer.serving.responses_api.store import ResponseStore
+from pagedinfer.serving.translated import ReasoningSplit
 
 pytest.importorskip("fastapi")
 

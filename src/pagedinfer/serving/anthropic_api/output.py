@@ -21,8 +21,8 @@ import json
 from typing import Any
 
 from pagedinfer.serving.responses import Completion, Prompt
-from pagedinfer.serving.responses_api.output import Reasoner, split_answer
 from pagedinfer.serving.tools import ToolCalls, ToolCallStream
+from pagedinfer.serving.translated import Reasoner, split_answer
 
 __all__ = ["MessageEvents", "message_body", "stop_reason"]
 

@@ -21,7 +21,6 @@ from typing import Any
 
 from pagedinfer.serving.responses import Completion, Prompt
 from pagedinfer.serving.responses_api.output import (
-    Reasoner,
     ResponseShape,
     function_call_item,
     message_item,
@@ -29,9 +28,9 @@ from pagedinfer.serving.responses_api.output import (
     output_text_part,
     reasoning_item,
     response_usage,
-    split_answer,
 )
 from pagedinfer.serving.tools import ToolCalls, ToolCallStream
+from pagedinfer.serving.translated import Reasoner, split_answer
 
 __all__ = ["ResponseEvents", "event"]
 

@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from pagedinfer.serving.responses import Completion, Prompt
 from pagedinfer.serving.responses_api.request import ResponsesRequest
 from pagedinfer.serving.tools import ToolCalls
+from pagedinfer.serving.translated import Reasoner, split_answer
 
 __all__ = [
-    "Reasoner",
-    "ReasoningSplit",
     "ResponseShape",
     "assistant_message",
     "function_call_item",
@@ -31,22 +30,7 @@ __all__ = [
     "reasoning_item",
     "response_body",
     "response_usage",
-    "split_answer",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class ReasoningSplit:
-    """An answer's text so far, split at the end of its reasoning: the reasoning, the answer
-    after it (empty until the reasoning ends)."""
-
-    reasoning: str
-    content: str
-
-
-# A reasoning parser as the Responses route uses it: (the whole text so far, finished) ->
-# the split. Pure and cumulative: each part only grows as the text grows.
-Reasoner = Callable[[str, bool], ReasoningSplit]
 
 
 def new_id(prefix: str) -> str:
@@ -100,13 +84,6 @@ class ResponseShape:
             "user": None,
             "metadata": {},
         }
-
-
-def split_answer(text: str, reasoner: Reasoner | None, finished: bool) -> ReasoningSplit:
-    """``text`` split by the reasoning parser (none: it is all answer)."""
-    if reasoner is None:
-        return ReasoningSplit("", text)
-    return reasoner(text, finished)
 
 
 def response_usage(

@@ -5,7 +5,6 @@ answered as a ``message`` or streamed as the API's events. Errors keep OpenAI's 
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator
 
@@ -23,10 +22,7 @@ from pagedinfer.serving.anthropic_api.request import (
 from pagedinfer.serving.errors import from_exception, log_unexpected
 from pagedinfer.serving.failures import raise_if_failed
 from pagedinfer.serving.metrics import RequestTimer
-from pagedinfer.serving.prompts import encode_chat
-from pagedinfer.serving.protocol import chat_messages, chat_sampling_params, check_sizes
 from pagedinfer.serving.responses import completions_of, prompt_of
-from pagedinfer.serving.responses_api.output import Reasoner
 from pagedinfer.serving.state import State
 from pagedinfer.serving.streaming import (
     event_stream,
@@ -35,8 +31,7 @@ from pagedinfer.serving.streaming import (
     observe,
     until_disconnected,
 )
-from pagedinfer.serving.structured import structured_request
-from pagedinfer.serving.tools import plan_tools
+from pagedinfer.serving.translated import submit_chat
 
 __all__ = ["create_message"]
 
@@ -44,48 +39,19 @@ __all__ = ["create_message"]
 async def create_message(body: MessagesRequest, request: Request, state: State) -> Response:
     check_message_fields(body)
     state.check_model(body.model)
-    chat = chat_request(body)
-    state.admit(chat)
-    engine, options = state.engine, state.options
-    check_sizes(chat, state.limits, state.vocab_size)
-    tools = plan_tools(
-        chat.tools,
-        chat.tool_choice,
-        chat.parallel_tool_calls,
-        parser=options.tool_call_parser,
-        auto_tool_choice=options.enable_auto_tool_choice,
-        end_texts=state.end_texts,
-    )
-    structured = structured_request(chat, tools.constraint)
-    params = chat_sampling_params(
-        chat,
-        None if structured is None else structured.params,
-        keep_special_tokens=tools.keeps_special_tokens,
-    )
-    params = await state.checked(params, structured)
-    prompt = await asyncio.to_thread(
-        encode_chat, engine.engine, chat_messages(chat), state.rendering(chat)
-    )
-    stream = state.submit(prompt, params, structured)
+    chat = await submit_chat(chat_request(body), state)
     message_id = f"msg_{uuid.uuid4().hex}"
-    reasoner: Reasoner | None = None  # the server's reasoning parser: none yet
+    model = state.served_model_name
     timer = state.metrics.timer()
     if body.stream:
-        events = MessageEvents(
-            message_id, state.served_model_name, len(prompt.token_ids), tools.calls, reasoner
-        )
-        return event_stream(_stream(events, stream, timer))
-    output = await until_disconnected(request, final_output(stream, timer))
+        prompt_tokens = len(chat.prompt.token_ids)
+        events = MessageEvents(message_id, model, prompt_tokens, chat.tools, chat.reasoner)
+        return event_stream(_stream(events, chat.stream, timer))
+    output = await until_disconnected(request, final_output(chat.stream, timer))
     (completion,) = completions_of(output)
+    prompt = prompt_of(output)
     return JSONResponse(
-        message_body(
-            message_id,
-            state.served_model_name,
-            prompt_of(output),
-            completion,
-            tools.calls,
-            reasoner,
-        )
+        message_body(message_id, model, prompt, completion, chat.tools, chat.reasoner)
     )
 
 

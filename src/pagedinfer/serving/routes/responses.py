@@ -1,8 +1,8 @@
 """``POST /v1/responses`` (OpenAI's Responses API) and ``GET /v1/responses/{id}``.
 
 The body is checked (its fields, its model, ``previous_response_id``), translated into a
-chat request (:mod:`pagedinfer.serving.responses_api.request`) and served as chat is: sizes,
-tools, structured outputs, sampling parameters, the template rendered in a worker thread.
+chat request (:mod:`pagedinfer.serving.responses_api.request`) and served as chat is
+(:func:`~pagedinfer.serving.translated.submit_chat`).
 The answer comes back whole as a ``response`` object or streamed as the API's events, and
 is kept in the app's :class:`~pagedinfer.serving.responses_api.store.ResponseStore` when
 the request has ``store: true``.
@@ -10,7 +10,6 @@ the request has ``store: true``.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
@@ -24,12 +23,9 @@ from pagedinfer.serving.errors import OpenAIError, from_exception, log_unexpecte
 from pagedinfer.serving.failures import raise_if_failed
 from pagedinfer.serving.fields import RequestFieldError
 from pagedinfer.serving.metrics import RequestTimer
-from pagedinfer.serving.prompts import encode_chat
-from pagedinfer.serving.protocol import chat_messages, chat_sampling_params, check_sizes
 from pagedinfer.serving.responses import completions_of, prompt_of
 from pagedinfer.serving.responses_api.events import ResponseEvents
 from pagedinfer.serving.responses_api.output import (
-    Reasoner,
     ResponseShape,
     assistant_message,
     response_body,
@@ -48,8 +44,7 @@ from pagedinfer.serving.streaming import (
     observe,
     until_disconnected,
 )
-from pagedinfer.serving.structured import structured_request
-from pagedinfer.serving.tools import plan_tools
+from pagedinfer.serving.translated import submit_chat
 
 __all__ = ["create_response", "retrieve_response"]
 
@@ -61,43 +56,20 @@ async def create_response(body: ResponsesRequest, request: Request, state: State
     check_response_fields(body, state.policy)
     state.check_model(body.model)
     history = _history(state, body.previous_response_id)
-    chat = chat_request(body, history)
-    state.admit(chat)
-    engine, options = state.engine, state.options
-    check_sizes(chat, state.limits, state.vocab_size)
-    tools = plan_tools(
-        chat.tools,
-        chat.tool_choice,
-        chat.parallel_tool_calls,
-        parser=options.tool_call_parser,
-        auto_tool_choice=options.enable_auto_tool_choice,
-        end_texts=state.end_texts,
-    )
-    structured = structured_request(chat, tools.constraint)
-    params = chat_sampling_params(
-        chat,
-        None if structured is None else structured.params,
-        keep_special_tokens=tools.keeps_special_tokens,
-    )
-    params = await state.checked(params, structured)
-    prompt = await asyncio.to_thread(
-        encode_chat, engine.engine, chat_messages(chat), state.rendering(chat)
-    )
-    stream = state.submit(prompt, params, structured)
+    chat = await submit_chat(chat_request(body, history), state)
     shape = ResponseShape(
         response_id=f"resp_{body.request_id or uuid.uuid4().hex}",
         model=state.served_model_name,
         request=body,
     )
     keep = _keeper(state, body, [*history, *input_messages(body.input)])
-    reasoner: Reasoner | None = None  # the server's reasoning parser: none yet
     timer = state.metrics.timer()
     if body.stream:
-        events = ResponseEvents(shape, tools.calls, reasoner)
-        return event_stream(_stream(events, stream, timer, keep))
-    output = await until_disconnected(request, final_output(stream, timer))
+        events = ResponseEvents(shape, chat.tools, chat.reasoner)
+        return event_stream(_stream(events, chat.stream, timer, keep))
+    output = await until_disconnected(request, final_output(chat.stream, timer))
     (completion,) = completions_of(output)
-    response = response_body(shape, prompt_of(output), completion, tools.calls, reasoner)
+    response = response_body(shape, prompt_of(output), completion, chat.tools, chat.reasoner)
     keep(response)
     return JSONResponse(response)
 
