@@ -270,6 +270,8 @@ def test_the_stream_adds_up_to_the_whole_response(app: Any) -> None:
     for count in ("input_tokens", "output_tokens", "total_tokens"):
         assert final["usage"][count] == whole["usage"][count]  # cached_tokens may differ
     assert events[0]["response"]["status"] == "in_progress"
+    stored = _get(app, f"/v1/responses/{final['id']}")  # a streamed response is kept too
+    assert stored.status_code == 200 and stored.json() == final
 
 
 def test_previous_response_id_continues_the_stored_conversation(app: Any) -> None:
