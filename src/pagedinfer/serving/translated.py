@@ -6,7 +6,7 @@ tool calls and (with a reasoning parser) its reasoning split off (:class:`Reason
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pagedinfer.engine.async_engine import AsyncRequestStream
@@ -49,12 +49,14 @@ def split_answer(text: str, reasoner: Reasoner | None, finished: bool) -> Reason
 @dataclass(frozen=True, slots=True)
 class SubmittedChat:
     """A queued chat: its output stream, its prompt, how its tool calls are read (``None``:
-    the answer is text) and how its reasoning is split off (``None``: it is not)."""
+    the answer is text), how its reasoning is split off (``None``: it is not) and how many
+    of its tokens are reasoning."""
 
     stream: AsyncRequestStream
     prompt: TokenizedPrompt
     tools: ToolCalls | None
     reasoner: Reasoner | None
+    reasoning_tokens: Callable[[Sequence[int]], int]  # of an answer's token ids
 
 
 async def submit_chat(chat: ChatCompletionRequest, state: ServingState) -> SubmittedChat:
@@ -83,4 +85,8 @@ async def submit_chat(chat: ChatCompletionRequest, state: ServingState) -> Submi
     )
     stream = state.submit(prompt, params, structured)
     reasoner: Reasoner | None = None  # the server's reasoning parser: none yet
-    return SubmittedChat(stream, prompt, tools.calls, reasoner)
+    return SubmittedChat(stream, prompt, tools.calls, reasoner, _no_reasoning)
+
+
+def _no_reasoning(token_ids: Sequence[int]) -> int:
+    return 0

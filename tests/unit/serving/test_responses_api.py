@@ -431,3 +431,17 @@ def test_reasoning_becomes_its_own_item_whole_and_streamed() -> None:
         "content": "\nHello",
         "reasoning_content": "Let me",
     }
+
+
+def test_an_answer_cut_mid_thought_is_one_reasoning_item() -> None:
+    shape = ResponseShape("resp_y", "m", ResponsesRequest.model_validate({"input": "hi"}))
+    prompt = Prompt("hi", [1, 2, 3], None)
+    cut = _completion("<think>still thinking", "length")
+    whole = response_body(shape, prompt, cut, None, _think, reasoning_tokens=21)
+    assert [item["type"] for item in whole["output"]] == ["reasoning"]
+    assert whole["status"] == "incomplete"
+    assert whole["usage"]["output_tokens_details"] == {"reasoning_tokens": 21}
+    events = ResponseEvents(shape, None, _think)
+    streamed = [*events.advance(_completion("<think>still", None)), *events.advance(cut)]
+    assert not any('"type":"message"' in event for event in streamed)
+    assert [item["type"] for item in events.output] == ["reasoning"]

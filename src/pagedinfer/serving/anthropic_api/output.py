@@ -2,7 +2,8 @@
 events.
 
 Content blocks, in order: a ``thinking`` block when the server has a reasoning parser and the
-answer holds reasoning, a ``text`` block (left out when the answer is only tool calls), then
+answer holds reasoning, a ``text`` block (left out when the answer is only tool calls, or only
+reasoning), then
 one ``tool_use`` block per call (``input``: the arguments object). ``stop_reason``:
 ``max_tokens`` (cut by ``max_tokens`` or ``max_model_len``), ``stop_sequence`` (with the
 matched ``stop_sequence``), ``tool_use`` (calls were made) or ``end_turn``. ``usage``:
@@ -75,7 +76,7 @@ def message_body(
         calls = [
             _tool_use(tools.format.new_id(), call.name, call.arguments) for call in extracted.calls
         ]
-    if text.strip() or not calls:
+    if text.strip() or not (calls or split.reasoning):
         content.append({"type": "text", "text": text})
     content.extend(calls)
     reason, sequence = stop_reason(completion, bool(calls))
@@ -170,7 +171,7 @@ class MessageEvents:
             if fragment:
                 self._delta({"type": "input_json_delta", "partial_json": fragment}, events)
         if final:
-            if not self._texts and not self._calls:
+            if not self._texts and not self._calls and not self._reasoning:
                 self._block("text", {"type": "text", "text": ""}, events)
             self._stop(events)
             reason, sequence = stop_reason(completion, bool(self._calls))

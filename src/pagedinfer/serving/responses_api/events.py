@@ -102,16 +102,20 @@ class ResponseEvents:
             self._call(delta, events)
         if final:
             status = "incomplete" if completion.finish_reason == "length" else "completed"
-            if not any(item.kind == "message" for item in self._items) and not self._calls:
+            shown = any(item.kind in ("message", "reasoning") for item in self._items)
+            if not shown and not self._calls:
                 self._item("message", events)
             self._close(events, status)
         return events
 
-    def finished(self, prompt: Prompt, completion: Completion) -> list[str]:
+    def finished(
+        self, prompt: Prompt, completion: Completion, reasoning_tokens: int = 0
+    ) -> list[str]:
         """The stream's last event: the whole response."""
         incomplete = "max_output_tokens" if completion.finish_reason == "length" else None
         status = "completed" if incomplete is None else "incomplete"
-        body = self._shape.body(status, self.output, response_usage(prompt, completion), incomplete)
+        usage = response_usage(prompt, completion, reasoning_tokens)
+        body = self._shape.body(status, self.output, usage, incomplete)
         self.final_body = body
         return [self._event("response.completed", response=body)]
 

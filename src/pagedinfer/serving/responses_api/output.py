@@ -3,9 +3,10 @@ the message, function calls), status and usage.
 
 Output items, in order: a ``reasoning`` item when the server has a reasoning parser and the
 answer holds reasoning (its text as one ``reasoning_text`` part; no summary), a ``message``
-with one ``output_text`` part (left out when the answer is only tool calls), then one
-``function_call`` item per call. A response cut by ``max_output_tokens`` is ``incomplete``
-with ``incomplete_details.reason = "max_output_tokens"``.
+with one ``output_text`` part (left out when the answer is only tool calls, or only
+reasoning), then one ``function_call`` item per call. A response cut by
+``max_output_tokens`` is ``incomplete`` with ``incomplete_details.reason =
+"max_output_tokens"``.
 """
 
 from __future__ import annotations
@@ -145,8 +146,10 @@ def response_body(
     completion: Completion,
     tools: ToolCalls | None,
     reasoner: Reasoner | None,
+    reasoning_tokens: int = 0,
 ) -> dict[str, Any]:
-    """The whole response for a finished answer."""
+    """The whole response for a finished answer (``reasoning_tokens``: how many of its
+    tokens are reasoning)."""
     split = split_answer(completion.text, reasoner, True)
     output: list[dict[str, Any]] = []
     if split.reasoning:
@@ -164,10 +167,11 @@ def response_body(
         ]
     incomplete = "max_output_tokens" if completion.finish_reason == "length" else None
     status = "completed" if incomplete is None else "incomplete"
-    if content.strip() or not calls:
+    if content.strip() or not (calls or split.reasoning):
         output.append(message_item(new_id("msg"), content, status))
     output.extend(calls)
-    return shape.body(status, output, response_usage(prompt, completion), incomplete)
+    usage = response_usage(prompt, completion, reasoning_tokens)
+    return shape.body(status, output, usage, incomplete)
 
 
 def assistant_message(output: list[Mapping[str, Any]]) -> dict[str, Any]:

@@ -17,7 +17,6 @@ from typing import Any
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
-from pagedinfer.engine.async_engine import AsyncRequestStream
 from pagedinfer.engine.outputs import RequestOutput
 from pagedinfer.serving.errors import OpenAIError, from_exception, log_unexpected
 from pagedinfer.serving.failures import raise_if_failed
@@ -44,7 +43,7 @@ from pagedinfer.serving.streaming import (
     observe,
     until_disconnected,
 )
-from pagedinfer.serving.translated import submit_chat
+from pagedinfer.serving.translated import SubmittedChat, submit_chat
 
 __all__ = ["create_response", "retrieve_response"]
 
@@ -66,10 +65,17 @@ async def create_response(body: ResponsesRequest, request: Request, state: State
     timer = state.metrics.timer()
     if body.stream:
         events = ResponseEvents(shape, chat.tools, chat.reasoner)
-        return event_stream(_stream(events, chat.stream, timer, keep))
+        return event_stream(_stream(events, chat, timer, keep))
     output = await until_disconnected(request, final_output(chat.stream, timer))
     (completion,) = completions_of(output)
-    response = response_body(shape, prompt_of(output), completion, chat.tools, chat.reasoner)
+    response = response_body(
+        shape,
+        prompt_of(output),
+        completion,
+        chat.tools,
+        chat.reasoner,
+        chat.reasoning_tokens(completion.token_ids),
+    )
     keep(response)
     return JSONResponse(response)
 
@@ -111,8 +117,9 @@ def _keeper(
 
 
 async def _stream(
-    events: ResponseEvents, stream: AsyncRequestStream, timer: RequestTimer, keep: _Keep
+    events: ResponseEvents, chat: SubmittedChat, timer: RequestTimer, keep: _Keep
 ) -> AsyncIterator[str]:
+    stream = chat.stream
     final: RequestOutput | None = None
     try:
         for started in events.started():
@@ -127,7 +134,8 @@ async def _stream(
             if output.finished:
                 final = output
                 timer.finished(finish_reason(output))
-                for item in events.finished(prompt_of(output), completion):
+                reasoning_tokens = chat.reasoning_tokens(completion.token_ids)
+                for item in events.finished(prompt_of(output), completion, reasoning_tokens):
                     yield item
         if events.final_body is not None:
             keep(events.final_body)
