@@ -18,6 +18,7 @@ from pagedinfer.serving.protocol import (
     chat_sampling_params,
     check_sizes,
 )
+from pagedinfer.serving.reasoning.plan import ReasoningPlan, plan_reasoning
 from pagedinfer.serving.state import ServingState
 from pagedinfer.serving.structured import structured_request
 from pagedinfer.serving.tools import ToolCalls, plan_tools
@@ -49,8 +50,8 @@ def split_answer(text: str, reasoner: Reasoner | None, finished: bool) -> Reason
 @dataclass(frozen=True, slots=True)
 class SubmittedChat:
     """A queued chat: its output stream, its prompt, how its tool calls are read (``None``:
-    the answer is text), how its reasoning is split off (``None``: it is not) and how many
-    of its tokens are reasoning."""
+    the answer is text), how its reasoning is split off (``None``: it is not: no
+    ``--reasoning-parser``, or thinking is off) and how many of its tokens are reasoning."""
 
     stream: AsyncRequestStream
     prompt: TokenizedPrompt
@@ -61,7 +62,8 @@ class SubmittedChat:
 
 async def submit_chat(chat: ChatCompletionRequest, state: ServingState) -> SubmittedChat:
     """Check ``chat`` (its fields, sizes, tools, constraint and sampling parameters: a 4xx
-    for what cannot be served), render its template in a worker thread and queue it."""
+    for what cannot be served), render its template in a worker thread and queue it. With a
+    reasoning parser, its constraint starts after the reasoning, as chat's does."""
     state.admit(chat)
     engine, options = state.engine, state.options
     check_sizes(chat, state.limits, state.vocab_size)
@@ -80,13 +82,55 @@ async def submit_chat(chat: ChatCompletionRequest, state: ServingState) -> Submi
         keep_special_tokens=tools.keeps_special_tokens,
     )
     params = await state.checked(params, structured)
-    prompt = await asyncio.to_thread(
-        encode_chat, engine.engine, chat_messages(chat), state.rendering(chat)
+    rendering = state.rendering(chat)
+    prompt = await asyncio.to_thread(encode_chat, engine.engine, chat_messages(chat), rendering)
+    reasoning = plan_reasoning(
+        state.reasoning,
+        state.reasoning_end,
+        include_reasoning=True,
+        prompt_text=prompt.text
+        if prompt.text is not None
+        else state.decode(prompt.token_ids[-32:]),
+        template_kwargs=rendering.template_kwargs,
     )
+    if structured is not None:
+        params = reasoning.gated(params, structured.field)
     stream = state.submit(prompt, params, structured)
-    reasoner: Reasoner | None = None  # the server's reasoning parser: none yet
-    return SubmittedChat(stream, prompt, tools.calls, reasoner, _no_reasoning)
+    end_texts = tools.calls.end_texts if tools.calls is not None else ()
+    return SubmittedChat(
+        stream,
+        prompt,
+        tools.calls,
+        _reasoner(reasoning, end_texts),
+        _reasoning_tokens(reasoning),
+    )
 
 
-def _no_reasoning(token_ids: Sequence[int]) -> int:
-    return 0
+def _reasoner(plan: ReasoningPlan, end_texts: tuple[str, ...]) -> Reasoner | None:
+    """The plan's parser as the routes use it (``None``: no parser, or an answer that does
+    not start in reasoning)."""
+    parser = plan.parser
+    if parser is None or not plan.thinking:
+        return None
+
+    def split(text: str, final: bool) -> ReasoningSplit:
+        parts = parser.split(text, thinking=True, final=final, end_texts=end_texts)
+        return ReasoningSplit(parts.reasoning or "", parts.content)
+
+    return split
+
+
+def _reasoning_tokens(plan: ReasoningPlan) -> Callable[[Sequence[int]], int]:
+    """How many of an answer's tokens are reasoning: up to and including the end marker's
+    token (all of them when it never came), none when the answer does not reason."""
+    end_ids = frozenset(plan.end.token_ids) if plan.end is not None else frozenset()
+
+    def count(token_ids: Sequence[int]) -> int:
+        if plan.parser is None or not plan.thinking:
+            return 0
+        for index, token_id in enumerate(token_ids):
+            if token_id in end_ids:
+                return index + 1
+        return len(token_ids)
+
+    return count
