@@ -434,8 +434,8 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     requests.add_argument(
         "--enable-prompt-tokens-details",
         action="store_true",
-        help="accepted for vLLM's command lines: usage.prompt_tokens_details (cached tokens) "
-        "is always sent",
+        help="send usage.prompt_tokens_details (the prompt tokens the prefix cache served), as "
+        "vLLM does with this flag (default: left out)",
     )
     group = serve.add_argument_group("security and limits (docs/serving.md, Deploying)")
     group.add_argument(
@@ -688,6 +688,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         tool_call_parser=args.tool_call_parser,
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         reasoning_parser=args.reasoning_parser,
+        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
     )
     try:
         run_server(

@@ -176,7 +176,7 @@ class PromptEncoder:
                 raise InvalidRequestError(f"token id {token_id!r} is not an integer.")
             if not 0 <= token_id < vocab_size:
                 raise InvalidRequestError(
-                    f"token id {token_id} is out of range: ids must be in [0, {vocab_size})."
+                    f"token id {token_id} is out of vocabulary: ids must be in [0, {vocab_size})."
                 )
         checked = TokenizedPrompt(text, tuple(token_ids))
         object.__setattr__(checked, "_checked_by", self)

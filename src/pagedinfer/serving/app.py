@@ -2,10 +2,12 @@
 
 Routes: ``GET /health``, ``GET /metrics``, ``GET /version``, ``GET /v1/models`` (and
 ``/v1/models/{id}``), ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST
-/tokenize``, ``POST /detokenize``, behind a :class:`~pagedinfer.serving.guard.RequestGuard`
-(Host check, API key, bounded body). A request is validated and queued before the response
-starts, so bad input gets a 4xx (OpenAI's error JSON) and never a half-sent stream; the
-checks run cheapest first: the fields the server does not serve
+/v1/responses`` (and ``GET /v1/responses/{id}``), ``POST /v1/messages`` (Anthropic's),
+``POST /invocations`` (SageMaker's), ``POST /tokenize``, ``POST /detokenize``,
+behind a :class:`~pagedinfer.serving.guard.RequestGuard` (Host check, API key, bounded
+body). A request is validated and queued before the response starts, so bad input gets a
+4xx (OpenAI's error JSON) and never a half-sent stream; the checks run cheapest first: the
+fields the server does not serve
 (:mod:`pagedinfer.serving.fields`), sizes against the engine's limits, then the sampling
 parameters, then the prompt is tokenized (or the chat template rendered) and truncated in
 a worker thread, off the event loop and without the engine's lock. A client that
@@ -32,7 +34,15 @@ from pagedinfer.engine.async_engine import AsyncEngine
 from pagedinfer.serving.errors import install_error_handlers
 from pagedinfer.serving.guard import RequestGuard
 from pagedinfer.serving.options import ServingOptions
-from pagedinfer.serving.routes import chat, completions, info, tokens
+from pagedinfer.serving.routes import (
+    chat,
+    completions,
+    info,
+    invocations,
+    messages,
+    responses,
+    tokens,
+)
 from pagedinfer.serving.state import ServingState
 
 __all__ = ["build_app"]
@@ -66,4 +76,8 @@ def build_app(
     app.post("/detokenize")(tokens.detokenize)
     app.post("/v1/completions", response_model=None)(completions.completions)
     app.post("/v1/chat/completions", response_model=None)(chat.chat_completions)
+    app.post("/v1/responses", response_model=None)(responses.create_response)
+    app.get("/v1/responses/{response_id}", response_model=None)(responses.retrieve_response)
+    app.post("/invocations", response_model=None)(invocations.invocations)
+    app.post("/v1/messages", response_model=None)(messages.create_message)
     return app

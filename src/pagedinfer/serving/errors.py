@@ -164,7 +164,9 @@ def install_error_handlers(
             if param is None and location:
                 param = location[0]
             where = ".".join(location) or "body"
-            parts.append(f"{where}: {problem.get('msg', 'invalid')}")
+            # pydantic's error type too ("less_than_equal"): vLLM's messages carry it.
+            kind = f" [type={problem['type']}]" if problem.get("type") else ""
+            parts.append(f"{where}: {problem.get('msg', 'invalid')}{kind}")
         return respond(OpenAIError(400, "invalid request: " + "; ".join(parts) + ".", param=param))
 
     async def http_error(request: Request, error: Exception) -> JSONResponse:

@@ -15,7 +15,8 @@ No field is dropped silently. Every field of a request body is one of:
   ``ServingOptions(ignore_unknown_fields=True)`` (``--ignore-unknown-fields``) a logged
   warning instead, as vLLM does.
 
-The tables name fields per endpoint (:data:`COMPLETIONS`, :data:`CHAT`, :data:`TOKENIZE`).
+The tables name fields per endpoint (:data:`COMPLETIONS`, :data:`CHAT`, :data:`TOKENIZE`,
+:data:`RESPONSES`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ __all__ = [
     "CHAT",
     "COMPLETIONS",
     "IGNORED",
+    "RESPONSES",
     "TOKENIZE_CHAT",
     "TOKENIZE_COMPLETION",
     "UNSUPPORTED",
@@ -147,9 +149,33 @@ _CHAT_ONLY: dict[str, Unsupported] = {
     "moderation": Unsupported(_is(), "there is no moderation"),
 }
 
+# /v1/responses: OpenAI's fields of features the server lacks, and vLLM's extensions there.
+_RESPONSES_ONLY: dict[str, Unsupported] = {
+    "background": Unsupported(_is(False), "responses run while the request waits (no background)"),
+    "include": Unsupported(_empty, "no extra output data can be included"),
+    "conversation": Unsupported(
+        _is(), "there are no stored conversations (send previous_response_id, or the history)"
+    ),
+    "prompt": Unsupported(_is(), "there are no stored prompt templates"),
+    "max_tool_calls": Unsupported(_is(), "the number of tool calls is not limited"),
+    "top_logprobs": Unsupported(_number(0), "logprobs are not served on /v1/responses"),
+    "truncation": Unsupported(
+        _is("disabled"), 'an input too long is refused, never truncated ("disabled" is accepted)'
+    ),
+    "background_options": Unsupported(_is(), "it applies to background, not implemented"),
+    "context_management": Unsupported(_empty, "context compaction is not implemented"),
+    "access_programs": Unsupported(_is(), "programmatic tool calling is not implemented"),
+    "image": Unsupported(_is(), _NO_MULTIMODAL),
+    "moderation": Unsupported(_is(), "there is no moderation"),
+    "priority": _COMMON["priority"],
+    "cache_salt": _COMMON["cache_salt"],
+    "mm_processor_kwargs": _COMMON["mm_processor_kwargs"],
+}
+
 UNSUPPORTED: dict[str, dict[str, Unsupported]] = {
     "completions": {**_COMMON, **_COMPLETIONS_ONLY},
     "chat": {**_COMMON, **_CHAT_ONLY},
+    "responses": _RESPONSES_ONLY,
     "tokenize_completion": {},
     "tokenize_chat": {
         "mm_processor_kwargs": _COMMON["mm_processor_kwargs"],
@@ -160,6 +186,7 @@ COMPLETIONS = "completions"
 CHAT = "chat"
 TOKENIZE_COMPLETION = "tokenize_completion"
 TOKENIZE_CHAT = "tokenize_chat"
+RESPONSES = "responses"
 
 # Fields that describe the request for the caller (or hint at a cadence or cache placement
 # without changing any output): accepted and ignored, with one logged warning per field.
@@ -183,6 +210,17 @@ IGNORED: dict[str, frozenset[str]] = {
     ),
 }
 IGNORED["chat"] = IGNORED["completions"]
+IGNORED["responses"] = frozenset(
+    {
+        "user",
+        "metadata",
+        "service_tier",
+        "safety_identifier",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "prompt_cache_options",
+    }
+)
 IGNORED["tokenize_completion"] = frozenset()
 IGNORED["tokenize_chat"] = frozenset()
 # Inside stream_options.

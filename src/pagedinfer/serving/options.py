@@ -80,7 +80,9 @@ class ServingOptions:
     vLLM's ``--enable-auto-tool-choice`` does. ``reasoning_parser``: how a thinking model's
     answers are split into ``reasoning_content`` and ``content`` (a name of
     :data:`~pagedinfer.serving.reasoning.REASONING_PARSERS`: ``qwen3``, ``deepseek_r1``;
-    ``None``: the reasoning stays in the content).
+    ``None``: the reasoning stays in the content). ``enable_prompt_tokens_details``: ``usage``
+    carries ``prompt_tokens_details.cached_tokens`` (the prompt tokens the prefix cache
+    served), as vLLM's ``--enable-prompt-tokens-details``; off, it is left out.
     """
 
     api_key: str | None = None
@@ -96,6 +98,7 @@ class ServingOptions:
     tool_call_parser: str | None = None
     enable_auto_tool_choice: bool = False
     reasoning_parser: str | None = None
+    enable_prompt_tokens_details: bool = False
 
     def __post_init__(self) -> None:
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:

@@ -124,7 +124,7 @@ def decode_tokens(engine: Engine, token_ids: Sequence[int]) -> str:
     for token_id in token_ids:
         if token_id >= vocab_size:
             raise InvalidRequestError(
-                f"token id {token_id} is out of range: ids must be in [0, {vocab_size})."
+                f"token id {token_id} is out of vocabulary: ids must be in [0, {vocab_size})."
             )
     text: str = _tokenizer(engine).decode(list(token_ids))
     return text

@@ -110,7 +110,7 @@ def _float32(value: float) -> float:
 # A JSON number (integers accepted) the device computes with in float32.
 Float32 = Annotated[float, AfterValidator(_float32)]
 # A JSON integer that fits an int64 (token ids, counts and seeds reach int64 tensors).
-Int64 = Annotated[int, Field(ge=-_INT64, lt=_INT64)]
+Int64 = Annotated[int, Field(ge=-_INT64, le=_INT64 - 1)]
 Bias = Annotated[Float32, Field(ge=-LOGIT_BIAS_LIMIT, le=LOGIT_BIAS_LIMIT)]
 TokenId = Annotated[int, Field(ge=0, lt=_INT64)]
 
@@ -147,10 +147,14 @@ class _Request(BaseModel):
 
 class StreamOptions(_Request):
     """``stream_options``. ``include_usage`` left out follows ``continuous_usage_stats``
-    (vLLM's extension: usage in every chunk, which implies the final usage chunk)."""
+    (vLLM's extension: usage in every chunk, which implies the final usage chunk);
+    ``min_characters`` (vLLM's) buffers each choice's deltas until that many characters."""
 
     include_usage: bool | None = None
     continuous_usage_stats: bool | None = None
+    # vLLM's: hold a choice's streamed text until at least this many characters are new
+    # (its last chunk sends what is left).
+    min_characters: Annotated[int, Field(ge=0, le=_INT64 - 1)] | None = None
 
     @property
     def usage(self) -> bool:
@@ -212,6 +216,12 @@ class _SamplingFields(_Request):
     @property
     def continuous_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.continuous_usage
+
+    @property
+    def min_characters(self) -> int:
+        """``stream_options.min_characters`` (0: every delta is sent as it comes)."""
+        options = self.stream_options
+        return 0 if options is None or options.min_characters is None else options.min_characters
 
     def _sampling_params(
         self,

@@ -126,6 +126,10 @@ class ResponseContext:
     tokens_as_ids: bool = False
     # stream_options.continuous_usage_stats: every chunk carries the usage so far.
     continuous_usage: bool = False
+    # --enable-prompt-tokens-details: usage carries prompt_tokens_details.cached_tokens.
+    prompt_tokens_details: bool = False
+    # stream_options.min_characters: a choice's deltas are held until this many characters.
+    min_characters: int = 0
     # Chat: the answer's role, what echo puts before it, whether the rendered prompt is sent.
     role: str = "assistant"
     echo_text: str = ""
@@ -162,7 +166,16 @@ class ChoiceCursor:
     stop string is held back until it cannot), so a delta is a plain slice.
     """
 
-    __slots__ = ("chars", "finished", "reasoning", "started", "text_offset", "tokens", "tools")
+    __slots__ = (
+        "chars",
+        "finished",
+        "held",
+        "reasoning",
+        "started",
+        "text_offset",
+        "tokens",
+        "tools",
+    )
 
     def __init__(self) -> None:
         self.tools: ToolCallStream | None = None  # a chat choice whose tool calls are read
@@ -174,46 +187,55 @@ class ChoiceCursor:
         self.text_offset = 0
         self.started = False
         self.finished = False
+        self.held = False  # the last advance held its text back (min_characters)
 
-    def advance(self, completion: Completion) -> tuple[str, slice]:
-        """The text and the token range that are new since the previous call."""
+    def advance(self, completion: Completion, min_characters: int = 0) -> tuple[str, slice]:
+        """The text and the token range that are new since the previous call; nothing
+        (``held`` is set) while fewer than ``min_characters`` characters are new and the
+        completion goes on."""
         text = completion.text[self.chars :]
+        self.held = len(text) < min_characters and completion.finish_reason is None
+        if self.held:
+            return "", slice(self.tokens, self.tokens)
         tokens = slice(self.tokens, len(completion.token_ids))
         self.chars = len(completion.text)
         self.tokens = len(completion.token_ids)
         return text, tokens
 
 
-def usage(outputs: Sequence[RequestOutput], *, echo_only: bool = False) -> dict[str, Any]:
+def usage(
+    outputs: Sequence[RequestOutput], *, echo_only: bool = False, details: bool = False
+) -> dict[str, Any]:
     """Token counts: each prompt once (however many completions it has), every completion's
-    generated tokens (none when only the prompt is echoed), and the prompt tokens the prefix
-    cache served (``prompt_tokens_details.cached_tokens``, always sent)."""
+    generated tokens (none when only the prompt is echoed), and with ``details`` (the
+    server's ``--enable-prompt-tokens-details``, as vLLM's) the prompt tokens the prefix
+    cache served (``prompt_tokens_details.cached_tokens``)."""
     prompts = [prompt_of(output) for output in outputs]
     completion_tokens = 0
     if not echo_only:
         completion_tokens = sum(
             len(completion.token_ids) for output in outputs for completion in completions_of(output)
         )
-    return _usage(
-        sum(len(prompt.token_ids) for prompt in prompts),
-        completion_tokens,
-        sum(prompt.num_cached_tokens for prompt in prompts),
-    )
+    cached = sum(prompt.num_cached_tokens for prompt in prompts) if details else None
+    return _usage(sum(len(prompt.token_ids) for prompt in prompts), completion_tokens, cached)
 
 
-def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
-    return {
+def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> dict[str, Any]:
+    counts: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
+    if cached_tokens is not None:
+        counts["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return counts
 
 
 def _running_usage(context: ResponseContext, prompt: Prompt, num_tokens: int) -> dict[str, Any]:
     """One choice's usage so far (``continuous_usage_stats``): its prompt, its tokens."""
     generated = 0 if context.echo_only else num_tokens
-    return _usage(len(prompt.token_ids), generated, prompt.num_cached_tokens)
+    cached = prompt.num_cached_tokens if context.prompt_tokens_details else None
+    return _usage(len(prompt.token_ids), generated, cached)
 
 
 def sse(body: Mapping[str, Any] | str) -> str:
@@ -259,7 +281,7 @@ def completion_response(
         "created": context.created,
         "model": context.model,
         "choices": choices,
-        "usage": usage(outputs, echo_only=context.echo_only),
+        "usage": usage(outputs, echo_only=context.echo_only, details=context.prompt_tokens_details),
         "system_fingerprint": None,
         "service_tier": None,
     }
@@ -275,7 +297,7 @@ def completion_chunk(
     """The chunk for what is new in one choice; None when nothing is (or it has ended)."""
     if cursor.finished:
         return None
-    text, new = cursor.advance(completion)
+    text, new = cursor.advance(completion, context.min_characters)
     if context.echo_only:
         text, new = "", slice(new.stop, new.stop)
     entries = _entries(completion, new) if context.num_logprobs is not None else []
@@ -428,7 +450,7 @@ def chat_response(context: ResponseContext, output: RequestOutput) -> dict[str, 
         "created": context.created,
         "model": context.model,
         "choices": choices,
-        "usage": usage([output]),
+        "usage": usage([output], details=context.prompt_tokens_details),
         "system_fingerprint": None,
         "service_tier": None,
         "prompt_logprobs": (
@@ -465,7 +487,9 @@ def chat_chunk(
     the prompt's token ids and rendered text."""
     if cursor.finished:
         return None
-    text, tokens = cursor.advance(completion)
+    text, tokens = cursor.advance(completion, context.min_characters)
+    if cursor.held and cursor.started:
+        return None
     finished = completion.finish_reason is not None
     finish_reason = completion.finish_reason
     tool_deltas: list[dict[str, Any]] = []
@@ -562,7 +586,7 @@ def usage_chunk(
         "created": context.created,
         "model": context.model,
         "choices": [],
-        "usage": usage(outputs, echo_only=context.echo_only),
+        "usage": usage(outputs, echo_only=context.echo_only, details=context.prompt_tokens_details),
     }
 
 

@@ -1,7 +1,8 @@
 """What every route of the app reads: :class:`ServingState`, built once by ``build_app`` and
 kept on ``app.state.serving``; a route takes it as a FastAPI dependency (:data:`State`).
 
-It holds the engine, the served name, the admission rules, the metrics, and the checks and
+It holds the engine, the served name, the admission rules, the metrics, the stored
+responses (``/v1/responses``), and the checks and
 steps the completion routes share: a body's fields and model, the sampling parameters
 against the engine, the submission, a response's context.
 """
@@ -13,7 +14,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
@@ -41,6 +42,7 @@ from pagedinfer.serving.protocol import (
 from pagedinfer.serving.reasoning import ReasoningParser, get_reasoning_parser
 from pagedinfer.serving.reasoning.plan import reasoning_end
 from pagedinfer.serving.responses import ResponseContext
+from pagedinfer.serving.responses_api.store import ResponseStore
 from pagedinfer.serving.structured import StructuredRequest
 
 __all__ = ["ServingState", "State", "serving_state"]
@@ -65,6 +67,7 @@ class ServingState:
     sampling_defaults: dict[str, Any]
     reasoning: ReasoningParser | None = None  # --reasoning-parser
     reasoning_end: ReasoningEnd | None = None  # its end marker's token
+    responses: ResponseStore = field(default_factory=ResponseStore)  # /v1/responses kept
 
     @classmethod
     def build(
@@ -166,6 +169,8 @@ class ServingState:
             prompt_logprobs=body.prompt_logprobs is not None,
             tokens_as_ids=bool(body.return_tokens_as_token_ids),
             continuous_usage=body.stream and body.continuous_usage,
+            prompt_tokens_details=self.options.enable_prompt_tokens_details,
+            min_characters=body.min_characters if body.stream else 0,
             **fields,
         )
 

@@ -279,7 +279,7 @@ def test_bad_input_raises_at_the_call_and_the_engine_keeps_serving(shared: Async
     async def main() -> RequestOutput:
         with pytest.raises(InvalidRequestError, match="the prompt is empty"):
             shared.generate("", GREEDY)
-        with pytest.raises(InvalidRequestError, match="token id 1000000 is out of range"):
+        with pytest.raises(InvalidRequestError, match="token id 1000000 is out of vocabulary"):
             shared.generate([1, 10**6], GREEDY)
         with pytest.raises(InvalidRequestError, match=r"prompt has 2000 tokens.*max_model_len"):
             shared.generate([1] * 2000, GREEDY)

@@ -125,7 +125,7 @@ def test_tokenize_returns_a_validated_prompt_that_is_not_tokenized_again(engine:
     assert by_prompt.prompt_token_ids == by_text.prompt_token_ids
     assert by_prompt.outputs[0].token_ids == by_text.outputs[0].token_ids
     # One made by hand is checked (not trusted): its ids must be in the vocabulary.
-    with pytest.raises(InvalidRequestError, match="out of range"):
+    with pytest.raises(InvalidRequestError, match="out of vocabulary"):
         engine.add_request(TokenizedPrompt(None, (1, VOCAB)))
     chat = engine.tokenize_chat(
         [{"role": "user", "content": "Hi"}], chat_template="{{ messages[0]['content'] }}!"

@@ -180,7 +180,7 @@ def test_sampling_params_as_dict_or_object(chat_checkpoint: Path) -> None:
         ),
         pytest.param({"messages": np.array(["hi"])}, "row 0.*list of messages", id="bad-messages"),
         pytest.param({"prompt": np.array([[1.0, 2.0]])}, "not an integer", id="float-ids"),
-        pytest.param({"prompt": np.array([[1, 99999]])}, "out of range", id="id-range"),
+        pytest.param({"prompt": np.array([[1, 99999]])}, "out of vocabulary", id="id-range"),
     ],
 )
 def test_bad_batches_raise_invalid_request(

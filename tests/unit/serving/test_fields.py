@@ -26,6 +26,7 @@ from pagedinfer.serving.protocol import (
     response_role,
     truncation_limit,
 )
+from pagedinfer.serving.responses_api.request import ResponsesRequest
 
 MESSAGES = [{"role": "user", "content": "x"}]
 
@@ -72,6 +73,17 @@ REFUSED: dict[str, Any] = {
     "web_search_options": {},
     "verbosity": "low",
     "moderation": {"x": 1},
+    "background": True,
+    "include": ["reasoning.encrypted_content"],
+    "conversation": "conv_1",
+    "prompt": {"id": "pmpt_1"},
+    "max_tool_calls": 3,
+    "top_logprobs": 2,
+    "truncation": "auto",
+    "background_options": {"x": 1},
+    "context_management": [{"type": "compaction"}],
+    "access_programs": {"x": 1},
+    "image": {"size": "auto"},
 }
 # What clients send when they want none of it: accepted.
 HARMLESS: dict[str, list[Any]] = {
@@ -84,6 +96,10 @@ HARMLESS: dict[str, list[Any]] = {
     "modalities": [["text"]],
     "bad_words": [[]],
     "suffix": [None, ""],
+    "background": [False],
+    "include": [[]],
+    "top_logprobs": [0],
+    "truncation": ["disabled"],
 }
 
 
@@ -166,6 +182,10 @@ def test_every_parameter_of_the_openai_client_is_known() -> None:
     completions = _client_parameters(openai.resources.completions.Completions.create)
     assert chat - _known(ChatCompletionRequest, "chat") == set()
     assert completions - _known(CompletionRequest, "completions") == set()
+    from openai.resources.responses.responses import Responses
+
+    responses = _client_parameters(Responses.create)
+    assert responses - _known(ResponsesRequest, "responses") == set()
 
 
 # vLLM's request fields (vllm/entrypoints/openai/{completion,chat_completion}/protocol.py),

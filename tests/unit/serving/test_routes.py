@@ -33,6 +33,10 @@ ROUTES = {
     ("POST", "/detokenize"),
     ("POST", "/v1/completions"),
     ("POST", "/v1/chat/completions"),
+    ("POST", "/v1/responses"),
+    ("GET", "/v1/responses/{response_id}"),
+    ("POST", "/invocations"),
+    ("POST", "/v1/messages"),
 }
 
 

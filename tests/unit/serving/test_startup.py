@@ -187,7 +187,7 @@ def test_vllm_serve_spellings_reach_the_server(
         str(template),
         "--trust-request-chat-template",
         "--ignore-unknown-fields",
-        "--enable-prompt-tokens-details",  # vLLM's; the details are always sent
+        "--enable-prompt-tokens-details",  # usage.prompt_tokens_details, as vLLM's
         "--uvicorn-log-level",
         "debug",
         "--no-enable-prefix-caching",
@@ -204,6 +204,7 @@ def test_vllm_serve_spellings_reach_the_server(
         chat_template=template.read_text(),
         trust_request_chat_template=True,
         ignore_unknown_fields=True,
+        enable_prompt_tokens_details=True,
     )
     assert seen["log_level"] == "debug"
     engine = seen["engine_kwargs"]

@@ -42,6 +42,7 @@ def server(chat_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     template = directory / "template.jinja"
     template.write_text(TEMPLATE)
     args = ["--chat-template", str(template), "--trust-request-chat-template"]
+    args += ["--enable-prompt-tokens-details"]  # usage.prompt_tokens_details
     args += ["--log-level", "info"]  # the start-up line
     process = start_server(chat_checkpoint, directory / "server.log", args=args)
     try:
