@@ -285,10 +285,12 @@ def test_health_answers_at_once_while_a_maximal_prompt_is_tokenized(
 
     # The machine running the tests may be busy: one stall of the test process itself is
     # forgiven (a second try), a stall of the server's event loop would be in every try.
+    # The bound sits well under the tokenization's second (a blocked loop waits for all of
+    # it) and above what a loaded 2-core machine adds to one /health (0.16 s was seen).
     slowest = [slowest_health_during_the_request()]
-    if slowest[0] >= 0.1:
+    if slowest[0] >= 0.35:
         slowest.append(slowest_health_during_the_request())
-    assert min(slowest) < 0.1, slowest
+    assert min(slowest) < 0.35, slowest
 
 
 # ------------------------------------------------------------------------- timeouts
