@@ -256,6 +256,7 @@ def test_health_answers_at_once_while_a_maximal_prompt_is_tokenized(
     assert len(body) <= DEFAULT_MAX_REQUEST_BYTES
 
     def slowest_health_during_the_request() -> float:
+        """The slowest /health as a share of the request's time (a blocked loop: ~1)."""
         result: list[httpx.Response] = []
 
         def post() -> None:
@@ -271,6 +272,7 @@ def test_health_answers_at_once_while_a_maximal_prompt_is_tokenized(
         latencies = []
         with httpx.Client(base_url=secured.base_url, timeout=10) as client:
             client.get("/health")  # a warm connection
+            began = time.perf_counter()
             poster = threading.Thread(target=post)
             poster.start()
             while poster.is_alive():
@@ -279,18 +281,19 @@ def test_health_answers_at_once_while_a_maximal_prompt_is_tokenized(
                 latencies.append(time.perf_counter() - started)
                 time.sleep(0.01)
             poster.join()
+            request_s = time.perf_counter() - began
         assert result[0].status_code == 400 and "max_model_len" in result[0].text
         assert len(latencies) >= 10, "the request finished too fast to overlap anything"
-        return max(latencies)
+        return max(latencies) / request_s
 
     # The machine running the tests may be busy: one stall of the test process itself is
     # forgiven (a second try), a stall of the server's event loop would be in every try.
-    # The bound sits well under the tokenization's second (a blocked loop waits for all of
-    # it) and above what a loaded 2-core machine adds to one /health (0.16 s was seen).
+    # A blocked loop answers /health only after the whole tokenization (a share near 1); a
+    # loaded 2-core machine adds a stall of its own to one /health (0.16 s of ~1 s was seen).
     slowest = [slowest_health_during_the_request()]
-    if slowest[0] >= 0.35:
+    if slowest[0] >= 0.3:
         slowest.append(slowest_health_during_the_request())
-    assert min(slowest) < 0.35, slowest
+    assert min(slowest) < 0.3, slowest
 
 
 # ------------------------------------------------------------------------- timeouts
