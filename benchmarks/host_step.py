@@ -115,12 +115,17 @@ def measure(checkout: Path, cache_dir: Path, *, quick: bool, device: str) -> dic
         """The runner's ``prepare``, then random token ids instead of the model."""
 
         num_kv_blocks = runner.num_kv_blocks
+        reads_carried_tokens = False
 
         def execute(self, plan: Any) -> Any:
             began = clock()
             runner.prepare(plan)
             prepare.append((not plan.is_prefill, plan.num_seqs, clock() - began))
             return StepOutput([rng.randrange(VOCAB) for _ in range(plan.num_samples)])
+
+        def launch(self, plan: Any) -> Any:
+            output = self.execute(plan)
+            return lambda: output
 
         def close(self) -> None:
             runner.close()

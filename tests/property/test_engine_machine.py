@@ -328,7 +328,7 @@ class EngineMachine(RuleBasedStateMachine):
             vars(executor).pop("launch", None)  # the real method again
             # Whatever failed above, leave the shared engine idle for the next example (a
             # failed step may leave outputs to collect, or an error to raise once).
-            for request_id in list(self.engine._requests):
+            for request_id in list(self.engine._table.requests):
                 self.engine.abort(str(request_id))
             for _ in range(2):
                 with contextlib.suppress(Exception):

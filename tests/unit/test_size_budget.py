@@ -9,13 +9,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 BUDGET = 800
 """Lines per module, at most."""
 
-OVER_BUDGET = frozenset(
-    {
-        # Issue 39: being split (the engine's admission, in-flight step and output
-        # processing in their own modules). Remove each as it is split.
-        "pagedinfer/engine/engine.py",
-    }
-)
+OVER_BUDGET: frozenset[str] = frozenset()
 """The modules still over the budget. Exact: a module that comes under the budget (or goes)
 must leave the list, so it only shrinks; a new one over it fails."""
 

@@ -3,7 +3,10 @@
 The contract (what ``execute`` receives, returns and may raise, how a failed step is
 recovered, when a plan counts as recorded) is :mod:`pagedinfer.domain.executor`'s, written
 for executors without torch too. :class:`ModelExecutor` adds what the engine needs from its
-own: the KV cache's size and ``close()``. ``ModelRunner`` is the single-process executor; with
+own: the KV cache's size, ``close()``, and the two halves of a step for async scheduling
+(``launch`` and the callable it returns; ``reads_carried_tokens`` says whether a plan made
+ahead of the previous step's tokens may be launched as it is). ``ModelRunner`` is the
+single-process executor; with
 ``tensor_parallel_size > 1`` the tensor-parallel executor drives rank 0 in this process and
 mirrors every call to workers (``mp``), or the Ray executor drives every rank as a Ray actor
 (``ray``, with pipeline parallelism too).
@@ -11,10 +14,13 @@ mirrors every call to workers (``mp``), or the Ray executor drives every rank as
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from pagedinfer.adapters.runner_config import RunnerConfig
 from pagedinfer.domain.executor import Executor
+from pagedinfer.domain.plan import BatchPlan
+from pagedinfer.domain.step_output import StepOutput
 from pagedinfer.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -27,6 +33,20 @@ class ModelExecutor(Executor, Protocol):
     """An :class:`~pagedinfer.domain.executor.Executor` that owns a model and its KV cache."""
 
     num_kv_blocks: int
+
+    @property
+    def reads_carried_tokens(self) -> bool:
+        """Whether :meth:`launch` writes a plan's carried rows (``plan.carried_rows``: the
+        tokens the previous step samples) itself, from its device. If not, the engine fills
+        them in on the host once the previous step's output is back."""
+        ...
+
+    def launch(self, plan: BatchPlan) -> Callable[[], StepOutput]:
+        """:meth:`execute` in two halves: start ``plan``'s step and return what waits for
+        its output (call it once, before the next step's output is read). An executor that
+        overlaps steps returns before the step ends; the others run it now
+        (:func:`~pagedinfer.domain.executor.launch_now`)."""
+        ...
 
     def close(self) -> None:
         """Release devices, processes and memory. Safe to call twice."""

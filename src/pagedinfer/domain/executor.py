@@ -86,9 +86,10 @@ then ``postprocess(N)``, then ``postprocess(N + 1)``). Such a plan's decode rows
 ``plan.carried_samples[i]`` of plan ``plan.step_id - 1``, which the executor must write in
 before the forward (from its device, where the previous step left it), and it must run plans
 in the order they were made. An executor that cannot leaves it to its caller: the engine then
-fills the tokens in on the host once the previous step returned (``reads_carried_tokens``,
-see ``ModelRunner``). A row of a sequence that finished at step N is still computed in step
-N+1; the scheduler discards its token.
+fills the tokens in on the host once the previous step returned (each of the engine's
+executors says which: ``ModelExecutor.reads_carried_tokens``; ``ModelRunner`` reads them).
+A row of a sequence that finished at step N is still computed in step N+1; the scheduler
+discards its token.
 
 Threads: the scheduler is not thread-safe (one thread at a time, or a lock around it, as the
 engine does); ``execute`` may run without that lock, since it only reads the plan.
@@ -96,12 +97,13 @@ engine does); ``execute`` may run without that lock, since it only reads the pla
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from pagedinfer.domain.plan import BatchPlan
 from pagedinfer.domain.step_output import StepOutput
 
-__all__ = ["Executor"]
+__all__ = ["Executor", "launch_now"]
 
 
 class Executor(Protocol):
@@ -113,3 +115,17 @@ class Executor(Protocol):
         ``plan.sample_indices`` (plus the log-probabilities requests asked for). May raise;
         see the module docstring for what the caller does then."""
         ...
+
+
+def launch_now(
+    execute: Callable[[BatchPlan], StepOutput], plan: BatchPlan
+) -> Callable[[], StepOutput]:
+    """``launch`` (the engine's executors split a step in two: start it, later read its
+    output) for an executor that does not overlap steps: ``execute(plan)`` now, and a
+    callable that hands its output back."""
+    output = execute(plan)
+
+    def read_output() -> StepOutput:
+        return output
+
+    return read_output

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import torch
 
-from pagedinfer.errors import WorkerDiedError
+from pagedinfer.errors import EngineDeadError, StepFailedError, WorkerDiedError
 
-__all__ = ["StepFailures", "is_fatal"]
+__all__ = ["StepFailures", "dead_engine_error", "failed_step_error", "is_fatal"]
 
 # torch >= 2.8 raises device errors as torch.AcceleratorError (a RuntimeError); older
 # versions raise a plain RuntimeError whose message starts with "CUDA error".
@@ -56,3 +56,35 @@ class StepFailures:
         """Count a failed step; True if that makes too many in a row (the engine is dead)."""
         self.in_a_row += 1
         return self.in_a_row >= self.limit
+
+
+def dead_engine_error(cause: BaseException, failures: StepFailures) -> EngineDeadError:
+    """What every call raises once ``cause`` killed the engine (a fresh error each time)."""
+    if isinstance(cause, EngineDeadError):
+        # A dead worker says so itself (WorkerDiedError is an EngineDeadError): raise a
+        # fresh copy of it, so ``except WorkerTimeoutError`` works and tracebacks do not
+        # pile up on one instance.
+        copy = type(cause)(*cause.args)
+        copy.__cause__ = cause
+        return copy
+    why = (
+        f"{failures.in_a_row} steps failed in a row"
+        if failures.in_a_row >= failures.limit
+        else "a step failed in a way the engine cannot recover from"
+    )
+    error = EngineDeadError(
+        f"the engine is dead: {why} ({type(cause).__name__}: {cause}). Every "
+        "unfinished request was aborted; close this Engine and create a new one."
+    )
+    error.__cause__ = cause
+    return error
+
+
+def failed_step_error(request_ids: tuple[str, ...], cause: BaseException | None) -> StepFailedError:
+    """What a caller waiting for ``request_ids`` raises (``from cause``) after a failed
+    step ended them."""
+    return StepFailedError(
+        f"a step failed ({type(cause).__name__}: {cause}); requests {list(request_ids)} had "
+        "a row in it and were aborted. The engine goes on serving other requests.",
+        request_ids,
+    )

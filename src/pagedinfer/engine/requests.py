@@ -27,7 +27,7 @@ from pagedinfer.engine.outputs import (
     SampleLogprobs,
 )
 
-__all__ = ["CompletionState", "OutputSink", "RequestState", "logprob_dict"]
+__all__ = ["CompletionState", "OutputSink", "RequestState", "logprob_dict", "request_key"]
 
 
 class OutputSink:
@@ -214,6 +214,19 @@ class CompletionState:
                 for entry, token in zip(logprobs, seq.completion_token_ids, strict=True)
             )
 
+    @property
+    def finish_reason(self) -> FinishReason | None:
+        """Why the completion ended (``None`` while it runs): the scheduler's reason, except
+        that a stop string matched in the step that also reached ``max_tokens`` wins over the
+        length (the sequence is the scheduler's: its reason is not rewritten)."""
+        seq = self.seq
+        if not seq.is_finished:
+            return None
+        reason = seq.finish_reason
+        if reason is FinishReason.LENGTH and self.text is not None and self.text.stopped:
+            return FinishReason.STOP
+        return reason
+
     def _hidden_stop_tokens(self) -> int:
         """1 if the last token ended the completion as a stop token (EOS or a stop id) whose
         text stays out of the output, as in vLLM (``include_stop_str_in_output`` keeps it),
@@ -222,7 +235,7 @@ class CompletionState:
         seq = self.seq
         stopped_by_string = self.text is not None and self.text.stopped
         if (
-            seq.finish_reason is FinishReason.STOP
+            self.finish_reason is FinishReason.STOP
             and not stopped_by_string
             and not seq.params.include_stop_str_in_output
             and seq.num_completion_tokens > 0
@@ -279,9 +292,9 @@ class CompletionState:
     def stop_reason(self, eos_token_ids: Collection[int]) -> int | str | None:
         """What ended the completion, as vLLM reports it: the stop string or the stop token
         id; ``None`` for EOS, length, abort, or while running."""
-        seq = self.seq
-        if seq.finish_reason is not FinishReason.STOP:
+        if self.finish_reason is not FinishReason.STOP:
             return None
+        seq = self.seq
         if self.text is not None and self.text.stopped:
             return self.text.matched
         params = seq.params
@@ -293,7 +306,7 @@ class CompletionState:
     def output(self, eos_token_ids: Collection[int]) -> CompletionOutput:
         """Everything so far (cumulative); the finish reason once this completion ended."""
         seq = self.seq
-        reason = seq.finish_reason if seq.is_finished else None
+        reason = self.finish_reason
         logprobs = self.logprobs
         return CompletionOutput(
             index=self.index,
@@ -468,3 +481,17 @@ class RequestState:
             f"RequestState(id={self.request_id}, finished={self.is_finished}, "
             f"final={self.final is not None})"
         )
+
+
+def request_key(request_id: str) -> int | None:
+    """The engine's key of the request named ``request_id`` (the decimal form of the key),
+    or None if no request can have that name."""
+    if not isinstance(request_id, str):
+        raise TypeError(
+            f"request ids are strings (RequestOutput.request_id, what add_request returned), "
+            f"got {type(request_id).__name__} {request_id!r}."
+        )
+    if not (request_id.isascii() and request_id.isdigit()) or len(request_id) > 20:
+        return None
+    key = int(request_id)
+    return key if str(key) == request_id else None  # "01" names no request

@@ -21,9 +21,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pagedinfer.errors import UnsupportedModelError
+from pagedinfer.errors import CheckpointNotFoundError, UnsupportedModelError
 
-__all__ = ["TOKENIZER_FILES", "load_tokenizer"]
+__all__ = ["TOKENIZER_FILES", "load_tokenizer", "tokenizer_for"]
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 """A checkpoint has a tokenizer when one of these is present."""
@@ -57,6 +57,32 @@ def load_tokenizer(model_path: str) -> Any:
         ) from error
     _no_truncation_or_padding(tokenizer)
     return tokenizer
+
+
+def tokenizer_for(
+    model_path: str, tokenizer: str | os.PathLike[str] | None, *, skip_tokenizer_init: bool
+) -> Any:
+    """The tokenizer an engine asks for: none (``skip_tokenizer_init``), the model
+    directory's (``tokenizer`` is None), or another directory's (which must hold one)."""
+    if skip_tokenizer_init:
+        return None
+    if tokenizer is None:
+        return load_tokenizer(model_path)
+    directory = os.fspath(tokenizer)
+    if not os.path.isdir(directory):
+        raise CheckpointNotFoundError(
+            f"tokenizer={directory!r} is not a directory: pass the local directory that holds "
+            "the tokenizer files (tokenizer.json, tokenizer_config.json, ...), or leave "
+            "tokenizer out to use the model directory's. pagedinfer never downloads; get a "
+            "Hub tokenizer with: hf download REPO --local-dir DIR"
+        )
+    loaded = load_tokenizer(directory)
+    if loaded is None:
+        raise UnsupportedModelError(
+            f"tokenizer={directory!r} holds no tokenizer files (one of "
+            f"{', '.join(TOKENIZER_FILES)}): pass a directory that does."
+        )
+    return loaded
 
 
 def _no_truncation_or_padding(tokenizer: Any) -> None:

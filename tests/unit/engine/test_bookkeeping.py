@@ -41,9 +41,10 @@ def test_generate_finishes_requests_as_the_step_loop_does(
     options = {"device": "cpu", "kv_block_size": 4, "max_model_len": 32, "max_num_seqs": 8}
     with Engine(checkpoint, **options) as engine:
         expected = _summary(_by_step_loop(engine))
-        assert engine._num_following == 0
+        assert engine._table.num_following == 0
         outputs = engine.generate(PROMPTS, PARAMS, use_tqdm=False)
-        assert engine._num_following == 0 and not engine._requests and not engine._completions
+        table = engine._table
+        assert table.num_following == 0 and not table.requests and not table.completions
     assert _summary(outputs) == expected
     reasons = {c.finish_reason for o in outputs for c in o.outputs}
     assert reasons == {"stop", "length"}
@@ -59,11 +60,11 @@ def test_a_following_request_switches_bookkeeping_to_the_full_path(
     checkpoint = make_checkpoint("tiny")
     with Engine(checkpoint, device="cpu", kv_block_size=4, max_model_len=32) as engine:
         stream = engine.stream([5, 6, 7], SamplingParams(max_tokens=6, ignore_eos=True))
-        assert engine._num_following == 1
+        assert engine._table.num_following == 1
         first = next(stream)
         assert len(first.outputs[0].token_ids) == 1
         outputs = engine.generate(PROMPTS, PARAMS, use_tqdm=False)
         deltas = [first, *stream]
-        assert engine._num_following == 0
+        assert engine._table.num_following == 0
     assert sum(len(d.outputs[0].token_ids) for d in deltas if d.outputs) == 6
     assert all(o.finished for o in outputs)

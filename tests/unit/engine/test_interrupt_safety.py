@@ -38,9 +38,9 @@ STAGES: dict[str, tuple[Callable[[Engine], Any], str]] = {
     "schedule": (lambda engine: engine.scheduler, "schedule"),
     "execute": (lambda engine: engine._executor, "execute"),
     "postprocess": (lambda engine: engine.scheduler, "postprocess"),
-    "update": (lambda engine: engine, "_update"),
+    "update": (lambda engine: engine._outputs, "update"),
     # The short bookkeeping path: only while no request needs every step's news.
-    "finalize finished": (lambda engine: engine, "_finalize_finished"),
+    "finalize finished": (lambda engine: engine._outputs, "_finalize_finished"),
     "finalize": (lambda engine: RequestState, "finalize"),
     "deliver": (lambda engine: RequestState, "output"),
 }

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from pagedinfer import Engine, SamplingParams
+from pagedinfer.domain.executor import launch_now
 from pagedinfer.domain.step_output import StepOutput
 from pagedinfer.engine.detokenizer import (
     CompletionText,
@@ -108,6 +109,8 @@ def test_a_stop_string_in_the_last_unfinished_character_matches_at_the_end(
 class ScriptedExecutor:
     """Samples a fixed script of tokens (the model is not run)."""
 
+    reads_carried_tokens = False
+
     def __init__(self, engine: Engine, script: list[int]) -> None:
         self.engine = engine
         self.script = script
@@ -120,6 +123,9 @@ class ScriptedExecutor:
             assert seq is not None
             sampled.append(self.script[seq.num_completion_tokens])
         return StepOutput(sampled)
+
+    def launch(self, plan: Any) -> Callable[[], StepOutput]:
+        return launch_now(self.execute, plan)
 
     def close(self) -> None:
         pass

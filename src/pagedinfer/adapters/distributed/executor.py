@@ -23,6 +23,7 @@ import multiprocessing
 import os
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -46,6 +47,7 @@ from pagedinfer.adapters.models.config import ModelConfig
 from pagedinfer.adapters.models.registry import read_model_config
 from pagedinfer.adapters.runner_config import RunnerConfig
 from pagedinfer.adapters.sampling.grammar import GrammarCompiler
+from pagedinfer.domain.executor import launch_now
 from pagedinfer.domain.plan import BatchPlan
 from pagedinfer.domain.step_output import StepOutput
 from pagedinfer.errors import (
@@ -155,6 +157,8 @@ class TensorParallelExecutor:
     """
 
     num_kv_blocks: int
+    # Runs each step to its end before the next: the engine fills in carried tokens.
+    reads_carried_tokens = False
 
     def __init__(
         self,
@@ -216,6 +220,11 @@ class TensorParallelExecutor:
         if channel is None:
             raise EngineClosedError("the tensor-parallel executor is closed")
         return channel.capacity
+
+    def launch(self, plan: BatchPlan) -> Callable[[], StepOutput]:
+        """:meth:`execute` now, its output handed back by the returned callable (steps do
+        not overlap here)."""
+        return launch_now(self.execute, plan)
 
     def execute(self, plan: BatchPlan) -> StepOutput:
         """Run one step on every rank; return rank 0's output."""

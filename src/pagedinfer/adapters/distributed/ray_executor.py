@@ -40,6 +40,7 @@ import importlib
 import time
 import uuid
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -51,6 +52,7 @@ from pagedinfer.adapters.distributed.ray_worker import GrammarSpec, RayWorker, R
 from pagedinfer.adapters.models.registry import read_model_config
 from pagedinfer.adapters.runner_config import RunnerConfig
 from pagedinfer.adapters.sampling.grammar import GrammarCompiler
+from pagedinfer.domain.executor import launch_now
 from pagedinfer.domain.plan import BatchPlan
 from pagedinfer.domain.step_output import StepOutput
 from pagedinfer.errors import (
@@ -155,6 +157,8 @@ class RayExecutor:
     """
 
     num_kv_blocks: int
+    # Runs each step to its end before the next: the engine fills in carried tokens.
+    reads_carried_tokens = False
 
     def __init__(
         self,
@@ -226,6 +230,11 @@ class RayExecutor:
         return [float(seconds) for _, seconds in busy]
 
     # ------------------------------------------------------------------ steps
+    def launch(self, plan: BatchPlan) -> Callable[[], StepOutput]:
+        """:meth:`execute` now, its output handed back by the returned callable (steps do
+        not overlap here)."""
+        return launch_now(self.execute, plan)
+
     def execute(self, plan: BatchPlan) -> StepOutput:
         """Run one step on every rank; return the sampling rank's output."""
         if self._failure is not None:

@@ -1,0 +1,83 @@
+"""The configurations of the engine's parts, derived from its own (:class:`EngineConfig`)
+and what was resolved from the checkpoint and the machine: the executor's
+(:class:`RunnerConfig`) and the scheduler's (:class:`SchedulerConfig`)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import torch
+
+from pagedinfer.adapters.runner_config import RunnerConfig
+from pagedinfer.domain.scheduler import SchedulerConfig
+from pagedinfer.engine.config import EngineConfig
+
+__all__ = ["runner_config", "scheduler_config"]
+
+
+def runner_config(
+    config: EngineConfig,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    attention_backend: str,
+    max_model_len: int,
+    num_threads: int | None,
+) -> RunnerConfig:
+    """What the executor needs: ``config`` with the device, dtype, attention backend,
+    ``max_model_len`` and CPU threads resolved."""
+    speculation = config.speculation
+    return RunnerConfig(
+        model_path=config.model_path,
+        device=device,
+        dtype=dtype,
+        block_size=config.kv_block_size,
+        attention_backend=attention_backend,
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_model_len=max_model_len,
+        num_kv_blocks=config.num_kv_blocks,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        enforce_eager=config.enforce_eager,
+        seed=config.seed,
+        tensor_parallel_size=config.tensor_parallel_size,
+        kv_cache_memory_bytes=config.kv_cache_memory_bytes,
+        num_threads=num_threads,
+        worker_timeout_s=config.worker_timeout_s,
+        kv_cache_dtype=config.kv_cache_dtype,
+        pipeline_parallel_size=config.pipeline_parallel_size,
+        distributed_executor_backend=config.distributed_executor_backend,
+        draft_model_path=(
+            speculation.model
+            if speculation is not None and speculation.method == "draft_model"
+            else None
+        ),
+        num_speculative_tokens=0 if speculation is None else speculation.num_speculative_tokens,
+        weight_check=config.weight_check,
+    )
+
+
+def scheduler_config(
+    config: EngineConfig,
+    runner: RunnerConfig,
+    *,
+    num_blocks: int,
+    eos_token_ids: Collection[int],
+) -> SchedulerConfig:
+    """What the scheduler needs: ``config`` with the executor's KV cache (``num_blocks``) and
+    the runner's resolved sizes and drafts."""
+    return SchedulerConfig(
+        num_blocks=num_blocks,
+        block_size=config.kv_block_size,
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_model_len=runner.max_model_len,
+        enable_prefix_caching=config.enable_prefix_caching,
+        eos_token_ids=frozenset(eos_token_ids),
+        scheduling_policy=config.scheduling_policy,
+        num_speculative_tokens=runner.num_speculative_tokens,
+        # A draft model writes the K/V of its next drafts past a verify row.
+        num_lookahead_tokens=(
+            runner.num_speculative_tokens if runner.draft_model_path is not None else 0
+        ),
+    )
