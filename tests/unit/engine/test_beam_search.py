@@ -221,7 +221,7 @@ def test_bad_parameters_are_refused_by_name(llm: LLM) -> None:
         llm.beam_search([PROMPTS[0]], BeamSearchParams(2, 2), lora_request=object())
     with pytest.raises(InvalidRequestError, match="concurrency_limit=0"):
         llm.beam_search([PROMPTS[0]], BeamSearchParams(2, 2), concurrency_limit=0)
-    with pytest.raises(InvalidRequestError, match="out of range"):
+    with pytest.raises(InvalidRequestError, match="out of vocabulary"):
         llm.beam_search([PROMPTS[0], [10**6]], BeamSearchParams(2, 2))
     with pytest.raises(InvalidRequestError, match="no tokenizer"):
         llm.beam_search("a text", BeamSearchParams(2, 2))
