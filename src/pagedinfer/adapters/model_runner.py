@@ -165,6 +165,7 @@ class ModelRunner:
                 uploads=self.uploads,
                 readbacks=self.readbacks,
                 grammars=grammars,
+                logprobs_mode=config.logprobs_mode,
             )
         self._closed = False
         # Decode steps go through graph_runner when it is set; the warm-up pass that sizes

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedinfer.adapters.models.finite import WeightCheck
+from pagedinfer.adapters.sampling.logprobs_mode import DEFAULT_LOGPROBS_MODE, LogprobsMode
 from pagedinfer.domain.limits import (
     DEFAULT_MAX_MODEL_LEN,
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
@@ -43,6 +44,8 @@ class RunnerConfig:
     num_speculative_tokens: int = 0
     # Which tensors must be finite at load (adapters/models/finite.py).
     weight_check: WeightCheck = "default"
+    # What the logprobs of sampled tokens report (adapters/sampling/logprobs_mode.py).
+    logprobs_mode: LogprobsMode = DEFAULT_LOGPROBS_MODE
 
     @property
     def max_running(self) -> int:

@@ -54,6 +54,7 @@ def runner_config(
         ),
         num_speculative_tokens=0 if speculation is None else speculation.num_speculative_tokens,
         weight_check=config.weight_check,
+        logprobs_mode=config.logprobs_mode,
     )
 
 

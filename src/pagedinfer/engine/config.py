@@ -14,6 +14,11 @@ import torch
 
 from pagedinfer.adapters.kv_cache import KV_CACHE_DTYPES
 from pagedinfer.adapters.models.finite import WEIGHT_CHECKS, WeightCheck, validate_weight_check
+from pagedinfer.adapters.sampling.logprobs_mode import (
+    LOGPROBS_MODES,
+    LogprobsMode,
+    validate_logprobs_mode,
+)
 from pagedinfer.domain.grammar_limits import (
     DEFAULT_GRAMMAR_LIMITS,
     GRAMMAR_LIMIT_HELP,
@@ -428,6 +433,17 @@ class EngineConfig:
             )
         },
     )
+    logprobs_mode: LogprobsMode = field(
+        default="raw_logprobs",
+        metadata={
+            CLI_FLAG: CliFlag(
+                "what logprobs report: raw_* the model's distribution, processed_* the "
+                "sampler's (after penalties, temperature, top-k/top-p); *_logits the values "
+                "before log_softmax (docs/api.md)",
+                choices=LOGPROBS_MODES,
+            )
+        },
+    )
     # Structured outputs: what one constraint may cost (domain/grammar_limits.py); one
     # --grammar-<name> flag per limit.
     grammar_limits: GrammarLimits = field(
@@ -524,6 +540,7 @@ class EngineConfig:
             _positive_int("num_threads", self.num_threads)
         _positive_int("max_consecutive_failed_steps", self.max_consecutive_failed_steps)
         validate_weight_check(self.weight_check)
+        validate_logprobs_mode(self.logprobs_mode)
         self.request_limits  # noqa: B018 (validates the limits: ConfigurationError)
         if not isinstance(self.grammar_limits, GrammarLimits):
             raise ConfigurationError(
@@ -649,6 +666,7 @@ class EngineOptions(TypedDict, total=False):
     max_stop_str_len: int
     max_consecutive_failed_steps: int
     weight_check: WeightCheck
+    logprobs_mode: LogprobsMode
     grammar_limits: GrammarLimits
 
 

@@ -15,6 +15,8 @@ Map (data flows top to bottom in ``SamplingPipeline.sample``):
   ``StructuredOutputsParams``, one matcher per constrained slot, the step's token bitmask
   filled on the host and applied on the device in one masked fill.
 * ``logprobs.py`` — which requests asked for logprobs; ``log_softmax`` and the top-k entries.
+* ``logprobs_mode.py`` — the engine's ``logprobs_mode``: raw (the model's) or processed (the
+  sampler's) logprobs or logits.
 * ``logits_processors.py`` — allowed ids, ``logit_bias``, ``min_tokens``, ``min_p`` and
   (with ``penalties.py``) presence / frequency / repetition penalties, as per-row tables.
 * ``sampler.py`` — :class:`Sampler`: greedy, temperature, top-k / top-p, then the

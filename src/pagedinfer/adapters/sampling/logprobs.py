@@ -1,9 +1,10 @@
 """Log-probabilities for outputs: top-k per row plus a chosen token, with its rank.
 
-As in vLLM v1 (its default ``raw_logprobs`` mode), the numbers are those of the model's own
+By default (vLLM v1's ``raw_logprobs`` mode), the numbers are those of the model's own
 distribution: ``log_softmax`` of the logits *before* bias, masks, penalties, temperature and
 filters. So the runner takes them from the logits before the sampler processes them in place,
-and gathers the sampled token's entry once the token is known.
+and gathers the sampled token's entry once the token is known. The engine's
+``logprobs_mode`` picks other values (:mod:`pagedinfer.adapters.sampling.logprobs_mode`).
 
 :class:`LogprobsRequests` (rank 0) knows which live requests asked for logprobs, by slot and by
 sequence, from the sampling table's install / release deltas; a step in which none did costs

@@ -7,11 +7,11 @@
   logprobs requests and structured-output grammar matchers.
 * :meth:`~SamplingPipeline.grammar_step` (right after the forward is launched): the
   constrained rows' token bitmask, filled on the host while the device runs the forward.
-* :meth:`~SamplingPipeline.sample` (on the step's logits): grammar mask, logprobs of the
-  model's distribution, processing, the sampler; it records what the step changed in the
-  per-request state and starts the copies of the ids (and logprobs) to the host. It launches
-  only, and returns the **read**: a callable that waits for those copies and gives the
-  step's :class:`SampledTokens`, advancing the grammars by the tokens.
+* :meth:`~SamplingPipeline.sample` (on the step's logits): grammar mask, logprobs (of the
+  distribution ``logprobs_mode`` names), processing, the sampler; it records what the step
+  changed in the per-request state and starts the copies of the ids (and logprobs) to the
+  host. It launches only, and returns the **read**: a callable that waits for those copies
+  and gives the step's :class:`SampledTokens`, advancing the grammars by the tokens.
 
 Records: the processing state and the grammars advance at sample time, but the scheduler
 may never record a step (it failed, or Ctrl-C came first; async scheduling plans a step
@@ -41,8 +41,13 @@ from pagedinfer.adapters.sampling.logits_processors import LogitsProcessors, Pro
 from pagedinfer.adapters.sampling.logprobs import (
     LogprobsRequests,
     LogprobsTensors,
-    compute_logprobs,
     gather_logprobs,
+)
+from pagedinfer.adapters.sampling.logprobs_mode import (
+    DEFAULT_LOGPROBS_MODE,
+    LogprobsMode,
+    is_processed,
+    logprobs_of,
 )
 from pagedinfer.adapters.sampling.sampler import Sampler
 from pagedinfer.adapters.sampling.table import SamplingTable, TableDelta
@@ -81,6 +86,7 @@ class SamplingPipeline:
 
     ``max_running`` slots (the scheduler's are below it); ``grammars``: the engine's compiler,
     when structured outputs are on. ``uploads`` / ``readbacks``: the runner's host transfers.
+    ``logprobs_mode``: what the logprobs of sampled tokens report (``logprobs_mode.py``).
     """
 
     def __init__(
@@ -94,6 +100,7 @@ class SamplingPipeline:
         uploads: HostUploads,
         readbacks: Readbacks,
         grammars: GrammarCompiler | None = None,
+        logprobs_mode: LogprobsMode = DEFAULT_LOGPROBS_MODE,
     ) -> None:
         self.max_running = max_running
         self.vocab_size = vocab_size
@@ -102,6 +109,7 @@ class SamplingPipeline:
         self.grammars = grammars
         self.uploads = uploads
         self.readbacks = readbacks
+        self.logprobs_mode = logprobs_mode
         self.sampler = Sampler(device, seed)
         # The latest step's sampled ids on the device, by its plan's step_id: the inputs of
         # the rows a plan made ahead of that step carries (BatchPlan.carried_rows).
@@ -164,14 +172,16 @@ class SamplingPipeline:
         processors, requests, table = self.processors, self.logprobs_requests, self.table
         if grammar is not None:  # first: logprobs and every later pass see the mask (vLLM's)
             apply_token_bitmask(logits, grammar)
-        # Logprobs are of the model's distribution (with the grammar's mask, if any): taken
-        # before any other processing.
+        # Raw logprobs are of the model's distribution (with the grammar's mask, if any):
+        # taken before any other processing; processed ones once the step's processing is known.
         wanted = requests.sample_rows(plan.sample_slots)
-        raw = rows = None
+        mode = self.logprobs_mode
+        values = rows = None
         if wanted is not None:
             if len(wanted[0]) < plan.num_samples:
                 rows = self.uploads.upload(wanted[0], torch.int64)
-            raw = compute_logprobs(logits if rows is None else logits.index_select(0, rows))
+            if not is_processed(mode):
+                values = logprobs_of(mode, logits if rows is None else logits.index_select(0, rows))
         processing = None
         if len(processors):
             positions, indices = plan.positions, plan.sample_indices
@@ -181,6 +191,9 @@ class SamplingPipeline:
                 draft_history(plan) if plan.verify_rows else None,
             )
         batch = table.rows(sample_slots, sample_positions() if table.any_seeded else None)
+        if wanted is not None and values is None:  # a processed mode: before the sampler
+            values = logprobs_of(mode, logits, batch, processors, processing)
+            values = values if rows is None else values.index_select(0, rows)
         sampled_ids = self.sampler(logits, batch, processors, processing)  # NO_TOKEN: failed
         token_ids = sampled_ids.clamp(min=0)  # for the state below; failed rows end anyway
         self.last_sampled = (plan.step_id, token_ids)  # what a plan made ahead carries
@@ -192,9 +205,9 @@ class SamplingPipeline:
             record = _Record(plan.step_id, processing, token_ids, kept, grammar)
             self._unconfirmed.append(record)
         top: Callable[[], LogprobsTensors] | None = None
-        if wanted is not None and raw is not None:
+        if wanted is not None and values is not None:
             chosen = token_ids if rows is None else token_ids.index_select(0, rows)
-            top = read_later(self.readbacks, gather_logprobs(raw, chosen, max(wanted[1])))
+            top = read_later(self.readbacks, gather_logprobs(values, chosen, max(wanted[1])))
         # The step's one device-to-host wait (more with logprobs), when the output is read:
         # on CUDA a copy into pinned memory queued behind the step, and an event after it.
         readback = self.readbacks.start(token_ids)

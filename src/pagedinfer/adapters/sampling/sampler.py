@@ -39,7 +39,7 @@ from pagedinfer.adapters.sampling.logits_processors import LogitsProcessors, Pro
 from pagedinfer.adapters.sampling.noise import exponential_noise
 from pagedinfer.domain.sampling import GREEDY_TEMPERATURE_EPSILON
 
-__all__ = ["NO_TOKEN", "Sampler", "filtered_logits", "uses_fused_race"]
+__all__ = ["NO_TOKEN", "Sampler", "filtered_logits", "sampled_from", "uses_fused_race"]
 
 NO_TOKEN = -1
 """The sample of a row whose logits leave no finite allowed token (see :class:`Sampler`)."""
@@ -160,6 +160,23 @@ def filtered_logits(
     if batch.all_greedy:
         return logits.float()
     return _scaled_and_filtered(logits, batch, _greedy_rows(batch), processors, processing)
+
+
+def sampled_from(
+    logits: torch.Tensor,
+    batch: SamplingBatch,
+    processors: LogitsProcessors | None = None,
+    processing: ProcessingStep | None = None,
+) -> torch.Tensor:
+    """The float32 logits ``[n, vocab]`` each row's token is chosen from, in a new tensor
+    (``logits`` unchanged): a sampled row's are :func:`filtered_logits`'s; a greedy row's the
+    processed logits, with no temperature and no filter (its token is their argmax)."""
+    processed = _processed(logits.to(torch.float32, copy=True), processors, processing)
+    if batch.all_greedy:
+        return processed
+    is_greedy = _greedy_rows(batch)
+    scaled = _scaled_and_filtered(processed, batch, is_greedy, processors, processing)
+    return scaled if is_greedy is None else torch.where(is_greedy.unsqueeze(1), processed, scaled)
 
 
 def _processed(
