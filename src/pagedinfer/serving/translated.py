@@ -1,7 +1,8 @@
-"""Serving an API that is a chat in another shape (OpenAI's Responses API, Anthropic's
-Messages API): the chat request it was translated into is checked, rendered and queued as
-``/v1/chat/completions`` does it (:func:`submit_chat`), and the answer is read back with its
-tool calls and (with a reasoning parser) its reasoning split off (:class:`Reasoner`)."""
+"""A chat request checked, rendered and queued (:func:`submit_chat`): what
+``/v1/chat/completions`` does, and what the APIs that are a chat in another shape (OpenAI's
+Responses API, Anthropic's Messages API) do with the chat request they are translated into;
+their answer is read back with its tool calls and (with a reasoning parser) its reasoning
+split off (:class:`Reasoner`)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,16 @@ import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from pagedinfer.domain.sampling import SamplingParams
 from pagedinfer.engine.async_engine import AsyncRequestStream
 from pagedinfer.engine.prompts import TokenizedPrompt
-from pagedinfer.serving.prompts import encode_chat
+from pagedinfer.serving.prompts import Truncation, encode_chat
 from pagedinfer.serving.protocol import (
     ChatCompletionRequest,
     chat_messages,
     chat_sampling_params,
     check_sizes,
+    truncation_limit,
 )
 from pagedinfer.serving.reasoning.plan import ReasoningPlan, plan_reasoning
 from pagedinfer.serving.state import ServingState
@@ -49,21 +52,25 @@ def split_answer(text: str, reasoner: Reasoner | None, finished: bool) -> Reason
 
 @dataclass(frozen=True, slots=True)
 class SubmittedChat:
-    """A queued chat: its output stream, its prompt, how its tool calls are read (``None``:
-    the answer is text), how its reasoning is split off (``None``: it is not: no
-    ``--reasoning-parser``, or thinking is off) and how many of its tokens are reasoning."""
+    """A queued chat: its output stream, its prompt, its checked sampling parameters, how its
+    tool calls are read (``None``: the answer is text), its reasoning plan, how its reasoning
+    is split off (``None``: it is not: no ``--reasoning-parser``, or thinking is off) and how
+    many of its tokens are reasoning."""
 
     stream: AsyncRequestStream
     prompt: TokenizedPrompt
+    params: SamplingParams
     tools: ToolCalls | None
+    reasoning: ReasoningPlan
     reasoner: Reasoner | None
     reasoning_tokens: Callable[[Sequence[int]], int]  # of an answer's token ids
 
 
 async def submit_chat(chat: ChatCompletionRequest, state: ServingState) -> SubmittedChat:
-    """Check ``chat`` (its fields, sizes, tools, constraint and sampling parameters: a 4xx
-    for what cannot be served), render its template in a worker thread and queue it. With a
-    reasoning parser, its constraint starts after the reasoning, as chat's does."""
+    """Check ``chat`` cheapest first (its fields, sizes, tools, constraint and sampling
+    parameters: a 4xx for what cannot be served), render and tokenize its template in a
+    worker thread and queue it. With a reasoning parser, its constraint starts after the
+    reasoning."""
     state.admit(chat)
     engine, options = state.engine, state.options
     check_sizes(chat, state.limits, state.vocab_size)
@@ -82,16 +89,20 @@ async def submit_chat(chat: ChatCompletionRequest, state: ServingState) -> Submi
         keep_special_tokens=tools.keeps_special_tokens,
     )
     params = await state.checked(params, structured)
+    truncation = Truncation(truncation_limit(chat, engine.max_model_len), chat.truncation_side)
     rendering = state.rendering(chat)
-    prompt = await asyncio.to_thread(encode_chat, engine.engine, chat_messages(chat), rendering)
+    prompt = await asyncio.to_thread(
+        encode_chat, engine.engine, chat_messages(chat), rendering, truncation
+    )
     reasoning = plan_reasoning(
         state.reasoning,
         state.reasoning_end,
-        include_reasoning=True,
+        include_reasoning=chat.include_reasoning,
         prompt_text=prompt.text
         if prompt.text is not None
         else state.decode(prompt.token_ids[-32:]),
         template_kwargs=rendering.template_kwargs,
+        continued=chat.continue_final_message,
     )
     if structured is not None:
         params = reasoning.gated(params, structured.field)
@@ -100,7 +111,9 @@ async def submit_chat(chat: ChatCompletionRequest, state: ServingState) -> Submi
     return SubmittedChat(
         stream,
         prompt,
+        params,
         tools.calls,
+        reasoning,
         _reasoner(reasoning, end_texts),
         _reasoning_tokens(reasoning),
     )

@@ -1,10 +1,9 @@
-"""``POST /v1/chat/completions``: the body checked cheapest first (its fields, its sizes,
-the tools, the sampling parameters), the chat template rendered and tokenized in a worker
-thread, then answered whole or streamed."""
+"""``POST /v1/chat/completions``: the body checked, rendered and queued by
+:func:`~pagedinfer.serving.translated.submit_chat` (as the Responses and Messages APIs'
+translated chats are), then answered whole or streamed."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 from fastapi import Request, Response
@@ -14,17 +13,11 @@ from pagedinfer.engine.async_engine import AsyncRequestStream
 from pagedinfer.engine.outputs import RequestOutput
 from pagedinfer.serving.failures import raise_if_failed
 from pagedinfer.serving.metrics import RequestTimer
-from pagedinfer.serving.prompts import Truncation, encode_chat
 from pagedinfer.serving.protocol import (
     ChatCompletionRequest,
-    chat_messages,
-    chat_sampling_params,
-    check_sizes,
     echo_prefix,
     response_role,
-    truncation_limit,
 )
-from pagedinfer.serving.reasoning.plan import plan_reasoning
 from pagedinfer.serving.responses import (
     ChoiceCursor,
     ResponseContext,
@@ -45,49 +38,14 @@ from pagedinfer.serving.streaming import (
     observe,
     until_disconnected,
 )
-from pagedinfer.serving.structured import structured_request
-from pagedinfer.serving.tools import plan_tools
+from pagedinfer.serving.translated import submit_chat
 
 __all__ = ["chat_completions"]
 
 
 async def chat_completions(body: ChatCompletionRequest, request: Request, state: State) -> Response:
-    state.admit(body)
-    engine, options = state.engine, state.options
-    check_sizes(body, state.limits, state.vocab_size)
-    tools = plan_tools(
-        body.tools,
-        body.tool_choice,
-        body.parallel_tool_calls,
-        parser=options.tool_call_parser,
-        auto_tool_choice=options.enable_auto_tool_choice,
-        end_texts=state.end_texts,
-    )
-    structured = structured_request(body, tools.constraint)
-    params = chat_sampling_params(
-        body,
-        None if structured is None else structured.params,
-        keep_special_tokens=tools.keeps_special_tokens,
-    )
-    params = await state.checked(params, structured)
-    truncation = Truncation(truncation_limit(body, engine.max_model_len), body.truncation_side)
-    rendering = state.rendering(body)
-    prompt = await asyncio.to_thread(
-        encode_chat, engine.engine, chat_messages(body), rendering, truncation
-    )
-    reasoning = plan_reasoning(
-        state.reasoning,
-        state.reasoning_end,
-        include_reasoning=body.include_reasoning,
-        prompt_text=prompt.text
-        if prompt.text is not None
-        else state.decode(prompt.token_ids[-32:]),
-        template_kwargs=rendering.template_kwargs,
-        continued=body.continue_final_message,
-    )
-    if structured is not None:
-        params = reasoning.gated(params, structured.field)
-    stream = state.submit(prompt, params, structured)
+    chat = await submit_chat(body, state)
+    stream, params, tools, reasoning = chat.stream, chat.params, chat.tools, chat.reasoning
     ctx = state.context(
         "chatcmpl",
         params,
@@ -95,7 +53,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
         role=response_role(body),
         echo_text=echo_prefix(body),
         prompt_text=bool(body.return_prompt_text),
-        tool_calls=tools.calls,
+        tool_calls=tools,
         reasoning=reasoning.parser,
         thinking=reasoning.thinking,
         include_reasoning=body.include_reasoning,
