@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import inspect
-import json
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import TypedDict
 
@@ -38,6 +37,16 @@ from pagedinfer.domain.limits import (
 from pagedinfer.domain.sampling import SamplingParams
 from pagedinfer.domain.scheduler import SCHEDULING_POLICIES, SchedulingPolicy
 from pagedinfer.domain.speculative import SpeculativeConfig
+from pagedinfer.engine.cli_flag import (
+    CLI_FLAG,
+    GRAMMAR_LIMITS_GROUP,
+    SPECULATIVE_EXAMPLE,
+    CliFlag,
+    one_of,
+    parse_num_threads,
+    parse_speculative_config,
+)
+from pagedinfer.engine.device_dtype import resolve_device, resolve_dtype
 from pagedinfer.engine.generation_config import (
     check_generation_config,
     generation_defaults,
@@ -52,6 +61,7 @@ __all__ = [
     "DEFAULT_MAX_MODEL_LEN",
     "DISTRIBUTED_EXECUTOR_BACKENDS",
     "ENGINE_OPTIONS",
+    "GRAMMAR_LIMITS_GROUP",
     "KV_CACHE_DTYPES",
     "SCHEDULING_POLICIES",
     "CliFlag",
@@ -71,96 +81,6 @@ __all__ = [
 
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash")
 DISTRIBUTED_EXECUTOR_BACKENDS = ("mp", "ray")
-
-
-_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float": torch.float32,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-}
-
-
-_LIBRARY_DEFAULT = object()  # CliFlag.cli_default: the option's own default
-
-
-@dataclass(frozen=True, slots=True)
-class CliFlag:
-    """How an engine option reads on the command line (``pagedinfer generate``, ``serve``, ...).
-
-    The flag is the field's name with dashes (``max_num_seqs``: ``--max-num-seqs``); its
-    default is the field's, shown by ``--help``.
-    """
-
-    help: str
-    group: str = "engine"  # the --help section: "engine" or "request limits"
-    aliases: tuple[str, ...] = ()  # other spellings (vLLM's: --block-size, -tp)
-    metavar: str | None = None
-    # Text to value, raising ValueError with a message that says what is expected. None: the
-    # default's type (int, float, str).
-    parse: Callable[[str], object] | None = None
-    choices: tuple[str, ...] | None = None
-    # A flag without a value: --x (default False), or --x / --no-x (default True or None).
-    switch: bool = False
-    # The command line's own default where it differs from the library's (none does today:
-    # the library's and the command line's defaults are the same).
-    cli_default: object = _LIBRARY_DEFAULT
-    # A composite option (a frozen dataclass of ints, such as GrammarLimits): one integer flag
-    # per member, --<member_prefix>-<member>, with the member's help; the value is built from them.
-    members: Mapping[str, str] | None = None
-    member_prefix: str = ""
-
-    def default(self, library_default: object) -> object:
-        """The flag's default: ``cli_default``, or else the option's (``library_default``)."""
-        return library_default if self.cli_default is _LIBRARY_DEFAULT else self.cli_default
-
-
-GRAMMAR_LIMITS_GROUP = "grammar limits (structured outputs; docs/structured-outputs.md)"
-
-CLI_FLAG = "cli"
-"""The key of a field's metadata that holds its :class:`CliFlag`."""
-
-
-def _one_of(names: tuple[str, ...]) -> str:
-    """``("a", "b", "c")``: ``"a, b or c"``."""
-    return f"{', '.join(names[:-1])} or {names[-1]}"
-
-
-def parse_num_threads(text: str) -> int | str:
-    """``--num-threads``: an integer >= 1, or ``auto``."""
-    if text == "auto":
-        return text
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"expected an integer or 'auto', got {text!r}") from None
-    if value < 1:
-        raise ValueError(f"expected an integer >= 1 or 'auto', got {text!r}")
-    return value
-
-
-_SPECULATIVE_EXAMPLE = '{"method": "ngram", "num_speculative_tokens": 3}'
-
-
-def parse_speculative_config(text: str) -> dict[str, object]:
-    """``--speculative-config``: vLLM's JSON object, checked (before the model loads) and
-    kept as the dict."""
-    try:
-        value = json.loads(text)
-    except ValueError as error:
-        raise ValueError(
-            f"expected a JSON object such as '{_SPECULATIVE_EXAMPLE}', got {text!r} ({error})"
-        ) from None
-    try:
-        SpeculativeConfig.from_value(value)
-    except ConfigurationError as error:
-        raise ValueError(" ".join(str(error).split())) from None
-    result: dict[str, object] = value  # a dict: from_value refuses anything else
-    return result
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,7 +167,7 @@ class EngineConfig:
     )
     attention_backend: str = field(
         default="auto",
-        metadata={CLI_FLAG: CliFlag(_one_of(ATTENTION_BACKENDS), metavar="NAME")},
+        metadata={CLI_FLAG: CliFlag(one_of(ATTENTION_BACKENDS), metavar="NAME")},
     )
     kv_cache_dtype: str = field(
         default="auto",
@@ -334,7 +254,7 @@ class EngineConfig:
         default=None,
         metadata={
             CLI_FLAG: CliFlag(
-                f"speculative decoding, vLLM's JSON, e.g. '{_SPECULATIVE_EXAMPLE}' (also "
+                f"speculative decoding, vLLM's JSON, e.g. '{SPECULATIVE_EXAMPLE}' (also "
                 "prompt_lookup_max, prompt_lookup_min; docs/api.md); default: off",
                 aliases=("--speculative_config",),
                 metavar="JSON",
@@ -727,50 +647,3 @@ def resolve_async_scheduling(config: EngineConfig, device: torch.device) -> bool
 def _positive_int(name: str, value: object, minimum: int = 1) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ConfigurationError(f"{name}={value!r} is invalid: expected an integer >= {minimum}.")
-
-
-def resolve_device(requested: str | torch.device) -> torch.device:
-    """``"auto"`` picks CUDA when available, else the CPU."""
-    if isinstance(requested, str) and requested == "auto":
-        return (
-            torch.device("cuda", torch.cuda.current_device())
-            if torch.cuda.is_available()
-            else (torch.device("cpu"))
-        )
-    try:
-        device = torch.device(requested)
-    except (RuntimeError, TypeError) as error:
-        raise ConfigurationError(
-            f"device={requested!r} is not a device: use 'auto', 'cpu', 'cuda' or 'cuda:N'."
-        ) from error
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigurationError(
-                f"device={requested!r} was requested but CUDA is not available; "
-                "use 'cpu' or 'auto'."
-            )
-        return torch.device("cuda", device.index if device.index is not None else 0)
-    if device.type != "cpu":
-        raise ConfigurationError(f"device={requested!r} is not supported: use 'cpu' or 'cuda'.")
-    return device
-
-
-def resolve_dtype(
-    requested: str | torch.dtype, device: torch.device, checkpoint_dtype: torch.dtype
-) -> torch.dtype:
-    """``"auto"``: the checkpoint's dtype on CUDA, float32 on the CPU."""
-    if isinstance(requested, torch.dtype):
-        dtype = requested
-    elif requested == "auto":
-        return checkpoint_dtype if device.type == "cuda" else torch.float32
-    elif isinstance(requested, str) and requested in _DTYPES:
-        dtype = _DTYPES[requested]
-    else:
-        raise ConfigurationError(
-            f"dtype={requested!r} is not supported: use 'auto', 'float32', 'float16' or 'bfloat16'."
-        )
-    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise ConfigurationError(
-            f"dtype={dtype} is not supported: use float32, float16 or bfloat16."
-        )
-    return dtype
