@@ -617,14 +617,13 @@ def engine_signature() -> inspect.Signature:
     )
 
 
-def resolve_max_model_len(requested: int | None, context_len: int, window: int | None) -> int:
-    """``max_model_len`` for a model that positions ``context_len`` tokens (and whose
-    sliding-window layers, if any, attend ``window`` tokens): ``requested`` as given (the
-    executor refuses it beyond the model's limit, naming the limit), or when ``None`` the
-    default ``DEFAULT_MAX_MODEL_LEN``, lowered to what the model can serve exactly."""
+def resolve_max_model_len(requested: int | None, context_len: int) -> int:
+    """``max_model_len`` for a model that positions ``context_len`` tokens: ``requested`` as
+    given (the executor refuses it beyond the model's limit, naming the limit), or when
+    ``None`` the default ``DEFAULT_MAX_MODEL_LEN``, lowered to the model's limit."""
     if requested is not None:
         return requested
-    return min(DEFAULT_MAX_MODEL_LEN, context_len, window or context_len)
+    return min(DEFAULT_MAX_MODEL_LEN, context_len)
 
 
 # Where async scheduling is on when async_scheduling=None: the device types on which it was

@@ -152,9 +152,7 @@ class Engine:
         self.dtype = resolve_dtype(config.dtype, resolved_device, self.model_config.dtype)
         # Never silently below what was asked: beyond the model's limit is an error naming it.
         self.max_model_len = resolve_max_model_len(
-            config.max_model_len,
-            self.model_config.max_context_len,
-            self.model_config.sliding_window,
+            config.max_model_len, self.model_config.max_context_len
         )
         self.model_config.check_max_model_len(self.max_model_len)
         # One step in flight: the next step is planned and launched before this one's tokens

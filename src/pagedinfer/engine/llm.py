@@ -111,7 +111,7 @@ VLLM_ARGUMENTS: dict[str, _VllmArgument] = {
     "disable_log_stats": _VllmArgument(_flag, "the engine logs no stats; stats() returns them"),
     "served_model_name": _VllmArgument(_anything, "only a server names its model"),
     "disable_sliding_window": _VllmArgument(
-        _flag, "sliding windows are not implemented: max_model_len stays within the window"
+        _flag, "sliding-window layers always attend within their window"
     ),
     "max_lora_rank": _VllmArgument(_anything, "LoRA is not supported (enable_lora)"),
     "max_loras": _VllmArgument(_anything, "LoRA is not supported (enable_lora)"),

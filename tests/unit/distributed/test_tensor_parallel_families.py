@@ -79,7 +79,6 @@ def test_tp2_matches_transformers(make_checkpoint: Callable[..., Path], family: 
     ("overrides", "fragment"),
     [
         ({"architecture": "Qwen3MoeForCausalLM", "moe_intermediate_size": 33}, "moe_intermediate"),
-        ({"architecture": "MistralForCausalLM", "sliding_window": 64}, "sliding-window"),
     ],
 )
 def test_refused_before_any_worker_starts(

@@ -18,7 +18,6 @@ import pytest
 
 from hf_reference import hf_greedy
 from pagedinfer import Engine, SamplingParams
-from pagedinfer.errors import ConfigurationError
 
 MAX_TOKENS = 12
 VOCAB = 512
@@ -139,13 +138,3 @@ def test_dynamic_rope_generates_past_the_trained_context(
     with Engine(checkpoint, device="cpu", kv_block_size=16) as engine:  # the model's limit
         assert engine.max_model_len == 128
         check(engine, checkpoint, prompts, 50)
-
-
-def test_a_window_shorter_than_max_model_len_is_refused(
-    make_checkpoint: Callable[..., Path],
-) -> None:
-    checkpoint = make_checkpoint("tiny", **MISTRAL, sliding_window=64)
-    with pytest.raises(ConfigurationError, match="max_model_len <= 64"):
-        Engine(checkpoint, device="cpu", max_model_len=128)
-    with Engine(checkpoint, device="cpu", max_model_len=64, num_kv_blocks=8) as engine:
-        check(engine, checkpoint, [[1, 2, 3, 4]], 4)

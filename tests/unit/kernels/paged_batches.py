@@ -129,11 +129,14 @@ def make_batch(
     )
 
 
-def dense_reference(batch: PagedBatch) -> torch.Tensor:
+def dense_reference(
+    batch: PagedBatch, *, window: int | None = None, sinks: torch.Tensor | None = None
+) -> torch.Tensor:
     """Causal attention from the unpaged per-sequence K/V, in float64: ``[T, heads, dim]``.
 
     Query ``i`` of a sequence with ``q_len`` queries and ``ctx`` keys sits at position
-    ``ctx - q_len + i`` (bottom-right aligned).
+    ``ctx - q_len + i`` (bottom-right aligned); with ``window`` it sees keys ``p - window <
+    n <= p``; ``sinks`` (``[heads]``) add one logit per head to the softmax's denominator.
     """
     num_heads = batch.query.shape[1]
     outputs = []
@@ -148,10 +151,30 @@ def dense_reference(batch: PagedBatch) -> torch.Tensor:
         scores = torch.einsum("qhd,khd->hqk", q, k) * batch.scale
         rows = torch.arange(ctx - q_len, ctx)
         visible = torch.arange(ctx)[None, :] <= rows[:, None]
-        probs = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)
+        if window is not None:
+            visible &= torch.arange(ctx)[None, :] > rows[:, None] - window
+        scores = scores.masked_fill(~visible, float("-inf"))
+        if sinks is not None:
+            sink = sinks.double().cpu()[:, None, None].expand(num_heads, q_len, 1)
+            probs = torch.cat([scores, sink], dim=-1).softmax(dim=-1)[..., :-1]
+        else:
+            probs = scores.softmax(dim=-1)
         outputs.append(torch.einsum("hqk,khd->qhd", probs, v))
         start += q_len
     return torch.cat(outputs)
+
+
+def drop_pages_left_of_window(batch: PagedBatch, window: int) -> None:
+    """Point every block-table entry of a page wholly left of its sequence's first query's
+    window at a page nobody owns (all NaN), as a KV manager that freed them may: a kernel
+    that reads one poisons its output."""
+    tables = batch.meta.block_tables
+    owned = {int(page) for page in tables.flatten().tolist()}
+    null_page = next(p for p in range(batch.k_cache.shape[0]) if p not in owned)
+    block_size = batch.meta.block_size
+    for row, (q_len, ctx) in enumerate(zip(batch.query_lens, batch.context_lens, strict=True)):
+        first_key = max(0, ctx - q_len - window + 1)
+        tables[row, : first_key // block_size] = null_page
 
 
 def tolerance(dtype: torch.dtype) -> dict[str, float]:

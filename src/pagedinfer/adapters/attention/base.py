@@ -23,7 +23,39 @@ from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["AttendsStoredKV", "AttentionBackend", "AttentionMetadata", "PagedAttentionBackend"]
+__all__ = [
+    "AttendsStoredKV",
+    "AttentionBackend",
+    "AttentionMetadata",
+    "LayerAttentionKind",
+    "PagedAttentionBackend",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class LayerAttentionKind:
+    """How one attention layer attends: what a model tells its layers and the KV manager.
+
+    ``window``: a sliding window of that many positions; the query at position ``p`` sees
+    keys ``p - window < n <= p`` (transformers' rule: the most recent ``window`` positions,
+    itself included); ``None``: full causal attention. ``has_sinks``: the layer adds one
+    learned logit per head to its softmax's denominator (GPT-OSS).
+
+    A step's K/V needed by a sliding layer: sequence ``s``'s first query sits at position
+    ``context_lens[s] - query_lens[s]``, so it reads keys from ``that - window + 1`` on;
+    pages wholly left of that are never read by any backend (a KV manager may free them and
+    leave any block id in their table entries).
+    """
+
+    window: int | None = None
+    has_sinks: bool = False
+
+    def __post_init__(self) -> None:
+        assert self.window is None or self.window >= 1, self.window
+
+    @property
+    def is_sliding(self) -> bool:
+        return self.window is not None
 
 
 @dataclass(slots=True)
@@ -159,8 +191,13 @@ class AttentionBackend(Protocol):
         scale: float,
         *,
         kv_scales: torch.Tensor | None = None,
+        window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Store this step's K/V, then attend; returns ``[T, num_heads, head_dim]``."""
+        """Store this step's K/V, then attend; returns ``[T, num_heads, head_dim]``.
+
+        ``window``: the layer's sliding window (see :class:`LayerAttentionKind`); ``sinks``:
+        its per-head sink logits ``[num_heads]`` (float32), when it has them."""
         ...
 
 
@@ -181,6 +218,8 @@ class AttendsStoredKV(Protocol):
         scale: float,
         *,
         kv_scales: torch.Tensor | None = None,
+        window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention of ``query [T, heads, dim]`` over the cache; this step's K/V are in it."""
         ...
@@ -201,6 +240,8 @@ class PagedAttentionBackend(ABC):
     name: ClassVar[str]
     # True when forward() reads no host-side values, so decode can be captured in a CUDA graph.
     supports_cuda_graphs: ClassVar[bool]
+    # False when the backend cannot add attention sinks (layers with them are refused).
+    supports_sinks: ClassVar[bool] = True
 
     def __init__(self, block_size: int, *, split_mixed_steps: bool = True) -> None:
         self.block_size = block_size
@@ -231,12 +272,20 @@ class PagedAttentionBackend(ABC):
         scale: float,
         *,
         kv_scales: torch.Tensor | None = None,
+        window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Store this step's K/V, then attend; returns ``[T, num_heads, head_dim]``."""
+        """Store this step's K/V, then attend; returns ``[T, num_heads, head_dim]``.
+
+        ``window``: the layer's sliding window (see :class:`LayerAttentionKind`); ``sinks``:
+        its per-head sink logits ``[num_heads]`` (float32), when it has them."""
         self._store(
             key, value, k_cache, v_cache, meta.slot_mapping, meta.has_padding_slots, kv_scales
         )
-        return self._attend(query, key, value, k_cache, v_cache, meta, scale, kv_scales)
+        return self._attend(
+            query, key, value, k_cache, v_cache, meta, scale, kv_scales,
+            window=window, sinks=sinks,
+        )  # fmt: skip
 
     def _attend(
         self,
@@ -248,6 +297,9 @@ class PagedAttentionBackend(ABC):
         meta: AttentionMetadata,
         scale: float,
         kv_scales: torch.Tensor | None,
+        *,
+        window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention of the step's queries over the cache, which holds this step's K/V;
         ``key`` / ``value`` are this step's own (``None`` when the caller stored them itself:
@@ -257,7 +309,10 @@ class PagedAttentionBackend(ABC):
             decode, prefill = meta.split_mixed()
             rows = meta.num_decode_rows  # = decode tokens
             out = torch.empty_like(query)
-            self._decode(query[:rows], k_cache, v_cache, decode, scale, scales, out[:rows])
+            self._decode(
+                query[:rows], k_cache, v_cache, decode, scale, scales, out[:rows],
+                window=window, sinks=sinks,
+            )  # fmt: skip
             self._prefill(
                 query[rows:],
                 None if key is None else key[rows:],
@@ -268,11 +323,18 @@ class PagedAttentionBackend(ABC):
                 scale,
                 scales,
                 out[rows:],
+                window=window,
+                sinks=sinks,
             )
             return out
         if meta.is_prefill:
-            return self._prefill(query, key, value, k_cache, v_cache, meta, scale, scales, None)
-        return self._decode(query, k_cache, v_cache, meta, scale, scales, None)
+            return self._prefill(
+                query, key, value, k_cache, v_cache, meta, scale, scales, None,
+                window=window, sinks=sinks,
+            )  # fmt: skip
+        return self._decode(
+            query, k_cache, v_cache, meta, scale, scales, None, window=window, sinks=sinks
+        )
 
     def _scales(self, k_cache: torch.Tensor, kv_scales: torch.Tensor | None) -> torch.Tensor | None:
         """The scale row the kernels get (the layer's, by default)."""
@@ -304,9 +366,12 @@ class PagedAttentionBackend(ABC):
         scale: float,
         kv_scales: torch.Tensor | None,
         out: torch.Tensor | None,
+        *,
+        window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The prefill kernel over a prefill step (or part): into ``out`` when given (and
-        returned), else into a new tensor."""
+        returned), else into a new tensor. ``window`` / ``sinks``: see :meth:`forward`."""
 
     @abstractmethod
     def _decode(
@@ -318,6 +383,10 @@ class PagedAttentionBackend(ABC):
         scale: float,
         kv_scales: torch.Tensor | None,
         out: torch.Tensor | None,
+        *,
+        window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The decode kernel over a decode step (or part), one query token per sequence:
-        into ``out`` when given (and returned), else into a new tensor."""
+        into ``out`` when given (and returned), else into a new tensor. ``window`` /
+        ``sinks``: see :meth:`forward`."""

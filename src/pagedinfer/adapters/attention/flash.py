@@ -14,7 +14,9 @@ paged cache serves every row (what vLLM's FlashAttention backend does).
 
 flash-attn's paged kernels need pages of a multiple of 256 tokens; other block sizes are
 refused at construction, and so is an FP8 KV cache (flash-attn 2 reads K/V in the query's
-dtype; ``attention_backend="auto"`` picks ``triton`` for ``kv_cache_dtype="fp8"``).
+dtype; ``attention_backend="auto"`` picks ``triton`` for ``kv_cache_dtype="fp8"``). A sliding
+window is flash-attn's ``window_size``; layers with attention sinks are refused when the
+model is built (flash-attn 2 has none).
 ``flash_attn`` is imported when the backend is built, so the rest of the package works
 without it (install it with the ``flash`` extra).
 """
@@ -51,6 +53,7 @@ class FlashAttentionBackend(PagedAttentionBackend):
 
     name: ClassVar[str] = "flash"
     supports_cuda_graphs: ClassVar[bool] = True
+    supports_sinks: ClassVar[bool] = False
 
     def __init__(
         self, block_size: int, *, split_mixed_steps: bool = True, kv_cache_dtype: str = "auto"
@@ -104,7 +107,11 @@ class FlashAttentionBackend(PagedAttentionBackend):
         scale: float,
         kv_scales: torch.Tensor | None,
         out: torch.Tensor | None,
+        *,
+        window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        assert sinks is None, "the flash backend refuses layers with sinks at build time"
         # Without a cached prefix the step's own K/V are the whole context: no page reads.
         paged = meta.has_cached_prefix
         assert paged or (key is not None and value is not None), "flash reads the step's K/V"
@@ -118,6 +125,7 @@ class FlashAttentionBackend(PagedAttentionBackend):
             max_seqlen_k=meta.max_seqlen_k,
             softmax_scale=scale,
             causal=True,
+            window_size=_window_size(window),
             block_table=meta.block_tables if paged else None,
         )
         return _into(out, output)
@@ -131,7 +139,11 @@ class FlashAttentionBackend(PagedAttentionBackend):
         scale: float,
         kv_scales: torch.Tensor | None,
         out: torch.Tensor | None,
+        *,
+        window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        assert sinks is None, "the flash backend refuses layers with sinks at build time"
         # Decode reads tensors only (no host values): safe to capture in a CUDA graph.
         output: torch.Tensor = self._with_kvcache(
             query.unsqueeze(1),
@@ -141,8 +153,14 @@ class FlashAttentionBackend(PagedAttentionBackend):
             block_table=meta.block_tables,
             softmax_scale=scale,
             causal=True,
+            window_size=_window_size(window),
         )
         return _into(out, output.squeeze(1))
+
+
+def _window_size(window: int | None) -> tuple[int, int]:
+    """flash-attn's ``(left, right)`` window: a query sees ``left`` keys before itself."""
+    return (-1, -1) if window is None else (window - 1, 0)
 
 
 def _into(out: torch.Tensor | None, result: torch.Tensor) -> torch.Tensor:

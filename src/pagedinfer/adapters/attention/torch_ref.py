@@ -13,7 +13,13 @@ that minimises padded rows plus a fixed per-call cost wins), and groups are cut 
 that none gathers more than a few MB of K/V: on the CPU a batch's whole gathered context
 spills the caches, and attention over it runs several times slower than in cache-sized
 pieces (128 rows of 1-2k tokens: 2.2x). The grouping, the flat slot ids and the masks are
-derived once per step and reused by every layer.
+derived once per step (per sliding window) and reused by every layer.
+
+Sliding windows and sinks: a layer with a window attends, in decode, over the last
+``window`` keys of each context only (gathered from the window's first key, so pages left of
+it are never read), and in prefill over the keys from its first query's window on, masked by
+position. Sinks (one logit per head in the softmax's denominator) go through
+:func:`attention_with_sinks`, a float32 softmax like transformers'.
 
 FP8 KV cache (a float8 cache tensor, with the layer's scale row ``kv_scales``, see
 :mod:`pagedinfer.adapters.kv_cache`): the store quantizes (:func:`~pagedinfer.adapters.kv_cache.
@@ -36,10 +42,12 @@ from pagedinfer.adapters.kv_cache import dequantize_fp8, is_fp8, quantize_fp8, u
 
 __all__ = [
     "TorchAttentionBackend",
+    "attention_with_sinks",
     "fp8_scales",
     "gather_context",
     "split_by_length",
     "store_kv_torch",
+    "window_start",
 ]
 
 # A decode group costs a few extra small ops (row selects, one more SDPA call, a scatter):
@@ -105,12 +113,44 @@ def _readable(
     return dequantize_fp8(stored, scales[index], dtype)
 
 
-def gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
-    """The first ``length`` tokens of one sequence's pages: ``[length, kv_heads, head_dim]``."""
+def gather_context(
+    cache: torch.Tensor, block_table: torch.Tensor, length: int, start: int = 0
+) -> torch.Tensor:
+    """Tokens ``start .. length - 1`` of one sequence's pages: ``[length - start, kv_heads,
+    head_dim]``; pages wholly before ``start`` are not read."""
     block_size = cache.shape[1]
-    num_blocks = -(-length // block_size)
-    pages = cache.index_select(0, block_table[:num_blocks].long())
-    return pages.flatten(0, 1)[:length]
+    first, num_blocks = start // block_size, -(-length // block_size)
+    pages = cache.index_select(0, block_table[first:num_blocks].long())
+    offset = start - first * block_size
+    return pages.flatten(0, 1)[offset : offset + length - start]
+
+
+def window_start(position: int, window: int | None) -> int:
+    """The first key a query at ``position`` sees (0 without a window)."""
+    return 0 if window is None else max(0, position - window + 1)
+
+
+def attention_with_sinks(
+    query: torch.Tensor,  # [..., heads, q, dim]
+    key: torch.Tensor,  # [..., kv_heads, k, dim]
+    value: torch.Tensor,
+    scale: float,
+    sinks: torch.Tensor,  # [heads] float32 logits
+    visible: torch.Tensor | None = None,  # bool, broadcastable to [..., heads, q, k]
+) -> torch.Tensor:
+    """Softmax attention with one extra logit per head in the denominator and no value
+    (GPT-OSS's sinks, computed as transformers does: the sink joins the scores' softmax and
+    is dropped after it), in float32."""
+    group = query.shape[-3] // key.shape[-3]
+    if group > 1:
+        key = key.repeat_interleave(group, dim=-3)
+        value = value.repeat_interleave(group, dim=-3)
+    scores = query.float() @ key.float().transpose(-1, -2) * scale
+    if visible is not None:
+        scores = scores.masked_fill(~visible, float("-inf"))
+    sink = sinks.float()[:, None, None].expand(*scores.shape[:-1], 1)
+    probs = torch.cat([scores, sink], dim=-1).softmax(dim=-1)[..., :-1]
+    return (probs @ value.float()).to(query.dtype)
 
 
 def split_by_length(
@@ -152,12 +192,22 @@ class _DecodeGroup:
 
 
 def _build_decode_group(
-    meta: AttentionMetadata, rows: list[int] | None, lengths: list[int] | None
+    meta: AttentionMetadata,
+    rows: list[int] | None,
+    lengths: list[int] | None,
+    window: int | None = None,
 ) -> _DecodeGroup:
+    """The group of ``rows`` (``None``: every row); ``lengths``: the keys each row attends to
+    (its context, or its window's part of it), on the host when known."""
     device = meta.context_lens.device
     row_index = None if rows is None else torch.tensor(rows, device=device)
     tables = meta.block_tables if row_index is None else meta.block_tables[row_index]
     context_lens = meta.context_lens if row_index is None else meta.context_lens[row_index]
+    # A sliding window: row s attends to its last `window` keys, from key_starts[s] on.
+    key_starts = None
+    if window is not None:
+        key_starts = (context_lens.long() - window).clamp(min=0)
+        context_lens = context_lens.long() - key_starts
     group_lengths = None
     if lengths is not None:
         group_lengths = lengths if rows is None else [lengths[row] for row in rows]
@@ -166,13 +216,19 @@ def _build_decode_group(
         longest = int(context_lens.max().item())
     num_seqs = int(tables.shape[0])
     positions = torch.arange(longest, device=device)
-    slots = tables.long()[:, positions // meta.block_size] * meta.block_size
-    slots += positions % meta.block_size
+    if key_starts is None:
+        slots = tables.long()[:, positions // meta.block_size] * meta.block_size
+        slots += positions % meta.block_size
+    else:
+        # Padding positions of a short row stay inside its table (start 0, < longest).
+        absolute = key_starts[:, None] + positions[None, :]
+        pages = tables.long().gather(1, absolute // meta.block_size)
+        slots = pages * meta.block_size + absolute % meta.block_size
     mask = None
     if group_lengths is None or min(group_lengths) < longest:  # padded rows: mask them
         mask = (positions[None, :] < context_lens[:, None].to(positions.dtype))[:, None, None, :]
     first_slot = None
-    if num_seqs == 1:
+    if num_seqs == 1 and key_starts is None:
         first_slot = _contiguous_context(tables, longest, meta.block_size)
     return _DecodeGroup(
         rows=row_index,
@@ -198,12 +254,18 @@ def _contiguous_context(tables: torch.Tensor, length: int, block_size: int) -> i
     return int(first) * block_size
 
 
-def _decode_groups(meta: AttentionMetadata, row_bytes: int) -> list[_DecodeGroup]:
-    """This step's decode groups, derived on first use and kept in ``meta.derived``."""
-    cached = meta.derived.get("torch.decode_groups")
+def _decode_groups(
+    meta: AttentionMetadata, row_bytes: int, window: int | None = None
+) -> list[_DecodeGroup]:
+    """This step's decode groups for layers with ``window``, derived on first use and kept
+    in ``meta.derived``."""
+    derived_key = "torch.decode_groups" if window is None else f"torch.decode_groups.{window}"
+    cached = meta.derived.get(derived_key)
     if cached is not None:
         return cached  # type: ignore[return-value]
     lengths = meta.context_lens_host
+    if lengths is not None and window is not None:
+        lengths = [min(length, window) for length in lengths]
     split = None
     if lengths:
         split = split_by_length(lengths, overhead=max(1, _GROUP_OVERHEAD_BYTES // row_bytes))
@@ -211,10 +273,10 @@ def _decode_groups(meta: AttentionMetadata, row_bytes: int) -> list[_DecodeGroup
         parts = split if split is not None else [list(range(len(lengths)))]
         split = _bounded(parts, lengths, max(1, _GROUP_GATHER_BYTES // row_bytes))
     if split is None:
-        groups = [_build_decode_group(meta, None, lengths)]
+        groups = [_build_decode_group(meta, None, lengths, window)]
     else:
-        groups = [_build_decode_group(meta, rows, lengths) for rows in split]
-    meta.derived["torch.decode_groups"] = groups
+        groups = [_build_decode_group(meta, rows, lengths, window) for rows in split]
+    meta.derived[derived_key] = groups
     return groups
 
 
@@ -310,6 +372,9 @@ class TorchAttentionBackend(PagedAttentionBackend):
         scale: float,
         kv_scales: torch.Tensor | None,
         out: torch.Tensor | None,
+        *,
+        window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         assert key is not None and value is not None, "the torch prefill reads the step's K/V"
         scales = kv_scales
@@ -324,18 +389,30 @@ class TorchAttentionBackend(PagedAttentionBackend):
         for index, (q_len, ctx_len) in enumerate(zip(query_lens, context_lens, strict=True)):
             end = start + q_len
             q = query[start:end].transpose(0, 1)
+            # Keys lo .. ctx_len - 1: what the first query's window reaches (0 without one).
+            lo = window_start(ctx_len - q_len, window)
             if ctx_len == q_len:  # nothing cached: this step's own K/V are the whole context
-                k = key[start:end].transpose(0, 1)
-                v = value[start:end].transpose(0, 1)
-                attended = _sdpa(q, k, v, scale, is_causal=True)
+                k = key[start + lo : end].transpose(0, 1)
+                v = value[start + lo : end].transpose(0, 1)
             else:
                 table = meta.block_tables[index]
-                k = _readable(gather_context(k_cache, table, ctx_len), scales, 0, q.dtype)
-                v = _readable(gather_context(v_cache, table, ctx_len), scales, 1, q.dtype)
-                # Query i sits at position ctx_len - q_len + i and sees keys up to there.
+                k = _readable(gather_context(k_cache, table, ctx_len, lo), scales, 0, q.dtype)
+                v = _readable(gather_context(v_cache, table, ctx_len, lo), scales, 1, q.dtype)
+                k, v = k.transpose(0, 1), v.transpose(0, 1)
+            if ctx_len == q_len and window is None and sinks is None:
+                attended = _sdpa(q, k, v, scale, is_causal=True)
+            else:
+                # Query i sits at position ctx_len - q_len + i and sees keys up to there
+                # (and, with a window, none at or before that - window).
                 rows = torch.arange(ctx_len - q_len, ctx_len, device=query.device)
-                mask = torch.arange(ctx_len, device=query.device)[None, :] <= rows[:, None]
-                attended = _sdpa(q, k.transpose(0, 1), v.transpose(0, 1), scale, attn_mask=mask)
+                keys = torch.arange(lo, ctx_len, device=query.device)[None, :]
+                mask = keys <= rows[:, None]
+                if window is not None:
+                    mask &= keys > rows[:, None] - window
+                if sinks is not None:
+                    attended = attention_with_sinks(q, k, v, scale, sinks, mask)
+                else:
+                    attended = _sdpa(q, k, v, scale, attn_mask=mask)
             output[start:end] = attended.transpose(0, 1)
             start = end
         return output
@@ -349,13 +426,16 @@ class TorchAttentionBackend(PagedAttentionBackend):
         scale: float,
         kv_scales: torch.Tensor | None,
         out: torch.Tensor | None,
+        *,
+        window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         scales = kv_scales  # fp8_scales' row (see _scales)
         num_kv_heads, head_dim = k_cache.shape[-2], k_cache.shape[-1]
         row_bytes = 2 * num_kv_heads * head_dim * k_cache.element_size()
-        groups = _decode_groups(meta, row_bytes)
+        groups = _decode_groups(meta, row_bytes, window)
         if len(groups) == 1:
-            result = self._decode_group(query, k_cache, v_cache, groups[0], scale, scales)
+            result = self._decode_group(query, k_cache, v_cache, groups[0], scale, scales, sinks)
             if out is None:
                 return result
             out.copy_(result)
@@ -363,7 +443,9 @@ class TorchAttentionBackend(PagedAttentionBackend):
         output = torch.empty_like(query) if out is None else out
         for group in groups:
             assert group.rows is not None  # only a single group covers the batch in order
-            part = self._decode_group(query[group.rows], k_cache, v_cache, group, scale, scales)
+            part = self._decode_group(
+                query[group.rows], k_cache, v_cache, group, scale, scales, sinks
+            )
             output.index_copy_(0, group.rows, part)
         return output
 
@@ -375,9 +457,10 @@ class TorchAttentionBackend(PagedAttentionBackend):
         group: _DecodeGroup,
         scale: float,
         scales: torch.Tensor | None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        # Gather each sequence's first `longest` slots (not whole pages): one index_select per
-        # cache over flat slot ids, [n, longest] -> [n, longest, kv_heads, head_dim].
+        # Gather `longest` slots of each sequence from its first key on (not whole pages): one
+        # index_select per cache over flat slot ids, [n, longest] -> [n, longest, kv_heads, dim].
         # A single sequence in adjacent blocks attends over a view of the cache instead.
         num_kv_heads, head_dim = k_cache.shape[-2], k_cache.shape[-1]
         shape = (group.num_seqs, group.longest, num_kv_heads, head_dim)
@@ -389,13 +472,13 @@ class TorchAttentionBackend(PagedAttentionBackend):
         else:
             k = flat_k.index_select(0, group.slots).view(shape)
             v = flat_v.index_select(0, group.slots).view(shape)
-        out = _sdpa(
-            query.view(group.num_seqs, -1, 1, head_dim),
-            _readable(k, scales, 0, query.dtype).transpose(1, 2),
-            _readable(v, scales, 1, query.dtype).transpose(1, 2),
-            scale,
-            attn_mask=group.mask,
-        )
+        q = query.view(group.num_seqs, -1, 1, head_dim)
+        k = _readable(k, scales, 0, query.dtype).transpose(1, 2)
+        v = _readable(v, scales, 1, query.dtype).transpose(1, 2)
+        if sinks is not None:
+            out = attention_with_sinks(q, k, v, scale, sinks, group.mask)
+        else:
+            out = _sdpa(q, k, v, scale, attn_mask=group.mask)
         return out.view(group.num_seqs, -1, head_dim)
 
 

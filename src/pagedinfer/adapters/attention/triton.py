@@ -120,11 +120,16 @@ class TritonAttentionBackend(PagedAttentionBackend):
         scale: float,
         *,
         kv_scales: torch.Tensor | None = None,
+        window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention over the cache, which already holds this step's K/V (stored by
         :meth:`forward`, or by the fused q/k-norm + RoPE + store kernel of the layer)."""
         assert k_cache.shape[1] == self.block_size, (k_cache.shape, self.block_size)
-        return self._attend(query, None, None, k_cache, v_cache, meta, scale, kv_scales)
+        return self._attend(
+            query, None, None, k_cache, v_cache, meta, scale, kv_scales,
+            window=window, sinks=sinks,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ the kernels
     def _store(
@@ -151,6 +156,9 @@ class TritonAttentionBackend(PagedAttentionBackend):
         scale: float,
         kv_scales: torch.Tensor | None,
         out: torch.Tensor | None,
+        *,
+        window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         return paged_prefill_attention(
             query,
@@ -163,6 +171,8 @@ class TritonAttentionBackend(PagedAttentionBackend):
             scale=scale,
             out=out,
             kv_scales=kv_scales,
+            window=window,
+            sinks=sinks,
         )
 
     def _decode(
@@ -174,6 +184,9 @@ class TritonAttentionBackend(PagedAttentionBackend):
         scale: float,
         kv_scales: torch.Tensor | None,
         out: torch.Tensor | None,
+        *,
+        window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         # Shapes and static settings only: this runs inside CUDA-graph captures.
         num_seqs, num_heads, head_dim = query.shape
@@ -195,6 +208,8 @@ class TritonAttentionBackend(PagedAttentionBackend):
             partials=partials,
             out=out,
             kv_scales=kv_scales,
+            window=window,
+            sinks=sinks,
         )
 
     def _splits(

@@ -48,12 +48,14 @@ import triton.language as tl
 from pagedinfer.adapters.kernels.launch import launch
 from pagedinfer.adapters.kernels.paged_tile import (
     LOG2_E,
+    add_sinks,
     attend_paged_tile,
     check_attention_shapes,
     dot_precision,
     kv_dequant_factor,
     padded_head_dim,
     prepare_kv_cache,
+    sink_logits,
 )
 
 __all__ = [
@@ -72,6 +74,8 @@ MIN_TOKENS_PER_SPLIT = 256
 # Aim for about this many resident programs per SM before adding partitions.
 PROGRAMS_PER_SM = 2
 _SPLITS_P2 = 1 << (MAX_SPLITS - 1).bit_length()
+# The window of a layer without one: longer than any context (an int32 kernel argument).
+_NO_WINDOW = 1 << 30
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, num_sms: int) -> int:
@@ -153,7 +157,9 @@ class SplitPartials:
         "context_lens_ptr",
         "kv_scales_ptr",
         "num_splits",
+        "sinks_ptr",
         "stride_table_seq",
+        "window",
     ]
 )
 def _decode_kernel(  # type: ignore[no-untyped-def]
@@ -167,8 +173,10 @@ def _decode_kernel(  # type: ignore[no-untyped-def]
     kv_scales_ptr,
     block_tables_ptr,
     context_lens_ptr,
+    sinks_ptr,
     qk_scale,
     num_splits,
+    window,
     stride_q_seq,
     stride_q_head,
     stride_out_seq,
@@ -187,14 +195,18 @@ def _decode_kernel(  # type: ignore[no-untyped-def]
     DOT_PRECISION: tl.constexpr,
     FP8_FORMAT: tl.constexpr,  # 0: the cache has q's dtype; else its bytes (see fp8.py)
     DEQUANT_FACTOR: tl.constexpr,  # fp8.DEQUANT_FACTOR of the format
+    HAS_SINKS: tl.constexpr,  # sinks_ptr holds one sink logit per head
 ):
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
 
     ctx_len = tl.load(context_lens_ptr + seq)
-    split_len = tl.cdiv(tl.cdiv(ctx_len, num_splits), BLOCK_N) * BLOCK_N
-    key_start = split * split_len
+    # The query sits at ctx_len - 1 and sees the last `window` keys: the partitions cover
+    # [key_lo, ctx_len) only, so no page left of the window is read.
+    key_lo = tl.maximum(ctx_len - window, 0)
+    split_len = tl.cdiv(tl.cdiv(ctx_len - key_lo, num_splits), BLOCK_N) * BLOCK_N
+    key_start = key_lo + split * split_len
     key_end = tl.minimum(key_start + split_len, ctx_len)
 
     offs_g = tl.arange(0, BLOCK_G)
@@ -224,7 +236,7 @@ def _decode_kernel(  # type: ignore[no-untyped-def]
             acc, row_sum, row_max, q, k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head_offset,
             key_start + tile * BLOCK_N, key_end, offs_g, qk_scale, stride_cache_block,
             stride_cache_slot, offs_d, d_mask, BLOCK_SIZE, BLOCK_N, False, False, DOT_PRECISION,
-            FP8_FORMAT,
+            FP8_FORMAT, window, False,
         )  # fmt: skip
     tail_start = key_start + num_full_tiles * BLOCK_N
     if tail_start < key_end:
@@ -232,6 +244,7 @@ def _decode_kernel(  # type: ignore[no-untyped-def]
             acc, row_sum, row_max, q, k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head_offset,
             tail_start, key_end, offs_g, qk_scale, stride_cache_block, stride_cache_slot,
             offs_d, d_mask, BLOCK_SIZE, BLOCK_N, True, False, DOT_PRECISION, FP8_FORMAT,
+            window, False,
         )  # fmt: skip
 
     if FP8_FORMAT != 0:
@@ -247,6 +260,8 @@ def _decode_kernel(  # type: ignore[no-untyped-def]
             mask=g_mask[:, None],
         )
     else:
+        if HAS_SINKS:
+            acc, row_sum, row_max = add_sinks(acc, row_sum, row_max, sinks_ptr, heads, g_mask)
         out = acc / tl.where(row_sum > 0.0, row_sum, 1.0)[:, None]  # empty context -> zeros
         tl.store(
             out_ptr + seq * stride_out_seq + heads[:, None] * stride_out_head + offs_d[None, :],
@@ -255,12 +270,13 @@ def _decode_kernel(  # type: ignore[no-untyped-def]
         )
 
 
-@triton.jit(do_not_specialize=["num_splits"])  # type: ignore[untyped-decorator]
+@triton.jit(do_not_specialize=["num_splits", "sinks_ptr"])  # type: ignore[untyped-decorator]
 def _reduce_splits_kernel(  # type: ignore[no-untyped-def]
     out_ptr,
     part_acc_ptr,
     part_max_ptr,
     part_sum_ptr,
+    sinks_ptr,
     num_splits,
     stride_out_seq,
     stride_out_head,
@@ -268,6 +284,7 @@ def _reduce_splits_kernel(  # type: ignore[no-untyped-def]
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_P2: tl.constexpr,
     SPLITS_P2: tl.constexpr,
+    HAS_SINKS: tl.constexpr,  # sinks_ptr holds one sink logit per head
 ):
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -280,10 +297,15 @@ def _reduce_splits_kernel(  # type: ignore[no-untyped-def]
     maxes = tl.load(part_max_ptr + rows, mask=s_mask, other=float("-inf"))
     sums = tl.load(part_sum_ptr + rows, mask=s_mask, other=0.0)
     global_max = tl.max(maxes, 0)
+    if HAS_SINKS:  # the head's sink logit joins the denominator (base-2 units, like maxes)
+        sink = tl.load(sinks_ptr + head) * 1.4426950408889634
+        global_max = tl.maximum(global_max, sink)
     # All partitions empty (ctx_len == 0): use 0 so the weights are 0, not NaN.
     global_max = tl.where(global_max == float("-inf"), 0.0, global_max)
     weights = tl.math.exp2(maxes - global_max)
     total = tl.sum(sums * weights, 0)
+    if HAS_SINKS:
+        total += tl.math.exp2(sink - global_max)
     acc = tl.load(
         part_acc_ptr + rows[:, None] * HEAD_DIM_P2 + offs_d[None, :],
         mask=s_mask[:, None],
@@ -310,9 +332,16 @@ def paged_decode_attention(
     out: torch.Tensor | None = None,
     block_n: int | None = None,
     kv_scales: torch.Tensor | None = None,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one query per sequence (``query[s]``: ``[num_heads, head_dim]``) over the
     first ``context_lens[s]`` tokens of pages ``block_tables[s]``.
+
+    ``window`` (a sliding window): the query sees only the last ``window`` of those tokens,
+    and pages holding none of them are not read (their table entries may be anything).
+    ``sinks`` (``[num_heads]``): each head's learned sink logit, added to the softmax's
+    denominator (GPT-OSS).
 
     A float8 cache is dequantized on the fly with the layer's scale row ``kv_scales`` (see
     :mod:`pagedinfer.adapters.kv_cache`; unit scales when ``None``).
@@ -351,6 +380,8 @@ def paged_decode_attention(
         none = torch.empty(0, dtype=torch.float32, device=query.device)
         partials = SplitPartials(acc=none, max=none, sum=none)
     part_acc, part_max, part_sum = partials.acc, partials.max, partials.sum
+    sink_row = sink_logits(sinks, num_heads)
+    assert window is None or window >= 1, window
 
     launch(_decode_kernel, (num_seqs, num_kv_heads, num_splits))(
         out,
@@ -363,8 +394,10 @@ def paged_decode_attention(
         kv_scales if kv_scales is not None else context_lens,  # unused without FP8
         block_tables,
         context_lens,
+        sink_row if sink_row is not None else part_max,  # unused without sinks
         scale * LOG2_E,
         num_splits,
+        _NO_WINDOW if window is None else window,
         query.stride(0),
         query.stride(1),
         out.stride(0),
@@ -383,6 +416,7 @@ def paged_decode_attention(
         DOT_PRECISION=dot_precision(query.dtype),
         FP8_FORMAT=fp8,
         DEQUANT_FACTOR=kv_dequant_factor(fp8),
+        HAS_SINKS=sink_row is not None,
         num_warps=4,
         num_stages=2,
     )
@@ -392,6 +426,7 @@ def paged_decode_attention(
             part_acc,
             part_max,
             part_sum,
+            sink_row if sink_row is not None else part_max,  # unused without sinks
             num_splits,
             out.stride(0),
             out.stride(1),
@@ -399,6 +434,7 @@ def paged_decode_attention(
             HEAD_DIM=head_dim,
             HEAD_DIM_P2=padded,
             SPLITS_P2=_SPLITS_P2,  # not per launch: one compiled variant for every num_splits
+            HAS_SINKS=sink_row is not None,
             num_warps=4,
         )
     return out

@@ -16,7 +16,14 @@ tile with scores ``s`` updates them as::
 The scale ``qk_scale`` already contains ``log2(e)``, so ``exp`` is the cheaper ``exp2`` and
 ``m`` is kept in base-2 units; the final output is ``acc / l``. A row that has seen no key yet
 has ``m = -inf``; callers guarantee each row meets a visible key in its first tile, so
-``m - m'`` is never ``-inf - (-inf)``.
+``m - m'`` is never ``-inf - (-inf)``. With a sliding window (``WINDOW``) a row may see
+nothing of a tile (its window starts later): such a row keeps ``m = -inf`` through a stand-in
+maximum of 0, so ``alpha`` and ``p`` are 0, never NaN.
+
+Sliding window: query row ``r`` at position ``p`` sees keys ``p - window < n <= p`` (the
+``window`` most recent positions, itself included: transformers' rule). The callers start
+their key loops at the window's first key, so no key left of every row's window is loaded:
+pages wholly outside the window are never read (a KV manager may have freed them).
 
 FP8 cache (``FP8_FORMAT != 0``, see :mod:`.fp8`): the caller passes the cache's bytes; each
 K and V tile is dequantized in registers to float16 values (exact; e4m3 reads as
@@ -41,12 +48,14 @@ from pagedinfer.adapters.kv_cache import is_fp8, unit_scales
 
 __all__ = [
     "LOG2_E",
+    "add_sinks",
     "attend_paged_tile",
     "check_attention_shapes",
     "dot_precision",
     "kv_dequant_factor",
     "padded_head_dim",
     "prepare_kv_cache",
+    "sink_logits",
 ]
 
 LOG2_E = 1.4426950408889634
@@ -76,6 +85,8 @@ def attend_paged_tile(  # type: ignore[no-untyped-def]
     CAUSAL: tl.constexpr,  # row r may only see keys at positions <= query_positions[r]
     DOT_PRECISION: tl.constexpr,  # see dot_precision()
     FP8_FORMAT: tl.constexpr,  # 0: the cache has q's dtype; else its bytes (see fp8.py)
+    window,  # sliding window (WINDOW): row r sees keys > query_positions[r] - window
+    WINDOW: tl.constexpr,  # mask keys left of each row's window (implies CAUSAL)
 ):
     offs_n = key_start + tl.arange(0, BLOCK_N)
     # Per-token page lookup: int64 because page * stride_block can pass 2**31 elements.
@@ -96,8 +107,10 @@ def attend_paged_tile(  # type: ignore[no-untyped-def]
     if FP8_FORMAT != 0:
         k = dequantize_fp8(k, FP8_FORMAT).to(q.dtype)
     scores = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
-    if CAUSAL:
+    if CAUSAL or WINDOW:
         visible = offs_n[None, :] <= query_positions[:, None]
+        if WINDOW:
+            visible = visible & (offs_n[None, :] > query_positions[:, None] - window)
         if MASK_KEYS:
             visible = visible & n_mask[None, :]
         scores = tl.where(visible, scores, float("-inf"))
@@ -105,6 +118,8 @@ def attend_paged_tile(  # type: ignore[no-untyped-def]
         scores = tl.where(n_mask[None, :], scores, float("-inf"))
 
     new_max = tl.maximum(row_max, tl.max(scores, 1))
+    if WINDOW:  # a row may meet its first visible key after a tile it saw nothing of
+        new_max = tl.where(new_max == float("-inf"), 0.0, new_max)
     alpha = tl.math.exp2(row_max - new_max)
     p = tl.math.exp2(scores - new_max[:, None])
     row_sum = row_sum * alpha + tl.sum(p, 1)
@@ -118,6 +133,34 @@ def attend_paged_tile(  # type: ignore[no-untyped-def]
         v = dequantize_fp8(v, FP8_FORMAT).to(q.dtype)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return acc, row_sum, new_max
+
+
+@triton.jit
+def add_sinks(  # type: ignore[no-untyped-def]
+    acc,  # [M, HEAD_DIM_P2] float32, unnormalised output
+    row_sum,  # [M] float32
+    row_max,  # [M] float32, base-2 units
+    sinks_ptr,  # float32 [num_heads]: each head's sink logit (natural units)
+    heads,  # [M] the head of each row
+    row_mask,  # [M] rows to load a sink for
+):
+    """Learned attention sinks (GPT-OSS): one extra logit per head in the softmax's
+    denominator, with no value. Returns ``(acc, row_sum, row_max)`` rescaled to the maximum
+    of the scores and the sink; ``acc / row_sum`` is then the output."""
+    sink = tl.load(sinks_ptr + heads, mask=row_mask, other=float("-inf")) * 1.4426950408889634
+    new_max = tl.maximum(row_max, sink)
+    new_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+    alpha = tl.math.exp2(row_max - new_max)
+    row_sum = row_sum * alpha + tl.math.exp2(sink - new_max)
+    return acc * alpha[:, None], row_sum, new_max
+
+
+def sink_logits(sinks: torch.Tensor | None, num_heads: int) -> torch.Tensor | None:
+    """The sinks as the kernels read them: float32, contiguous, one per query head."""
+    if sinks is None:
+        return None
+    assert sinks.shape == (num_heads,), (sinks.shape, num_heads)
+    return sinks.to(torch.float32).contiguous()
 
 
 def padded_head_dim(head_dim: int) -> int:

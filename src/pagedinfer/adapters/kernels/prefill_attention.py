@@ -38,12 +38,14 @@ import triton.language as tl
 from pagedinfer.adapters.kernels.launch import launch
 from pagedinfer.adapters.kernels.paged_tile import (
     LOG2_E,
+    add_sinks,
     attend_paged_tile,
     check_attention_shapes,
     dot_precision,
     kv_dequant_factor,
     padded_head_dim,
     prepare_kv_cache,
+    sink_logits,
 )
 from pagedinfer.adapters.kernels.target import kernel_target
 
@@ -127,7 +129,9 @@ def choose_prefill_tiles(
         "cu_seqlens_q_ptr",
         "context_lens_ptr",
         "kv_scales_ptr",
+        "sinks_ptr",
         "stride_table_seq",
+        "window",
     ]
 )
 def _prefill_kernel(  # type: ignore[no-untyped-def]
@@ -139,7 +143,9 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
     block_tables_ptr,
     cu_seqlens_q_ptr,
     context_lens_ptr,
+    sinks_ptr,
     qk_scale,
+    window,
     stride_q_token,
     stride_q_head,
     stride_out_token,
@@ -157,6 +163,8 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
     DOT_PRECISION: tl.constexpr,
     FP8_FORMAT: tl.constexpr,  # 0: the cache has q's dtype; else its bytes (see fp8.py)
     DEQUANT_FACTOR: tl.constexpr,  # fp8.DEQUANT_FACTOR of the format
+    SLIDING: tl.constexpr,  # query at position p sees keys p - window < n <= p only
+    HAS_SINKS: tl.constexpr,  # sinks_ptr holds one sink logit per head
 ):
     q_tile = tl.num_programs(0) - 1 - tl.program_id(0)  # longest-running tiles first
     head = tl.program_id(1)
@@ -190,33 +198,97 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
 
-    # Keys 0 ..= prefix_len + first_row are visible to every row of this tile (and lie inside
-    # the context): whole tiles of them need no mask. Key 0 is always among the first tile
-    # processed, so every row has a finite maximum before it meets a fully masked tile.
-    num_full_tiles = (prefix_len + first_row + 1) // BLOCK_N
-    for tile in range(0, num_full_tiles):
-        acc, row_sum, row_max = attend_paged_tile(
+    if SLIDING:
+        acc, row_sum, row_max = _attend_window(
             acc, row_sum, row_max, q, k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head_offset,
-            tile * BLOCK_N, ctx_len, positions, qk_scale, stride_cache_block, stride_cache_slot,
-            offs_d, d_mask, BLOCK_SIZE, BLOCK_N, False, False, DOT_PRECISION, FP8_FORMAT,
+            prefix_len, first_row, q_len, ctx_len, positions, qk_scale, window,
+            stride_cache_block, stride_cache_slot, offs_d, d_mask, BLOCK_SIZE, BLOCK_M, BLOCK_N,
+            DOT_PRECISION, FP8_FORMAT,
         )  # fmt: skip
-    # The diagonal: keys up to the last row's position, causally masked.
-    last_key = prefix_len + tl.minimum(first_row + BLOCK_M, q_len)  # exclusive
-    for tile in range(num_full_tiles, tl.cdiv(last_key, BLOCK_N)):
-        acc, row_sum, row_max = attend_paged_tile(
-            acc, row_sum, row_max, q, k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head_offset,
-            tile * BLOCK_N, ctx_len, positions, qk_scale, stride_cache_block, stride_cache_slot,
-            offs_d, d_mask, BLOCK_SIZE, BLOCK_N, True, True, DOT_PRECISION, FP8_FORMAT,
-        )  # fmt: skip
+    else:
+        # Keys 0 ..= prefix_len + first_row are visible to every row of this tile (and lie inside
+        # the context): whole tiles of them need no mask. Key 0 is always among the first tile
+        # processed, so every row has a finite maximum before it meets a fully masked tile.
+        num_full_tiles = (prefix_len + first_row + 1) // BLOCK_N
+        for tile in range(0, num_full_tiles):
+            acc, row_sum, row_max = attend_paged_tile(
+                acc, row_sum, row_max, q, k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head_offset,
+                tile * BLOCK_N, ctx_len, positions, qk_scale, stride_cache_block, stride_cache_slot,
+                offs_d, d_mask, BLOCK_SIZE, BLOCK_N, False, False, DOT_PRECISION, FP8_FORMAT,
+                window, False,
+            )  # fmt: skip
+        # The diagonal: keys up to the last row's position, causally masked.
+        last_key = prefix_len + tl.minimum(first_row + BLOCK_M, q_len)  # exclusive
+        for tile in range(num_full_tiles, tl.cdiv(last_key, BLOCK_N)):
+            acc, row_sum, row_max = attend_paged_tile(
+                acc, row_sum, row_max, q, k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head_offset,
+                tile * BLOCK_N, ctx_len, positions, qk_scale, stride_cache_block, stride_cache_slot,
+                offs_d, d_mask, BLOCK_SIZE, BLOCK_N, True, True, DOT_PRECISION, FP8_FORMAT,
+                window, False,
+            )  # fmt: skip
 
     if FP8_FORMAT != 0:
         acc = acc * (tl.load(kv_scales_ptr + 1) * DEQUANT_FACTOR)
-    out = acc / row_sum[:, None]
+    if HAS_SINKS:
+        heads = head + tl.zeros([BLOCK_M], dtype=tl.int32)
+        acc, row_sum, row_max = add_sinks(acc, row_sum, row_max, sinks_ptr, heads, m_mask)
+    out = acc / tl.where(row_sum > 0.0, row_sum, 1.0)[:, None]
     tl.store(
         out_ptr + tokens[:, None] * stride_out_token + head * stride_out_head + offs_d[None, :],
         out.to(out_ptr.dtype.element_ty),
         mask=m_mask[:, None] & d_mask[None, :],
     )
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _attend_window(  # type: ignore[no-untyped-def]
+    acc, row_sum, row_max, q, k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head_offset,
+    prefix_len, first_row, q_len, ctx_len, positions, qk_scale, window,
+    stride_cache_block, stride_cache_slot, offs_d, d_mask,
+    BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, FP8_FORMAT: tl.constexpr,
+):  # fmt: skip
+    """The key loop of a tile of queries with a sliding window.
+
+    Rows sit at positions ``first .. last``; row ``p`` sees keys ``p - window < n <= p``.
+    Keys ``[lo, last]`` are read (``lo``: the first row's first key), in tiles starting at
+    ``lo``, so no page left of every row's window is touched. The keys every row sees,
+    ``[last - window + 1, first]``, come in whole unmasked tiles where they fill one; the
+    tiles before (the window's left edge) and after (the diagonal) are masked by position.
+    """
+    first = prefix_len + first_row
+    last = prefix_len + tl.minimum(first_row + BLOCK_M, q_len) - 1
+    lo = tl.maximum(first - window + 1, 0)
+    shared_lo = tl.maximum(last - window + 1, 0)  # every row's window starts at or before
+    # Left edge: tiles from lo that hold a key left of shared_lo.
+    num_edge = tl.cdiv(tl.maximum(shared_lo - lo, 0), BLOCK_N)
+    for tile in range(0, num_edge):
+        acc, row_sum, row_max = attend_paged_tile(
+            acc, row_sum, row_max, q, k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head_offset,
+            lo + tile * BLOCK_N, ctx_len, positions, qk_scale, stride_cache_block,
+            stride_cache_slot, offs_d, d_mask, BLOCK_SIZE, BLOCK_N, True, True, DOT_PRECISION,
+            FP8_FORMAT, window, True,
+        )  # fmt: skip
+    start = lo + num_edge * BLOCK_N
+    # Middle: whole tiles of keys every row sees (none past `first`).
+    num_full = tl.maximum(first + 1 - start, 0) // BLOCK_N
+    for tile in range(0, num_full):
+        acc, row_sum, row_max = attend_paged_tile(
+            acc, row_sum, row_max, q, k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head_offset,
+            start + tile * BLOCK_N, ctx_len, positions, qk_scale, stride_cache_block,
+            stride_cache_slot, offs_d, d_mask, BLOCK_SIZE, BLOCK_N, False, False,
+            DOT_PRECISION, FP8_FORMAT, window, False,
+        )  # fmt: skip
+    start += num_full * BLOCK_N
+    # Diagonal: the rest up to the last row's position.
+    for tile in range(0, tl.cdiv(tl.maximum(last + 1 - start, 0), BLOCK_N)):
+        acc, row_sum, row_max = attend_paged_tile(
+            acc, row_sum, row_max, q, k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head_offset,
+            start + tile * BLOCK_N, ctx_len, positions, qk_scale, stride_cache_block,
+            stride_cache_slot, offs_d, d_mask, BLOCK_SIZE, BLOCK_N, True, True, DOT_PRECISION,
+            FP8_FORMAT, window, True,
+        )  # fmt: skip
+    return acc, row_sum, row_max
 
 
 def paged_prefill_attention(
@@ -232,6 +304,8 @@ def paged_prefill_attention(
     out: torch.Tensor | None = None,
     tiles: PrefillTiles | None = None,
     kv_scales: torch.Tensor | None = None,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of ``query`` (``[T, num_heads, head_dim]``) over the paged context.
 
@@ -239,8 +313,10 @@ def paged_prefill_attention(
     first ``context_lens[s]`` tokens of pages ``block_tables[s]``, which must already hold
     this step's K/V. ``tiles`` overrides :func:`choose_prefill_tiles` (tests use small tiles
     to cross many tile boundaries on short contexts). A float8 cache is dequantized on the
-    fly with the layer's scale row ``kv_scales`` (unit scales when ``None``). Returns ``out``,
-    allocated if ``None``.
+    fly with the layer's scale row ``kv_scales`` (unit scales when ``None``). ``window``: a
+    sliding window (query at position ``p`` sees keys ``p - window < n <= p``; pages left of
+    the chunk's first window are never read). ``sinks`` (``[num_heads]``): each head's sink
+    logit in the softmax's denominator. Returns ``out``, allocated if ``None``.
     """
     num_tokens, num_heads, head_dim = query.shape
     num_seqs = int(context_lens.shape[0])
@@ -257,6 +333,8 @@ def paged_prefill_attention(
         target = kernel_target(query.device)
         shared = target.shared_memory if target is not None else None
         tiles = choose_prefill_tiles(head_dim, query.dtype, max_seqlen_q, shared)
+    sink_row = sink_logits(sinks, num_heads)
+    assert window is None or window >= 1, window
 
     grid = (triton.cdiv(max_seqlen_q, tiles.block_m), num_heads, num_seqs)
     launch(_prefill_kernel, grid)(
@@ -268,7 +346,9 @@ def paged_prefill_attention(
         block_tables,
         cu_seqlens_q,
         context_lens,
+        sink_row if sink_row is not None else context_lens,  # unused without sinks
         scale * LOG2_E,
+        0 if window is None else window,
         query.stride(0),
         query.stride(1),
         out.stride(0),
@@ -286,6 +366,8 @@ def paged_prefill_attention(
         DOT_PRECISION=dot_precision(query.dtype),
         FP8_FORMAT=fp8,
         DEQUANT_FACTOR=kv_dequant_factor(fp8),
+        SLIDING=window is not None,
+        HAS_SINKS=sink_row is not None,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )

@@ -26,12 +26,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from pagedinfer.adapters.attention.base import AttendsStoredKV, AttentionBackend, AttentionMetadata
+from pagedinfer.adapters.attention.base import (
+    AttendsStoredKV,
+    AttentionBackend,
+    AttentionMetadata,
+    LayerAttentionKind,
+    PagedAttentionBackend,
+)
 from pagedinfer.adapters.layers.norm import RMSNorm
 from pagedinfer.adapters.layers.rotary import RotaryStep, qk_norm_rotate, stacked_qk_weight
-from pagedinfer.errors import UnsupportedModelError
+from pagedinfer.errors import ConfigurationError, UnsupportedModelError
 
 __all__ = ["PagedAttention"]
+
+FULL_ATTENTION = LayerAttentionKind()
 
 
 class PagedAttention(nn.Module):
@@ -43,6 +51,10 @@ class PagedAttention(nn.Module):
     copied or saved with the model. So is ``kv_scales``, the layer's row of FP8 scales
     (``[k_scale, v_scale, 1 / k_scale, 1 / v_scale]`` float32; ``None`` for a cache in the
     model's dtype).
+
+    ``kind`` says how the layer attends (a sliding window, sinks: see
+    :class:`~pagedinfer.adapters.attention.base.LayerAttentionKind`); a layer with sinks gets
+    its per-head sink logits (this rank's heads) with each call.
     """
 
     def __init__(
@@ -54,8 +66,19 @@ class PagedAttention(nn.Module):
         scale: float,
         backend: AttentionBackend,
         fused: bool = False,
+        kind: LayerAttentionKind = FULL_ATTENTION,
     ) -> None:
         super().__init__()
+        if (
+            kind.has_sinks
+            and isinstance(backend, PagedAttentionBackend)
+            and not backend.supports_sinks
+        ):
+            raise ConfigurationError(
+                f"attention_backend={backend.name!r} cannot add attention sinks, which this "
+                "model's layers have (GPT-OSS): use attention_backend='triton' (or 'auto')."
+            )
+        self.kind = kind
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
@@ -119,14 +142,17 @@ class PagedAttention(nn.Module):
         key: torch.Tensor,
         value: torch.Tensor,
         meta: AttentionMetadata,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``query [T, heads, dim]``, ``key`` / ``value [T, kv_heads, dim]`` -> ``[T, heads, dim]``
 
-        ``meta`` is this step's metadata, passed down explicitly from the runner.
+        ``meta`` is this step's metadata, passed down explicitly from the runner; ``sinks``
+        the layer's sink logits ``[heads]`` (float32) when its kind has them.
         """
+        assert (sinks is not None) == self.kind.has_sinks, "sinks come with the layer's kind"
         return self.backend.forward(
             query, key, value, self.k_cache, self.v_cache, meta, self.scale,
-            kv_scales=self.kv_scales,
+            kv_scales=self.kv_scales, window=self.kind.window, sinks=sinks,
         )  # fmt: skip
 
     def forward_packed(
@@ -137,6 +163,7 @@ class PagedAttention(nn.Module):
         *,
         q_norm: RMSNorm | None = None,
         k_norm: RMSNorm | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``qkv [T, (heads + 2 kv_heads) * dim]`` -> ``[T, heads, dim]``: q/k RMSNorm per head
         (when the norms are given), RoPE, the KV store and attention (see the module doc)."""
@@ -153,8 +180,9 @@ class PagedAttention(nn.Module):
                 q_weight=q_weight, k_weight=k_weight, eps=eps, kv_scales=self.kv_scales,
             )  # fmt: skip
             return self.backend.attend(
-                query, self.k_cache, self.v_cache, meta, self.scale, kv_scales=self.kv_scales
-            )
+                query, self.k_cache, self.v_cache, meta, self.scale, kv_scales=self.kv_scales,
+                window=self.kind.window, sinks=sinks,
+            )  # fmt: skip
         if self._rope is not None:
             query, key = self._rope(
                 qkv, rope.positions, rope.table_cos, rope.table_sin,
@@ -172,7 +200,7 @@ class PagedAttention(nn.Module):
                 num_heads=heads, num_kv_heads=kv_heads, head_dim=dim,
                 eps=eps, qk_weight=qk_weight,
             )  # fmt: skip
-        return self.forward(query, key, value, meta)
+        return self.forward(query, key, value, meta, sinks)
 
     def _stacked_qk_weight(self, q_weight: torch.Tensor, k_weight: torch.Tensor) -> torch.Tensor:
         """The torch path's per-head q/k norm weights (:func:`stacked_qk_weight`), built once

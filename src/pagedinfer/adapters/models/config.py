@@ -19,6 +19,7 @@ from typing import Any, NoReturn, TypeGuard
 
 import torch
 
+from pagedinfer.adapters.attention.base import LayerAttentionKind
 from pagedinfer.adapters.layers.rotary import ROPE_TYPES, RopeScaling
 from pagedinfer.adapters.quantization import QuantizationConfig, parse_quantization_config
 from pagedinfer.errors import CheckpointNotFoundError, ConfigurationError, UnsupportedModelError
@@ -55,7 +56,9 @@ class ModelConfig:
     """The architecture hyper-parameters of one checkpoint directory.
 
     ``sliding_window`` is the attention window of the layers that have one (``None``: every
-    layer attends to its whole context); ``moe`` is set for mixture-of-experts checkpoints;
+    layer attends to its whole context) and ``layer_windows`` each layer's window (``None``
+    for a full-attention layer; empty when no layer slides); ``attention_sinks``: every
+    layer has learned sinks (GPT-OSS). ``moe`` is set for mixture-of-experts checkpoints;
     ``quantization`` for quantized checkpoints (``config.json``'s ``quantization_config``,
     see ``adapters/quantization``).
     """
@@ -81,6 +84,19 @@ class ModelConfig:
     dtype: torch.dtype  # the checkpoint's dtype ("auto" resolves to it)
     eos_token_ids: tuple[int, ...]
     quantization: QuantizationConfig | None = None
+    layer_windows: tuple[int | None, ...] = ()
+    attention_sinks: bool = False
+
+    def attention_kind(self, layer: int) -> LayerAttentionKind:
+        """How decoder layer ``layer`` attends (its window, its sinks)."""
+        window = self.layer_windows[layer] if self.layer_windows else None
+        return LayerAttentionKind(window=window, has_sinks=self.attention_sinks)
+
+    @property
+    def attention_kinds(self) -> tuple[LayerAttentionKind, ...]:
+        """Every decoder layer's :class:`LayerAttentionKind`, in order: what a KV manager
+        groups layers by."""
+        return tuple(self.attention_kind(layer) for layer in range(self.num_hidden_layers))
 
     @property
     def max_context_len(self) -> int:
@@ -92,24 +108,13 @@ class ModelConfig:
 
     def check_max_model_len(self, max_model_len: int) -> None:
         """Raise :class:`ConfigurationError` unless sequences of ``max_model_len`` tokens can
-        be served exactly.
-
-        Sliding-window attention is not implemented: a window at least as long as
-        ``max_model_len`` is plain causal attention and runs; a shorter one is refused.
-        """
+        be served exactly (sliding windows of any length are: each such layer attends within
+        its window)."""
         if max_model_len > self.max_context_len:
             raise ConfigurationError(
                 f"max_model_len={max_model_len} exceeds the model's context of "
                 f"{self.max_context_len} positions (max_position_embeddings="
                 f"{self.max_position_embeddings}): lower max_model_len."
-            )
-        if self.sliding_window is not None and self.sliding_window < max_model_len:
-            raise ConfigurationError(
-                f"checkpoint {str(self.path)!r} uses sliding-window attention with a window of "
-                f"{self.sliding_window} tokens, which pagedinfer does not implement; with "
-                f"max_model_len={max_model_len} a sequence could outgrow the window. Set "
-                f"max_model_len <= {self.sliding_window} (within the window, attention is "
-                "exactly full causal attention)."
             )
 
     def check_tensor_parallel(self, world_size: int) -> None:
@@ -190,6 +195,7 @@ class ModelConfig:
         max_positions = reader.integer("max_position_embeddings")
         rope_theta, rope_scaling = reader.rope(max_positions)
         eos = _token_ids(generation.get("eos_token_id") if generation else None)
+        layer_windows = reader.layer_windows(num_layers)
         return cls(
             path=path,
             architecture=architecture,
@@ -207,11 +213,12 @@ class ModelConfig:
             tie_word_embeddings=reader.flag("tie_word_embeddings"),
             attention_bias=reader.flag("attention_bias"),
             mlp_bias=reader.flag("mlp_bias"),
-            sliding_window=reader.sliding_window(num_layers),
+            sliding_window=max((w for w in layer_windows if w is not None), default=None),
             moe=reader.moe(num_layers),
             dtype=reader.dtype(),
             eos_token_ids=eos or _token_ids(raw.get("eos_token_id")),
             quantization=parse_quantization_config(raw.get("quantization_config"), path),
+            layer_windows=layer_windows,
         )
 
 
@@ -359,30 +366,44 @@ class _Reader:
             )
         return _DTYPES[name]
 
-    def sliding_window(self, num_layers: int) -> int | None:
-        """The window of the layers that slide, or None when every layer attends fully."""
-        window = self.raw.get("sliding_window")
+    def layer_types(self, num_layers: int) -> list[str] | None:
+        """``layer_types`` (transformers >= 5 names each layer's attention), checked."""
         layer_types = self.raw.get("layer_types")
-        if isinstance(layer_types, list):  # transformers >= 5 names each layer's attention
-            unknown = sorted(
-                {str(kind) for kind in layer_types} - {"full_attention", "sliding_attention"}
+        if layer_types is None:
+            return None
+        if not isinstance(layer_types, list) or len(layer_types) != num_layers:
+            self.fail(
+                f"layer_types={layer_types!r} is invalid: expected a list of "
+                f"num_hidden_layers={num_layers} names"
             )
-            if unknown:
-                self.fail(
-                    f"layer_types {unknown} are not supported: expected 'full_attention' or "
-                    "'sliding_attention'"
-                )
-            slides = "sliding_attention" in layer_types
+        unknown = sorted(
+            {str(kind) for kind in layer_types} - {"full_attention", "sliding_attention"}
+        )
+        if unknown:
+            self.fail(
+                f"layer_types {unknown} are not supported: expected 'full_attention' or "
+                "'sliding_attention'"
+            )
+        return [str(kind) for kind in layer_types]
+
+    def layer_windows(self, num_layers: int) -> tuple[int | None, ...]:
+        """Each layer's sliding window (``None``: full attention); ``()`` when none slides."""
+        window = self.raw.get("sliding_window")
+        layer_types = self.layer_types(num_layers)
+        if layer_types is not None:
+            slides = [kind == "sliding_attention" for kind in layer_types]
         elif "use_sliding_window" in self.raw:
             # Qwen2/Qwen3 (transformers < 5): layers from max_window_layers on slide.
             first = self.raw.get("max_window_layers") or 0
-            slides = bool(self.raw["use_sliding_window"]) and window is not None
-            slides = slides and isinstance(first, int) and first < num_layers
+            on = bool(self.raw["use_sliding_window"]) and window is not None
+            on = on and isinstance(first, int)
+            slides = [on and layer >= first for layer in range(num_layers)]
         else:  # Mistral: a window, when set, applies to every layer
-            slides = window is not None
-        if not slides:
-            return None
-        return self.integer("sliding_window")
+            slides = [window is not None] * num_layers
+        if not any(slides):
+            return ()
+        size = self.integer("sliding_window")
+        return tuple(size if slide else None for slide in slides)
 
     def moe(self, num_layers: int) -> MoeConfig | None:
         key = "num_experts" if "num_experts" in self.raw else "num_local_experts"

@@ -54,6 +54,7 @@ from pagedinfer.adapters.layers.linear import (
 from pagedinfer.adapters.layers.mlp import GatedMLP
 from pagedinfer.adapters.layers.norm import RMSNorm
 from pagedinfer.adapters.layers.rotary import RotaryEmbedding, RotaryStep
+from pagedinfer.adapters.layers.sinks import head_sharded_parameter
 from pagedinfer.adapters.models.base import BuildContext, CausalLM, WeightMapping
 from pagedinfer.adapters.models.config import ModelConfig
 from pagedinfer.adapters.quantization import linear_method
@@ -93,9 +94,13 @@ class DecoderAttention(nn.Module):
         switches: DecoderSwitches,
         build: BuildContext,
         prefix: str = "model.layers.0.self_attn",
+        *,
+        layer: int = 0,
+        scale: float | None = None,
     ) -> None:
         super().__init__()
         dtype, device, parallel = build.dtype, build.device, build.parallel
+        kind = config.attention_kind(layer)
         head_dim = config.head_dim
         quant, kernels = config.quantization, build.fused_kernels
         self.qkv_proj = QKVParallelLinear(
@@ -130,13 +135,20 @@ class DecoderAttention(nn.Module):
         if switches.qk_norm:
             self.q_norm = RMSNorm(head_dim, config.rms_norm_eps, dtype=dtype, device=device)
             self.k_norm = RMSNorm(head_dim, config.rms_norm_eps, dtype=dtype, device=device)
+        # Learned attention sinks (GPT-OSS): one logit per query head, this rank's heads.
+        self.sinks: nn.Parameter | None = None
+        if kind.has_sinks:
+            self.sinks = head_sharded_parameter(
+                config.num_attention_heads, parallel, device=device, what="sinks"
+            )
         self.attn = PagedAttention(
             self.num_heads,
             self.num_kv_heads,
             head_dim,
-            scale=head_dim**-0.5,
+            scale=head_dim**-0.5 if scale is None else scale,
             backend=build.backend,
             fused=build.fused_kernels,
+            kind=kind,
         )
 
     def forward(
@@ -144,7 +156,9 @@ class DecoderAttention(nn.Module):
     ) -> torch.Tensor:
         num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)
-        out = self.attn.forward_packed(qkv, rope, meta, q_norm=self.q_norm, k_norm=self.k_norm)
+        out = self.attn.forward_packed(
+            qkv, rope, meta, q_norm=self.q_norm, k_norm=self.k_norm, sinks=self.sinks
+        )
         projected: torch.Tensor = self.o_proj(
             out.reshape(num_tokens, self.num_heads * self.head_dim)
         )
@@ -161,6 +175,8 @@ class DecoderLayer(nn.Module):
         feed_forward: nn.Module,
         build: BuildContext,
         prefix: str = "model.layers.0",
+        *,
+        layer: int = 0,
     ) -> None:
         super().__init__()
         dtype, device, eps = build.dtype, build.device, config.rms_norm_eps
@@ -168,7 +184,9 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(
             config.hidden_size, eps, dtype=dtype, device=device, fused=fused
         )
-        self.self_attn = DecoderAttention(config, switches, build, f"{prefix}.self_attn")
+        self.self_attn = DecoderAttention(
+            config, switches, build, f"{prefix}.self_attn", layer=layer
+        )
         self.post_attention_layernorm = RMSNorm(
             config.hidden_size, eps, dtype=dtype, device=device, fused=fused
         )
@@ -322,6 +340,7 @@ class DecoderForCausalLM(CausalLM):
                 self.make_feed_forward(config, index, build),
                 build,
                 prefix=f"model.layers.{index}",
+                layer=index,
             )
             if index in held
             else AbsentLayer()

@@ -270,16 +270,42 @@ def test_mistral_window_applies_to_every_layer(tmp_path: Path) -> None:
     assert ModelConfig.from_pretrained(without).sliding_window is None
 
 
-def test_a_window_shorter_than_max_model_len_is_refused(tmp_path: Path) -> None:
+def test_a_window_shorter_than_max_model_len_is_served(tmp_path: Path) -> None:
     mistral = legacy(architectures=["MistralForCausalLM"], drop=("use_sliding_window",))
     config = ModelConfig.from_pretrained(
         write_checkpoint(tmp_path / "win", {**mistral, "sliding_window": 4096})
     )
-    config.check_max_model_len(4096)  # within the window attention is exactly causal
-    with pytest.raises(ConfigurationError, match="max_model_len <= 4096") as info:
-        config.check_max_model_len(4097)
-    assert "sliding-window" in str(info.value)
-    assert "win" in str(info.value)
+    config.check_max_model_len(40960)  # sliding layers attend within their window
+    assert config.layer_windows == (4096,) * 28
+    assert {kind.window for kind in config.attention_kinds} == {4096}
+
+
+@pytest.mark.parametrize(
+    ("changes", "windows"),
+    [
+        (
+            {"layer_types": ["sliding_attention", "full_attention"] * 14, "sliding_window": 8},
+            (8, None) * 14,
+        ),
+        (
+            {"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 26},
+            (None,) * 26 + (64, 64),
+        ),
+        ({}, ()),
+    ],
+)
+def test_each_layer_gets_its_window(
+    tmp_path: Path, changes: dict[str, Any], windows: tuple[int | None, ...]
+) -> None:
+    config = ModelConfig.from_pretrained(write_checkpoint(tmp_path / "m", legacy(**changes)))
+    assert config.layer_windows == windows
+    assert [config.attention_kind(i).window for i in range(28)] == list(windows or (None,) * 28)
+
+
+def test_layer_types_of_the_wrong_length_are_refused(tmp_path: Path) -> None:
+    raw = legacy(layer_types=["full_attention"] * 3, sliding_window=8)
+    with pytest.raises(UnsupportedModelError, match="num_hidden_layers=28"):
+        ModelConfig.from_pretrained(write_checkpoint(tmp_path / "m", raw))
 
 
 def test_max_model_len_beyond_the_positions_is_refused(tmp_path: Path) -> None:

@@ -36,6 +36,9 @@ PREFILL_QUERY_LENS = (32, 2048)  # short chunks and long prompts choose differen
 MAX_MODEL_LEN = 8192
 INT4_GROUP = 128
 FP8_WEIGHT_BLOCKS = ((128, 128), None)  # DeepSeek-style blocks, per-channel scales
+# Attention layer kinds (window, sinks): full causal, a sliding window (Mistral, Gemma 3),
+# a sliding window with sinks (GPT-OSS); every model shape is swept with each.
+LAYER_KINDS = ((None, False), (128, False), (128, True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,22 +184,26 @@ def _attention(
             if splits > 1
             else None
         )
-        yield partial(
-            paged_decode_attention, _empty(num_seqs, heads, head_dim, dtype=dtype), k_cache,
-            v_cache, context_lens=_empty(num_seqs, dtype=torch.int32),
-            block_tables=_empty(num_seqs, table_width, dtype=torch.int32), scale=scale,
-            num_splits=splits, partials=partials, kv_scales=scales,
-        )  # fmt: skip
+        for window, sinks in LAYER_KINDS:
+            yield partial(
+                paged_decode_attention, _empty(num_seqs, heads, head_dim, dtype=dtype), k_cache,
+                v_cache, context_lens=_empty(num_seqs, dtype=torch.int32),
+                block_tables=_empty(num_seqs, table_width, dtype=torch.int32), scale=scale,
+                num_splits=splits, partials=partials, kv_scales=scales, window=window,
+                sinks=_empty(heads, dtype=torch.float32) if sinks else None,
+            )  # fmt: skip
 
     num_seqs = 4
     for max_seqlen_q in PREFILL_QUERY_LENS:
-        yield partial(
-            paged_prefill_attention, _empty(PREFILL_ROWS, heads, head_dim, dtype=dtype), k_cache,
-            v_cache, cu_seqlens_q=_empty(num_seqs + 1, dtype=torch.int32),
-            context_lens=_empty(num_seqs, dtype=torch.int32),
-            block_tables=_empty(num_seqs, table_width, dtype=torch.int32),
-            max_seqlen_q=max_seqlen_q, scale=scale, kv_scales=scales,
-        )  # fmt: skip
+        for window, sinks in LAYER_KINDS:
+            yield partial(
+                paged_prefill_attention, _empty(PREFILL_ROWS, heads, head_dim, dtype=dtype),
+                k_cache, v_cache, cu_seqlens_q=_empty(num_seqs + 1, dtype=torch.int32),
+                context_lens=_empty(num_seqs, dtype=torch.int32),
+                block_tables=_empty(num_seqs, table_width, dtype=torch.int32),
+                max_seqlen_q=max_seqlen_q, scale=scale, kv_scales=scales, window=window,
+                sinks=_empty(heads, dtype=torch.float32) if sinks else None,
+            )  # fmt: skip
 
 
 def _projections(model: ModelShape) -> list[tuple[int, int]]:
