@@ -73,29 +73,33 @@ class GroupsMixin(SchedulerMachine):
     def write_and_read(
         self, plan: BatchPlan, inputs: list[int], history: dict[int, list[int]]
     ) -> None:
-        """Store every row's new tokens in every group's blocks, then check what its queries
-        see in each group (``history``: each row's true tokens up to its context length)."""
+        """Store every row's new tokens in every group's blocks at the plan's slots for that
+        group, then check what its queries see in each group through the plan's tables
+        (``history``: each row's true tokens up to its context length)."""
         size = plan.block_size
+        width = plan.block_table_width
         null = self.allocator.null_block
-        cu_q = plan.cu_seqlens_q
-        tables: list[list[list[int]]] = []
+        assert (
+            len(plan.group_block_tables) == len(plan.group_slot_mappings) == len(self.windows) - 1
+        )
+        slot_mappings = [plan.slot_mapping, *plan.group_slot_mappings]
+        all_tables = [plan.block_tables, *plan.group_block_tables]
+        for g, slots in enumerate(slot_mappings):
+            assert len(slots) == plan.num_tokens and len(all_tables[g]) == plan.num_seqs * width
+            for slot, token, position in zip(slots, inputs, plan.positions, strict=True):
+                assert slot // size != null, "a write into the null block"
+                self.kv[slot] = (token, position)
         for i, seq_id in enumerate(plan.seq_ids):
             seq = self.seqs[seq_id]
-            row_tables = [seq.block_table, *seq.group_block_tables]
-            tables.append(row_tables)
-            for g, table in enumerate(row_tables):
-                for t in range(cu_q[i], cu_q[i + 1]):
-                    position = plan.positions[t]
-                    block = table[position // size]
-                    assert block != null, "a write into the null block"
-                    slot = block * size + position % size
-                    if g == 0:
-                        assert slot == plan.slot_mapping[t]
-                    self.kv[slot] = (inputs[t], position)
-        for i, seq_id in enumerate(plan.seq_ids):
             length = plan.context_lens[i]
             first_query = length - plan.query_lens[i]
-            for window, table in zip(self.windows, tables[i], strict=True):
+            seq_tables = [seq.block_table, *seq.group_block_tables]
+            for g, window in enumerate(self.windows):
+                table = all_tables[g][i * width : (i + 1) * width].tolist()
+                assert table[: len(seq_tables[g])] == seq_tables[g]
+                for t in range(plan.cu_seqlens_q[i], plan.cu_seqlens_q[i + 1]):
+                    p = plan.positions[t]
+                    assert slot_mappings[g][t] == table[p // size] * size + p % size
                 start = 0 if window is None else max(first_query - window + 1, 0)
                 seen = [
                     self.kv.get(table[p // size] * size + p % size) for p in range(start, length)

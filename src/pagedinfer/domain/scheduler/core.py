@@ -17,6 +17,7 @@ from pagedinfer.domain.events import (
     SequenceFinished,
     SequencePreempted,
 )
+from pagedinfer.domain.group_plan import with_group_tables
 from pagedinfer.domain.plan import (
     PENDING_TOKEN,
     BatchPlan,
@@ -100,6 +101,7 @@ class Scheduler:
             if config.is_plain
             else GroupedBlockAllocator(self.pool, config.kv_groups)
         )
+        self._num_groups = self._allocator.num_groups
         self._stops = StopRules(config.eos_token_ids, config.max_model_len)
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []  # in admission order: preemption takes the newest
@@ -297,6 +299,8 @@ class Scheduler:
         for _ in range(len(self._running) + 2):
             plan = self._plan_mixed() if self._mixed else self._plan_prefill_first()
             if plan is not None:
+                if self._num_groups > 1:  # hybrid attention: every KV group's tables
+                    plan = with_group_tables(plan, self._seqs, self._num_groups)
                 self._step_id = plan.step_id
                 self._in_flight = plan
                 self._rows.planned()
