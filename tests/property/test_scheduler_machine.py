@@ -170,13 +170,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         )
         seqs = [Sequence(self.next_id + i, prompt, params, extra_key=extra_key) for i in range(n)]
         seq = seqs[0]
-        size = self.config.block_size
-        fork_blocks = cdiv(len(prompt), size) + (n - 1) * (len(prompt) % size != 0)
         if (
             not prompt
             or len(prompt) + 1 > self.config.max_model_len
             or n > self.config.max_running
-            or (n > 1 and fork_blocks > self.config.num_blocks)
+            or (n > 1 and self.fork_blocks(len(prompt), n) > self.config.num_blocks)
         ):
             with pytest.raises(InvalidRequestError):
                 self.scheduler.add(seq, forks=seqs[1:])
@@ -194,6 +192,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.next_id += n
         if n > 1:
             event("a request with several completions")
+
+    def fork_blocks(self, prompt_len: int, n: int) -> int:
+        """Blocks a prompt and the copies of its last block for ``n`` completions take."""
+        size = self.config.block_size
+        return cdiv(prompt_len, size) + (n - 1) * (prompt_len % size != 0)
 
     @rule(repeat=st.integers(1, 8))
     def step(self, repeat: int) -> None:

@@ -125,22 +125,30 @@ class BlockPool:
         found: list[Block] = []
         parent: int | None = None
         for index, digest in enumerate(block_hashes):
-            candidates = self._index.get(digest)
-            if not candidates:
-                break
             start = index * size
-            expected = tuple(token_ids[start : start + size])
-            match: Block | None = None
-            for candidate in candidates.values():
-                if candidate.token_ids == expected and candidate.parent_hash == parent:
-                    match = candidate
-                    if candidate.ref_count > 0:
-                        break
+            match = self.find_cached_block(digest, parent, token_ids[start : start + size])
             if match is None:
                 break
             found.append(match)
             parent = digest
         return found
+
+    def find_cached_block(
+        self, digest: int, parent_hash: int | None, token_ids: Sequence[int]
+    ) -> Block | None:
+        """The cached block registered under ``digest`` with this parent hash and these
+        tokens (a copy in use preferred), or ``None``. Nothing is mutated."""
+        candidates = self._index.get(digest)
+        if not candidates or not self.enable_prefix_caching:
+            return None
+        expected = tuple(token_ids)
+        match: Block | None = None
+        for candidate in candidates.values():
+            if candidate.token_ids == expected and candidate.parent_hash == parent_hash:
+                match = candidate
+                if candidate.ref_count > 0:
+                    break
+        return match
 
     def cost_of_acquiring(self, blocks: Iterable[Block]) -> int:
         """Free blocks that :meth:`acquire` would consume (cached blocks that are now free)."""

@@ -268,6 +268,13 @@ class DecodeBatch:
         self._row_blocks[row] = count
         self.slot_mapping[row] = _slot(seq.block_table, self.positions[row], self.block_size)
 
+    def refresh_table(self, seq: Sequence) -> None:
+        """``seq``'s table changed in place (a sliding window freed its first blocks): copy
+        it into its row again."""
+        row = self.seqs.index(seq)
+        start = row * self.width
+        self.block_tables[start : start + len(seq.block_table)] = array("i", seq.block_table)
+
     def block_table_row(self, row: int) -> list[int]:
         """Row ``row`` of ``block_tables``, filler entries included."""
         return self.block_tables[row * self.width : (row + 1) * self.width].tolist()

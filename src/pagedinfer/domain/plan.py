@@ -106,6 +106,14 @@ count drafts ``0..i-1`` as generated before it, and the executor records (in the
 history) only the samples up to the first that differs from its draft
 (:func:`~pagedinfer.domain.speculative.accepted_length`), as the scheduler does.
 
+**KV groups** (hybrid attention, :mod:`pagedinfer.domain.kv_groups`): ``block_tables`` and
+``slot_mapping`` are group 0's; ``group_block_tables[g - 1]`` (``[B, W]``, the same width) and
+``group_slot_mappings[g - 1]`` (``T``) are group ``g``'s, for the layers of that group. Both
+are empty with one group. A sliding group's entries for blocks out of its window are the
+null block (:attr:`~pagedinfer.domain.scheduler.group_allocator.GroupedBlockAllocator.null_block`,
+a block no step writes): kernels must skip, or mask by position, the keys before
+``p - window + 1``, as they do anyway.
+
 **Prompt logprobs** (``SamplingParams.prompt_logprobs``): ``prompt_logprob_rows`` lists, per
 prefill chunk of a request that asked, ``(sequence id, first query-token index, count)``: the
 logits of those query tokens give the log-probability of the prompt token after each, whose
@@ -227,6 +235,9 @@ class BatchPlan:
     # Query tokens of chunks that are a sequence's last generated token (and its drafts):
     # decoding work outside decode rows (speculative decoding), for the engine's counters.
     num_generation_tokens: int = 0
+    # KV groups 1, 2, ... (hybrid attention; group 0's are block_tables and slot_mapping).
+    group_block_tables: tuple[array[int], ...] = ()
+    group_slot_mappings: tuple[array[int], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.is_prefill:  # a decode step: every row is a decode row

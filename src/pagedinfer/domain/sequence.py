@@ -37,7 +37,9 @@ class Sequence:
     ``num_cached_tokens`` counts the prompt tokens served by the prefix cache when the request
     was first admitted; a preempted request recomputes (or re-finds) its own tokens later, which
     does not change it. ``num_preemptions`` counts how often the request was preempted.
-    ``block_table[i]`` is the physical block holding logical block ``i``.
+    ``block_table[i]`` is the physical block holding logical block ``i``; with several KV
+    groups (hybrid attention) that is group 0's table, and ``group_block_tables`` holds the
+    others' (same length; a sliding group's entries out of its window are the null block).
     ``block_hashes`` caches the chained hashes of the full blocks of ``token_ids``; they depend
     only on the tokens, so they survive preemption.
 
@@ -63,6 +65,7 @@ class Sequence:
         "decoding",
         "extra_key",
         "finish_reason",
+        "group_block_tables",
         "num_cached_tokens",
         "num_preemptions",
         "num_prompt_tokens",
@@ -97,6 +100,9 @@ class Sequence:
         self.num_preemptions = 0
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []
+        # The tables of KV groups 1, 2, ... (hybrid attention, pagedinfer.domain.kv_groups);
+        # block_table is group 0's. Empty with one group (every model without a window).
+        self.group_block_tables: list[list[int]] = []
         # How many leading entries of block_table the prefix cache already knows about.
         self.num_registered_blocks = 0
         # Speculative decoding: the proposer's guesses of the next tokens (drafts), verified

@@ -39,6 +39,17 @@ class BlockAllocator:
     def num_free_blocks(self) -> int:
         return self.pool.num_free_blocks
 
+    @property
+    def num_groups(self) -> int:
+        """KV groups: tables per sequence, blocks per logical block (one here)."""
+        return 1
+
+    @property
+    def frees_in_place(self) -> bool:
+        """Whether :meth:`register_full_blocks` may free entries of ``seq.block_table``
+        (group 0 is a sliding window), which copies of that table must then follow."""
+        return False
+
     def opens_block(self, seq: Sequence) -> bool:
         """True when ``seq``'s next token is the first of a block it does not hold yet."""
         return seq.num_computed_tokens == len(seq.block_table) * self.block_size
@@ -132,6 +143,24 @@ class BlockAllocator:
                 tokens = seq.token_ids[index * size : (index + 1) * size]
                 pool.register(block_id, hashes[index], parent, tokens)
         seq.num_registered_blocks = num_full
+
+    def fork_blocks(self, parent: Sequence, child: Sequence) -> tuple[tuple[int, int], ...]:
+        """Give ``child`` (a fork of ``parent``, whose prompt is computed) the prompt's full
+        blocks, shared, and a copy of its partial last block; returns the copies
+        ``(source, destination)`` to make, each source pinned with one reference until
+        then. The blocks must be free (:attr:`num_groups` per partial block)."""
+        pool = self.pool
+        num_full = parent.num_tokens // self.block_size
+        shared = parent.block_table[:num_full]
+        pool.share(shared)
+        child.block_table = list(shared)
+        if parent.num_tokens % self.block_size == 0:
+            return ()
+        partial = parent.block_table[num_full]
+        copy = pool.allocate(1)[0].block_id
+        pool.share([partial])  # pinned until the copy ran
+        child.block_table.append(copy)
+        return ((partial, copy),)
 
     def trim(self, seq: Sequence, keep: int) -> None:
         """Free ``seq``'s blocks past its first ``keep`` (given for a step that never ran:

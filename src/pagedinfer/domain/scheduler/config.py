@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
+from pagedinfer.domain.kv_groups import KVGroupSpec, is_plain, min_blocks_for_one_sequence
 from pagedinfer.errors import ConfigurationError
 
 __all__ = ["SCHEDULING_POLICIES", "SchedulerConfig", "SchedulerStats", "SchedulingPolicy"]
@@ -30,6 +31,9 @@ class SchedulerConfig:
     # K/V of its next drafts there).
     num_speculative_tokens: int = 0
     num_lookahead_tokens: int = 0
+    # Hybrid attention: the model's KV groups (pagedinfer.domain.kv_groups). Empty, or one
+    # full-attention group: one block table per sequence.
+    kv_groups: tuple[KVGroupSpec, ...] = ()
 
     def __post_init__(self) -> None:
         if self.scheduling_policy not in SCHEDULING_POLICIES:
@@ -51,6 +55,9 @@ class SchedulerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigurationError(f"{name}={value!r} is invalid: expected an integer >= 0.")
+        if not self.is_plain:
+            self._check_grouped_capacity()
+            return
         capacity = self.num_blocks * self.block_size
         if capacity < self.max_model_len:
             raise ConfigurationError(
@@ -58,6 +65,29 @@ class SchedulerConfig:
                 f"{self.block_size}) but max_model_len is {self.max_model_len}: the pool must "
                 "hold at least one max_model_len sequence. Give it more blocks (more memory, "
                 "num_kv_blocks) or lower max_model_len."
+            )
+
+    @property
+    def is_plain(self) -> bool:
+        """One block table per sequence (no KV groups, or one full-attention group)."""
+        return is_plain(self.kv_groups)
+
+    @property
+    def num_kv_groups(self) -> int:
+        return max(len(self.kv_groups), 1)
+
+    def _check_grouped_capacity(self) -> None:
+        needed = min_blocks_for_one_sequence(
+            self.kv_groups, self.block_size, self.max_model_len, self.max_num_batched_tokens
+        )
+        if self.num_blocks < needed:
+            raise ConfigurationError(
+                f"the KV pool has {self.num_blocks} blocks but one max_model_len="
+                f"{self.max_model_len} sequence needs {needed} across its "
+                f"{len(self.kv_groups)} KV groups (windows "
+                f"{[group.window for group in self.kv_groups]}, block_size "
+                f"{self.block_size}, plus the null block). Give it more blocks (more memory, "
+                "num_kv_blocks) or lower max_model_len / max_num_batched_tokens."
             )
 
     @property

@@ -17,6 +17,7 @@ from pagedinfer.domain.events import (
     SequenceFinished,
     SequencePreempted,
 )
+from pagedinfer.domain.group_plan import with_group_tables
 from pagedinfer.domain.plan import (
     PENDING_TOKEN,
     BatchPlan,
@@ -29,6 +30,7 @@ from pagedinfer.domain.scheduler.ahead import restore_chunks
 from pagedinfer.domain.scheduler.allocator import BlockAllocator
 from pagedinfer.domain.scheduler.config import SchedulerConfig, SchedulerStats
 from pagedinfer.domain.scheduler.fork_table import ForkTable, check_new_forks
+from pagedinfer.domain.scheduler.group_allocator import GroupedBlockAllocator
 from pagedinfer.domain.scheduler.prefill import PrefillPlanner
 from pagedinfer.domain.scheduler.rows import DecodeRows
 from pagedinfer.domain.scheduler.slots import SlotTable
@@ -94,7 +96,12 @@ class Scheduler:
         )
         if self.pool.block_size != config.block_size or self.pool.num_blocks != config.num_blocks:
             raise ConfigurationError("the block pool does not match the scheduler config")
-        self._allocator = BlockAllocator(self.pool)
+        self._allocator = (
+            BlockAllocator(self.pool)
+            if config.is_plain
+            else GroupedBlockAllocator(self.pool, config.kv_groups)
+        )
+        self._num_groups = self._allocator.num_groups
         self._stops = StopRules(config.eos_token_ids, config.max_model_len)
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []  # in admission order: preemption takes the newest
@@ -103,7 +110,7 @@ class Scheduler:
         self._prefilling: list[Sequence] = []
         self._rows = DecodeRows(self._allocator, self._stops)
         self._slots = SlotTable()  # and their deltas not yet confirmed by a postprocess
-        self._forks = ForkTable(self.pool)  # n > 1: the completions not started yet
+        self._forks = ForkTable(self.pool, self._allocator)  # n > 1: completions not started
         self._prefill = PrefillPlanner(config, self._allocator, self._forks, self._slots)
         # Speculative decoding on or off: how a sequence goes on once its prompt is computed.
         self._policy = decoding_policy(config.num_speculative_tokens)
@@ -197,7 +204,12 @@ class Scheduler:
         """``(source, destination)`` block copies not yet known to have run; each pins its
         source block with one reference until then."""
         forks = self._forks
-        return [*forks.copies_after_fork.values(), *forks.block_copies.values()]
+        return [
+            copy
+            for table in (forks.copies_after_fork, forks.block_copies)
+            for copies in table.values()
+            for copy in copies
+        ]
 
     def has_unfinished(self) -> bool:
         return bool(self._seqs)
@@ -287,6 +299,8 @@ class Scheduler:
         for _ in range(len(self._running) + 2):
             plan = self._plan_mixed() if self._mixed else self._plan_prefill_first()
             if plan is not None:
+                if self._num_groups > 1:  # hybrid attention: every KV group's tables
+                    plan = with_group_tables(plan, self._seqs, self._num_groups)
                 self._step_id = plan.step_id
                 self._in_flight = plan
                 self._rows.planned()

@@ -5,7 +5,8 @@ parent): *pending* until the step computing the parent's last prompt token is pl
 then *forking* until that plan is recorded, then sequences of their own. A fork takes the
 prompt's full blocks shared and a device copy of its partial last block
 (``BatchPlan.block_copies``); the copy's source stays pinned until a plan carrying the
-copy is recorded. :class:`ForkTable` keeps that state and answers the loop; it never
+copy is recorded (with several KV groups, a copy per group: :meth:`BlockAllocator.fork_blocks`).
+:class:`ForkTable` keeps that state and answers the loop; it never
 touches the queues (the loop moves a started fork into them).
 """
 
@@ -15,6 +16,7 @@ from collections.abc import Sequence as SequenceABC
 
 from pagedinfer.domain.block_pool import BlockPool, cdiv
 from pagedinfer.domain.plan import BatchPlan
+from pagedinfer.domain.scheduler.allocator import BlockAllocator
 from pagedinfer.domain.scheduler.config import SchedulerConfig
 from pagedinfer.domain.scheduler.slots import SlotTable
 from pagedinfer.domain.sequence import Sequence, SequenceStatus
@@ -26,17 +28,27 @@ __all__ = ["ForkTable", "check_new_forks"]
 class ForkTable:
     """The forks of one scheduler's requests, and their pending block copies."""
 
-    __slots__ = ("block_copies", "copies_after_fork", "forking", "parent", "pending", "pool")
+    __slots__ = (
+        "allocator",
+        "block_copies",
+        "copies_after_fork",
+        "forking",
+        "parent",
+        "pending",
+        "pool",
+    )
 
-    def __init__(self, pool: BlockPool) -> None:
+    def __init__(self, pool: BlockPool, allocator: BlockAllocator | None = None) -> None:
         self.pool = pool
+        self.allocator = allocator if allocator is not None else BlockAllocator(pool)
         self.pending: dict[int, list[Sequence]] = {}
         self.forking: dict[int, list[Sequence]] = {}
         self.parent: dict[int, int] = {}  # pending or forking child id -> parent id
-        # Copies (source, destination) by the child receiving them: made when the fork is
-        # planned, sent in every plan once the forking step ran until one is recorded.
-        self.copies_after_fork: dict[int, tuple[int, int]] = {}
-        self.block_copies: dict[int, tuple[int, int]] = {}
+        # Copies (source, destination) by the child receiving them (one per KV group):
+        # made when the fork is planned, sent in every plan once the forking step ran until
+        # one is recorded.
+        self.copies_after_fork: dict[int, tuple[tuple[int, int], ...]] = {}
+        self.block_copies: dict[int, tuple[tuple[int, int], ...]] = {}
 
     def add(self, parent: Sequence, children: list[Sequence]) -> None:
         self.pending[parent.seq_id] = children
@@ -69,26 +81,17 @@ class ForkTable:
         forks = self.pending.get(seq.seq_id)
         if not forks or seq.num_tokens % self.pool.block_size == 0:
             return 0
-        return len(forks)
+        return len(forks) * self.allocator.num_groups
 
     def fork(self, seq: Sequence, slots: SlotTable) -> tuple[Sequence, ...]:
         """Start ``seq``'s pending forks: the chunk being planned computes its last prompt
         token, and each fork samples from that row. Blocks and slots are given now
         (:meth:`extra_blocks` must be free); the forks run once the step is recorded."""
         children = self.pending.pop(seq.seq_id)
-        pool = self.pool
-        size = pool.block_size
-        num_full = seq.num_tokens // size
-        shared = seq.block_table[:num_full]
-        partial = seq.block_table[num_full] if seq.num_tokens % size else None
         for child in children:
-            pool.share(shared)
-            child.block_table = list(shared)
-            if partial is not None:
-                copy = pool.allocate(1)[0].block_id
-                pool.share([partial])  # pinned until the copy ran
-                self.copies_after_fork[child.seq_id] = (partial, copy)
-                child.block_table.append(copy)
+            copies = self.allocator.fork_blocks(seq, child)
+            if copies:
+                self.copies_after_fork[child.seq_id] = copies
             child.num_computed_tokens = seq.num_tokens
             child.num_cached_tokens = seq.num_cached_tokens
             child.status = SequenceStatus.RUNNING
@@ -135,7 +138,7 @@ class ForkTable:
         """The copies for the next plan, less those ``ahead`` (the plan in flight) carries."""
         if not self.block_copies:
             return ()
-        copies = tuple(self.block_copies.values())
+        copies = tuple(copy for group in self.block_copies.values() for copy in group)
         if ahead is not None and ahead.block_copies:
             copies = tuple(copy for copy in copies if copy not in ahead.block_copies)
         return copies
@@ -145,19 +148,19 @@ class ForkTable:
         if not plan.block_copies:
             return
         done = set(plan.block_copies)
-        for child_id, copy in list(self.block_copies.items()):
-            if copy in done:
+        for child_id, copies in list(self.block_copies.items()):
+            if copies[0] in done:  # a child's copies always go out together
                 del self.block_copies[child_id]
-                self.pool.free([copy[0]])  # unpin the source
+                self.pool.free([source for source, _ in copies])  # unpin the sources
 
     def drop_copy(self, child_id: int) -> None:
         """Forget the copy into ``child_id``'s blocks (they are being released): it must
         not run once they are free."""
         if not self.copies_after_fork and not self.block_copies:
             return
-        copy = self.copies_after_fork.pop(child_id, None) or self.block_copies.pop(child_id, None)
-        if copy is not None:
-            self.pool.free([copy[0]])  # unpin the source
+        copies = self.copies_after_fork.pop(child_id, None) or self.block_copies.pop(child_id, None)
+        if copies is not None:
+            self.pool.free([source for source, _ in copies])  # unpin the sources
 
     def check(self, seqs: dict[int, Sequence], *, plan_in_flight: bool) -> None:
         """Raise ``AssertionError`` if the table disagrees with the sequences or the pool."""
@@ -177,10 +180,17 @@ class ForkTable:
                     raise AssertionError(f"pending fork {child!r} holds resources")
         if self.forking and not plan_in_flight:
             raise AssertionError("forks in flight without a plan in flight")
-        copies = [*self.copies_after_fork.items(), *self.block_copies.items()]
+        copies = [
+            (child_id, copy)
+            for table in (self.copies_after_fork, self.block_copies)
+            for child_id, group in table.items()
+            for copy in group
+        ]
         for child_id, (source, target) in copies:
             holder = seqs.get(child_id)
-            if holder is None or target not in holder.block_table:
+            if holder is None or not any(
+                target in table for table in (holder.block_table, *holder.group_block_tables)
+            ):
                 raise AssertionError(f"a block copy into {target} that {child_id} does not hold")
             if self.pool.block(source).ref_count < 1:
                 raise AssertionError(f"the source {source} of a pending copy is free")
@@ -203,6 +213,8 @@ def check_new_forks(
         )
     size = config.block_size
     blocks = cdiv(seq.num_tokens, size) + (len(forks) if seq.num_tokens % size else 0)
+    if not config.is_plain:  # every group's table, plus the null block
+        blocks = blocks * config.num_kv_groups + 1
     if blocks > config.num_blocks:
         raise InvalidRequestError(
             f"the prompt and copies of its last block for n={n} completions need "

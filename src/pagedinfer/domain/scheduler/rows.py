@@ -313,6 +313,8 @@ class DecodeRows:
             for seq in register_due:
                 if seq.status is SequenceStatus.RUNNING:
                     register(seq)  # its last block filled up
+                    if self._allocator.frees_in_place:  # a sliding window: blocks left it
+                        batch.refresh_table(seq)
             length_limit = self._stops.length_limit
             for seq in length_due:
                 if (

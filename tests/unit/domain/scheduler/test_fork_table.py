@@ -302,7 +302,8 @@ def test_fork_table_from_pending_to_started() -> None:
     for child in children:
         table.started(child)
     assert table.parent == {} and len(table.block_copies) == 2
-    assert table.copies_to_send(None) == tuple(table.block_copies.values())
+    copies = tuple(copy for group in table.block_copies.values() for copy in group)
+    assert table.copies_to_send(None) == copies and len(copies) == 2
 
 
 def test_a_confirmed_copy_unpins_its_source() -> None:
