@@ -46,6 +46,9 @@ class Recording(PagedAttentionBackend):
         scale: float,
         kv_scales: torch.Tensor | None,
         out: torch.Tensor | None,
+        *,
+        window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         assert key is not None and key.shape[0] == query.shape[0]
         self.calls.append(("prefill", query.shape[0], meta.cu_seqlens_q.tolist()))
@@ -60,6 +63,9 @@ class Recording(PagedAttentionBackend):
         scale: float,
         kv_scales: torch.Tensor | None,
         out: torch.Tensor | None,
+        *,
+        window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         assert not meta.is_prefill
         self.calls.append(("decode", query.shape[0], meta.context_lens.tolist()))
