@@ -41,6 +41,7 @@ from pagedinfer.adapters.kv_sizing import cuda_block_budget, kv_cache_blocks, wa
 from pagedinfer.adapters.layers.linear import divide
 from pagedinfer.adapters.models.loader import load_weights
 from pagedinfer.adapters.models.registry import build_model, read_model_config
+from pagedinfer.adapters.pooling.pooler import Pooler
 from pagedinfer.adapters.runner_config import RunnerConfig
 from pagedinfer.adapters.sampling.grammar import GrammarCompiler, GrammarStep
 from pagedinfer.adapters.sampling.logprobs import LogprobsTensors, prompt_logprobs
@@ -167,6 +168,10 @@ class ModelRunner:
                 grammars=grammars,
                 logprobs_mode=config.logprobs_mode,
             )
+        # A pooling model (runner="pooling"): rank 0 pools hidden states instead of sampling.
+        self.pooler: Pooler | None = None
+        if config.pooling_type is not None and parallel.is_driver:
+            self.pooler = Pooler(config.pooling_type)
         self._closed = False
         # Decode steps go through graph_runner when it is set; the warm-up pass that sizes
         # the cache runs eagerly, and graphs are captured once the cache is bound.
@@ -217,6 +222,8 @@ class ModelRunner:
             if plan.block_copies:  # forks' copies of a prompt's last block, before they run
                 self._copy_blocks(plan.block_copies)
             hidden = self._run_model(inputs)
+            if self.config.pooling_type is not None:  # a pooling model samples nothing
+                return self.pooler.pool(plan, hidden) if self.pooler else _ready(EMPTY_STEP_OUTPUT)
             if self.drafter is not None:  # its K/V of the same tokens, in its own cache
                 self.drafter.forward(inputs)
             # The host's share of structured outputs, while the device runs the forward.

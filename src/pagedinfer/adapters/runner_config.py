@@ -46,6 +46,8 @@ class RunnerConfig:
     weight_check: WeightCheck = "default"
     # What the logprobs of sampled tokens report (adapters/sampling/logprobs_mode.py).
     logprobs_mode: LogprobsMode = DEFAULT_LOGPROBS_MODE
+    # A pooling model (runner="pooling"): "LAST", "MEAN" or "CLS" (adapters/pooling/pooler.py).
+    pooling_type: str | None = None
 
     @property
     def max_running(self) -> int:

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["EMPTY_STEP_OUTPUT", "PromptLogprobsChunk", "StepOutput", "TokenLogprobs"]
+__all__ = [
+    "EMPTY_STEP_OUTPUT",
+    "PooledChunk",
+    "PromptLogprobsChunk",
+    "StepOutput",
+    "TokenLogprobs",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,11 +44,26 @@ class PromptLogprobsChunk:
 
 
 @dataclass(frozen=True, slots=True)
+class PooledChunk:
+    """A pooling model's hidden states of one sequence's prefill chunk (after the final norm):
+    ``values`` is the sum of the chunk's ``num_rows`` rows (mean pooling), or one row (last
+    token: the prompt's last; CLS: the row at position 0). ``first_position``: the position of
+    the first row summed or taken (a recomputation starts again at 0)."""
+
+    seq_id: int
+    first_position: int
+    num_rows: int
+    values: list[float]
+    summed: bool = False  # mean pooling: chunks add up; else the chunk's row replaces
+
+
+@dataclass(frozen=True, slots=True)
 class StepOutput:
     """One step's results: a token per sample; logprobs for the samples that asked
     (``None`` entries for the others, ``None`` altogether when none asked); prompt logprobs
     of the prefill chunks that asked; with a draft model (speculative decoding), the drafts it
-    proposes for each sequence that got tokens, by sequence id.
+    proposes for each sequence that got tokens, by sequence id; with a pooling model
+    (``runner="pooling"``), the pooled hidden states of the step's prefill chunks.
 
     ``failed_samples`` maps the index of each sample that failed its own request (its
     structured-output constraint failed or reached a dead end, or its logits held no finite
@@ -54,6 +75,7 @@ class StepOutput:
     prompt_logprobs: list[PromptLogprobsChunk] = field(default_factory=list)
     draft_token_ids: dict[int, list[int]] | None = None
     failed_samples: dict[int, str] | None = None
+    pooled: list[PooledChunk] = field(default_factory=list)
 
 
 EMPTY_STEP_OUTPUT = StepOutput([])

@@ -27,6 +27,7 @@ from pagedinfer.domain.limits import RequestLimits
 from pagedinfer.domain.sampling import SamplingParams
 from pagedinfer.domain.scheduler import Scheduler
 from pagedinfer.domain.sequence import Sequence as DomainSequence
+from pagedinfer.engine.pooling_setup import POOLING_PARAMS, refuse_generation
 from pagedinfer.engine.prompts import TokenizedPrompt
 from pagedinfer.engine.request_table import RequestTable
 from pagedinfer.engine.requests import CompletionState, OutputSink, RequestState
@@ -58,6 +59,7 @@ class Admission:
         grammars: GrammarCompiler,
         speculative: bool,
         defaults: SamplingParams | None = None,
+        pooling: bool = False,
     ) -> None:
         self.limits = dataclasses.replace(
             limits,
@@ -74,6 +76,7 @@ class Admission:
         self._accepted: OrderedDict[int, SamplingParams] = OrderedDict()
         self._accepted_lock = threading.Lock()
         self._next_request_id = 0  # under the engine's lock
+        self._pooling = pooling  # a pooling model: only its own requests (POOLING_PARAMS)
 
     # ------------------------------------------------------------------ checks
     def check(self, params: SamplingParams | None) -> SamplingParams:
@@ -81,6 +84,8 @@ class Admission:
         ``generation_config.json``) if the engine can serve them, else
         ``InvalidRequestError`` naming the field and the limit (see
         ``Engine.check_sampling_params``). Takes no lock."""
+        if self._pooling and params is not POOLING_PARAMS:
+            refuse_generation()
         if params is None:
             return self._defaults
         if self._was_accepted(params):

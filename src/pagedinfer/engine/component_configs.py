@@ -23,6 +23,7 @@ def runner_config(
     attention_backend: str,
     max_model_len: int,
     num_threads: int | None,
+    pooling_type: str | None = None,
 ) -> RunnerConfig:
     """What the executor needs: ``config`` with the device, dtype, attention backend,
     ``max_model_len`` and CPU threads resolved."""
@@ -55,6 +56,7 @@ def runner_config(
         num_speculative_tokens=0 if speculation is None else speculation.num_speculative_tokens,
         weight_check=config.weight_check,
         logprobs_mode=config.logprobs_mode,
+        pooling_type=pooling_type,
     )
 
 

@@ -52,6 +52,13 @@ from pagedinfer.engine.generation_config import (
     generation_defaults,
     parse_override_generation_config,
 )
+from pagedinfer.engine.pooling_setup import (
+    POOLER_HELP,
+    RUNNER_HELP,
+    RUNNERS,
+    PoolerConfig,
+    parse_pooler_config,
+)
 from pagedinfer.engine.threads import available_cpus, default_num_threads, resolve_num_threads
 from pagedinfer.errors import ConfigurationError
 
@@ -364,6 +371,12 @@ class EngineConfig:
             )
         },
     )
+    # Pooling models (docs/pooling.md; checked in engine/pooling_setup.py).
+    runner: str = field(default="auto", metadata={CLI_FLAG: CliFlag(RUNNER_HELP, choices=RUNNERS)})
+    pooler_config: PoolerConfig | Mapping[str, object] | None = field(
+        default=None,
+        metadata={CLI_FLAG: CliFlag(POOLER_HELP, metavar="JSON", parse=parse_pooler_config)},
+    )
     # Structured outputs: what one constraint may cost (domain/grammar_limits.py); one
     # --grammar-<name> flag per limit.
     grammar_limits: GrammarLimits = field(
@@ -587,6 +600,8 @@ class EngineOptions(TypedDict, total=False):
     max_consecutive_failed_steps: int
     weight_check: WeightCheck
     logprobs_mode: LogprobsMode
+    runner: str
+    pooler_config: PoolerConfig | Mapping[str, object] | None
     grammar_limits: GrammarLimits
 
 

@@ -69,6 +69,7 @@ from pagedinfer.engine.failures import (
 from pagedinfer.engine.in_flight import InFlight
 from pagedinfer.engine.output_processor import OutputProcessor
 from pagedinfer.engine.outputs import RequestOutput
+from pagedinfer.engine.pooling_setup import pooling_engine_config, pooling_setup
 from pagedinfer.engine.progress import ProgressBar
 from pagedinfer.engine.prompts import (
     Prompt,
@@ -141,6 +142,10 @@ class Engine:
         self._lock = self._guard.lock
         # The options, their defaults and their checks: engine/config.py (EngineConfig).
         config = EngineConfig.from_options(model, options)
+        # A pooling model (runner="pooling", docs/pooling.md): how it pools, and what it
+        # changes in the engine's options (engine/pooling_setup.py).
+        self.pooling = pooling_setup(config.runner, config.model_path, config.pooler_config)
+        config = pooling_engine_config(config, self.pooling)
         self.config = config
         # Speculative decoding (docs/speculative-decoding.md): how drafts are proposed.
         self.speculation = config.speculation
@@ -174,6 +179,7 @@ class Engine:
             attention_backend=self.attention_backend,
             max_model_len=self.max_model_len,
             num_threads=num_threads,
+            pooling_type=None if self.pooling is None else self.pooling.pooling_type,
         )
         if num_threads is not None:
             # Process-wide (torch has one pool of CPU threads per process): None leaves torch's
@@ -218,6 +224,7 @@ class Engine:
             grammars=self._grammars,
             speculative=self.speculation is not None,
             defaults=self.default_sampling_params,
+            pooling=self.pooling is not None,
         )
         self.request_limits = self._admission.limits  # resolved (-1, n against max_running)
         self._executor = executor

@@ -36,7 +36,15 @@ from pagedinfer.engine.beam_search import BeamSearchOutput, beam_search, tokeniz
 from pagedinfer.engine.config import ENGINE_OPTIONS
 from pagedinfer.engine.cpu_notes import cpu_notes, explicit_options, keyword_spelling
 from pagedinfer.engine.engine import Engine, Prompt
+from pagedinfer.engine.llm_pooling import vllm_pooling_kwargs
 from pagedinfer.engine.outputs import RequestOutput
+from pagedinfer.engine.pooling import (
+    ClassificationRequestOutput,
+    EmbeddingRequestOutput,
+    PoolingParams,
+    PoolingTasks,
+    ScoringRequestOutput,
+)
 from pagedinfer.errors import (
     ConfigurationError,
     InvalidRequestError,
@@ -86,7 +94,6 @@ _QUANTIZATION_METHODS = {
     "gptq": "gptq",
     "gptq_marlin": "gptq",
 }
-_POOLING = "pagedinfer runs generative models only: no pooling, embedding or scoring"
 _LOCAL = (
     "pagedinfer loads a local directory and never downloads; fetch it with "
     "`hf download REPO --revision REV --local-dir DIR` and pass model=DIR"
@@ -116,11 +123,6 @@ VLLM_ARGUMENTS: dict[str, _VllmArgument] = {
     "max_lora_rank": _VllmArgument(_anything, "LoRA is not supported (enable_lora)"),
     "max_loras": _VllmArgument(_anything, "LoRA is not supported (enable_lora)"),
     # Accepted only at the value that means "off".
-    "task": _VllmArgument(_is("auto", "generate"), _POOLING),
-    "runner": _VllmArgument(_is("auto", "generate"), _POOLING),
-    "convert": _VllmArgument(_is("auto", "none"), _POOLING),
-    "pooler_config": _VllmArgument(_empty, _POOLING),
-    "override_pooler_config": _VllmArgument(_empty, _POOLING),
     "allowed_local_media_path": _VllmArgument(_is(""), _TEXT_ONLY),
     "allowed_media_domains": _VllmArgument(_empty, _TEXT_ONLY),
     "mm_processor_kwargs": _VllmArgument(_empty, _TEXT_ONLY),
@@ -150,9 +152,6 @@ VLLM_ARGUMENTS: dict[str, _VllmArgument] = {
     ),
     "cpu_offload_gb": _VllmArgument(
         _is(0, 0.0), "weights are not offloaded: the model must fit on the device"
-    ),
-    "hf_overrides": _VllmArgument(
-        _empty, "config.json is used as it is: edit a copy of the checkpoint instead"
     ),
     "compilation_config": _VllmArgument(
         _empty, "the model is not torch.compile'd (CUDA graphs: see enforce_eager)"
@@ -268,6 +267,48 @@ class LLM(Engine):
         _check_request_options(lora_request=lora_request, priority=priority)
         return super().generate(prompts, sampling_params, use_tqdm)
 
+    # ------------------------------------------------------------------ pooling
+    def embed(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        *,
+        use_tqdm: bool = True,
+        pooling_params: PoolingParams | None = None,
+    ) -> list[EmbeddingRequestOutput]:
+        """vLLM's ``LLM.embed`` (``runner="pooling"``): one embedding per prompt, in input
+        order (``outputs.embedding``); ``pooling_params.dimensions`` truncates (Matryoshka
+        models). docs/pooling.md."""
+        return self._pooling_tasks().embed(prompts, pooling_params, use_tqdm)
+
+    def classify(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        *,
+        use_tqdm: bool = True,
+        pooling_params: PoolingParams | None = None,
+    ) -> list[ClassificationRequestOutput]:
+        """vLLM's ``LLM.classify``: the probabilities of a classifier's labels
+        (``outputs.probs``), for a checkpoint with a classification head."""
+        return self._pooling_tasks().classify(prompts, pooling_params, use_tqdm)
+
+    def score(
+        self,
+        data_1: str | Sequence[str],
+        data_2: str | Sequence[str],
+        *,
+        use_tqdm: bool = True,
+    ) -> list[ScoringRequestOutput]:
+        """vLLM's ``LLM.score``: ``data_1`` (one query, or one per document) against each of
+        ``data_2``; ``outputs.score`` is a cross-encoder's probability, or an embedder's
+        cosine similarity."""
+        return self._pooling_tasks().score(data_1, data_2, use_tqdm)
+
+    def _pooling_tasks(self) -> PoolingTasks:
+        tasks: PoolingTasks | None = getattr(self, "_tasks", None)
+        if tasks is None:
+            tasks = self._tasks = PoolingTasks(self)
+        return tasks
+
     def beam_search(
         self,
         prompts: Prompt | Sequence[Prompt],
@@ -349,7 +390,7 @@ class LLM(Engine):
 
 def _engine_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     """vLLM keyword arguments as the Engine's: renamed, checked, or refused."""
-    engine: dict[str, Any] = {}
+    engine: dict[str, Any] = vllm_pooling_kwargs(kwargs)  # runner, pooler_config
     for name, value in kwargs.items():
         target = _RENAMED.get(name, name)
         if target in _ENGINE_ARGUMENTS:

@@ -66,6 +66,10 @@ class OutputProcessor:
                     owner.request.set_prompt_logprobs(
                         chunk.first_position, chunk.entries, self.tokenizer
                     )
+            for pooled in output.pooled:  # a pooling model's hidden states
+                owner = completions.get(pooled.seq_id)
+                if owner is not None:
+                    owner.request.add_pooled(pooled)
             logprobs: dict[int, list[TokenLogprobs | None]] | None = None
             if output.logprobs is not None:
                 logprobs = {}

@@ -75,7 +75,8 @@ class RequestOutput:
     (``None`` for token-id prompts), ``prompt_token_ids`` its tokens, ``prompt_logprobs``
     one entry per prompt token when the request asked for them (``None`` for the first
     token; else ``None`` altogether). ``outputs`` holds the completions in index order.
-    ``num_cached_tokens`` counts prompt tokens served from the prefix cache.
+    ``num_cached_tokens`` counts prompt tokens served from the prefix cache. ``pooled``: a
+    pooling model's pooled hidden state once finished (``LLM.embed`` shapes it).
     """
 
     request_id: str
@@ -85,3 +86,4 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     num_cached_tokens: int
+    pooled: list[float] | None = None

@@ -17,7 +17,7 @@ from collections.abc import Collection
 from typing import Any
 
 from pagedinfer.domain.sequence import FinishReason, Sequence
-from pagedinfer.domain.step_output import TokenLogprobs
+from pagedinfer.domain.step_output import PooledChunk, TokenLogprobs
 from pagedinfer.engine.detokenizer import CompletionText, decode_completion
 from pagedinfer.engine.outputs import (
     CompletionOutput,
@@ -26,6 +26,7 @@ from pagedinfer.engine.outputs import (
     RequestOutput,
     SampleLogprobs,
 )
+from pagedinfer.engine.pooled import PooledState
 
 __all__ = ["CompletionState", "OutputSink", "RequestState", "logprob_dict", "request_key"]
 
@@ -360,6 +361,7 @@ class RequestState:
         "error",
         "final",
         "name",
+        "pooled",
         "prompt",
         "prompt_logprobs",
         "prompt_logprobs_sent",
@@ -391,6 +393,13 @@ class RequestState:
             [None] * num_prompt_tokens if wants_prompt_logprobs else None
         )
         self.prompt_logprobs_sent = False
+        self.pooled: PooledState | None = None  # a pooling model's hidden states (pooled.py)
+
+    def add_pooled(self, chunk: PooledChunk) -> None:
+        """A pooling model's rows of one prefill chunk."""
+        if self.pooled is None:
+            self.pooled = PooledState()
+        self.pooled.add(chunk)
 
     @property
     def is_finished(self) -> bool:
@@ -474,6 +483,7 @@ class RequestState:
             outputs=outputs,
             finished=finished,
             num_cached_tokens=first.num_cached_tokens,
+            pooled=self.pooled.value() if self.pooled is not None and finished else None,
         )
 
     def __repr__(self) -> str:

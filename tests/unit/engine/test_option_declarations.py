@@ -30,6 +30,7 @@ from pagedinfer.engine.config import (
     parse_speculative_config,
 )
 from pagedinfer.engine.generation_config import parse_override_generation_config
+from pagedinfer.engine.pooling_setup import parse_pooler_config
 
 COMMANDS = ("generate", "demo", "bench", "serve")
 REPO = Path(__file__).resolve().parents[3]
@@ -46,6 +47,7 @@ SAMPLES: dict[object, tuple[str, object]] = {
         {"method": "ngram", "num_speculative_tokens": 2},
     ),
     parse_override_generation_config: ('{"temperature": 0.6}', {"temperature": 0.6}),
+    parse_pooler_config: ('{"pooling_type": "MEAN"}', {"pooling_type": "MEAN"}),
 }
 
 

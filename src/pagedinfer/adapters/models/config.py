@@ -51,6 +51,9 @@ class MoeConfig:
         return layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
 
 
+_CLASSIFIER = "ForSequenceClassification"
+
+
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     """The architecture hyper-parameters of one checkpoint directory.
@@ -172,6 +175,12 @@ class ModelConfig:
         """Validate a parsed ``config.json`` (``path`` is only used in error messages)."""
         reader = _Reader(raw, path)
         architecture = reader.architecture()
+        # A sequence classifier (Qwen3ForSequenceClassification, ...) is its causal LM's
+        # decoder with a `score` head that the pooling engine applies (engine/pooling_setup.py);
+        # its missing LM head is tied to the embedding, which pooling never uses.
+        classifier = architecture.endswith(_CLASSIFIER)
+        if classifier:
+            architecture = architecture.removesuffix(_CLASSIFIER) + "ForCausalLM"
         num_heads = reader.integer("num_attention_heads")
         hidden_size = reader.integer("hidden_size")
         num_layers = reader.integer("num_hidden_layers")
@@ -210,7 +219,7 @@ class ModelConfig:
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
             max_position_embeddings=max_positions,
-            tie_word_embeddings=reader.flag("tie_word_embeddings"),
+            tie_word_embeddings=classifier or reader.flag("tie_word_embeddings"),
             attention_bias=reader.flag("attention_bias"),
             mlp_bias=reader.flag("mlp_bias"),
             sliding_window=max((w for w in layer_windows if w is not None), default=None),

@@ -385,8 +385,8 @@ class DecoderForCausalLM(CausalLM):
         # old ones store the rotary inverse frequencies, which we compute ourselves.
         if name == "lm_head.weight" and self.config.tie_word_embeddings:
             return True
-        if name.endswith("rotary_emb.inv_freq"):
-            return True
+        if name.endswith("rotary_emb.inv_freq") or name.startswith("score."):
+            return True  # score: a classifier's head, applied by the pooling engine
         stage = self.stage
         if stage is None:
             return False
