@@ -3,7 +3,8 @@
 Routes: ``GET /health``, ``GET /metrics``, ``GET /version``, ``GET /v1/models`` (and
 ``/v1/models/{id}``), ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST
 /v1/responses`` (and ``GET /v1/responses/{id}``), ``POST /v1/messages`` (Anthropic's),
-``POST /invocations`` (SageMaker's), ``POST /tokenize``, ``POST /detokenize``,
+``POST /invocations`` (SageMaker's), ``POST /tokenize``, ``POST /detokenize``; a pooling
+model's ``POST /v1/embeddings``, ``/score`` and ``/rerank`` (docs/pooling.md);
 behind a :class:`~pagedinfer.serving.guard.RequestGuard` (Host check, API key, bounded
 body). A request is validated and queued before the response starts, so bad input gets a
 4xx (OpenAI's error JSON) and never a half-sent stream; the checks run cheapest first: the
@@ -40,6 +41,7 @@ from pagedinfer.serving.routes import (
     info,
     invocations,
     messages,
+    pooling,
     responses,
     tokens,
 )
@@ -80,4 +82,9 @@ def build_app(
     app.get("/v1/responses/{response_id}", response_model=None)(responses.retrieve_response)
     app.post("/invocations", response_model=None)(invocations.invocations)
     app.post("/v1/messages", response_model=None)(messages.create_message)
+    app.post("/v1/embeddings")(pooling.embeddings)  # a pooling model's (--runner pooling)
+    for path in ("/score", "/v1/score"):
+        app.post(path)(pooling.score)
+    for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+        app.post(path)(pooling.rerank)
     return app

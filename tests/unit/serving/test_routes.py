@@ -37,6 +37,12 @@ ROUTES = {
     ("GET", "/v1/responses/{response_id}"),
     ("POST", "/invocations"),
     ("POST", "/v1/messages"),
+    ("POST", "/v1/embeddings"),
+    ("POST", "/score"),
+    ("POST", "/v1/score"),
+    ("POST", "/rerank"),
+    ("POST", "/v1/rerank"),
+    ("POST", "/v2/rerank"),
 }
 
 
@@ -72,9 +78,13 @@ def test_the_routes_are_module_level_handlers_and_the_app_serves_them(
     async def scenario(client: httpx.AsyncClient) -> list[int]:
         answers = [await client.get(path) for path in ("/health", "/version", "/v1/models/m")]
         answers.append(await client.post("/detokenize", json={"tokens": [1, 2]}))
+        # A generating model has no pooling routes: a 400 that names the runner.
+        refused = await client.post("/v1/embeddings", json={"input": "hi"})
+        assert "--runner pooling" in refused.json()["error"]["message"]
+        answers.append(refused)
         return [answer.status_code for answer in answers]
 
-    assert _run(app, scenario) == [200, 200, 200, 200]
+    assert _run(app, scenario) == [200, 200, 200, 200, 400]
 
 
 def test_each_app_reads_its_own_state(engine: AsyncEngine) -> None:
