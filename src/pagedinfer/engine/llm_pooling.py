@@ -61,6 +61,12 @@ def vllm_pooling_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     if pooler != PoolerConfig():
         engine["pooler_config"] = pooler
     if pooling:
+        runner = kwargs.pop("runner", "pooling")
+        if runner not in ("auto", "pooling"):
+            raise ConfigurationError(
+                f"LLM(runner={runner!r}) contradicts the pooling task or hf_overrides given: "
+                "pass runner='pooling' (or leave it out)."
+            )
         engine["runner"] = "pooling"
     return engine
 
