@@ -235,6 +235,7 @@ class LLM(Engine):
             override_generation_config=override_generation_config,
             **engine_kwargs,
         )
+        self._tasks: PoolingTasks | None = None  # embed, classify, score (runner="pooling")
         given = {**engine_kwargs, "tensor_parallel_size": tensor_parallel_size, "dtype": dtype}
         given["gpu_memory_utilization"] = gpu_memory_utilization
         for note in cpu_notes(self.config, explicit_options(given), keyword_spelling):
@@ -304,10 +305,9 @@ class LLM(Engine):
         return self._pooling_tasks().score(data_1, data_2, use_tqdm)
 
     def _pooling_tasks(self) -> PoolingTasks:
-        tasks: PoolingTasks | None = getattr(self, "_tasks", None)
-        if tasks is None:
-            tasks = self._tasks = PoolingTasks(self)
-        return tasks
+        if self._tasks is None:  # a generating engine raises here, naming runner="pooling"
+            self._tasks = PoolingTasks(self)
+        return self._tasks
 
     def beam_search(
         self,

@@ -218,19 +218,20 @@ class PoolingTasks:
             ]
         outputs = self.pooled([*queries, *documents], use_tqdm)
         half = len(queries)
-        results = []
-        for query, document in zip(outputs[:half], outputs[half:], strict=True):
-            a = self.embedding(_pooled(query), None, True)
-            b = self.embedding(_pooled(document), None, True)
-            cosine = math.fsum(x * y for x, y in zip(a, b, strict=True))
-            results.append(
-                ScoringRequestOutput(
-                    document.request_id,
-                    ScoringOutput(cosine),
-                    query.prompt_token_ids + document.prompt_token_ids,
-                )
+        return [
+            ScoringRequestOutput(
+                document.request_id,
+                ScoringOutput(self.cosine(_pooled(query), _pooled(document))),
+                query.prompt_token_ids + document.prompt_token_ids,
             )
-        return results
+            for query, document in zip(outputs[:half], outputs[half:], strict=True)
+        ]
+
+    def cosine(self, first: list[float], second: list[float]) -> float:
+        """An embedder's score of a pair: the cosine similarity of the pooled vectors."""
+        a = self.embedding(first, None, True)
+        b = self.embedding(second, None, True)
+        return math.fsum(x * y for x, y in zip(a, b, strict=True))
 
     def relevance(self, pooled: list[float]) -> float:
         """A cross-encoder's score of one pair: the probability of its one label (sigmoid),

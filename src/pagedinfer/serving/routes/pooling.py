@@ -34,7 +34,7 @@ __all__ = ["embeddings", "rerank", "score"]
 
 
 async def embeddings(body: EmbeddingRequest, state: State, request: Request) -> dict[str, Any]:
-    tasks = _tasks(state, "/v1/embeddings")
+    tasks = _tasks(state, request, "/v1/embeddings")
     state.check_model(body.model)
     dimensions = tasks.check_dimensions(body.dimensions)
     outputs = await until_disconnected(request, _pool(state, body.prompts()))
@@ -77,7 +77,7 @@ async def _scores(
 ) -> tuple[list[float], int]:
     """Each pair's score (a cross-encoder's head, or the cosine of two embeddings) and the
     prompt tokens counted."""
-    tasks = _tasks(state, route)
+    tasks = _tasks(state, request, route)
     queries = [first] if isinstance(first, str) else list(first)
     documents = [second] if isinstance(second, str) else list(second)
     if len(queries) == 1:
@@ -95,15 +95,14 @@ async def _scores(
         return [tasks.relevance(_pooled(output)) for output in outputs], _num_tokens(outputs)
     outputs = await until_disconnected(request, _pool(state, [*queries, *documents]))
     half = len(queries)
-    scores = []
-    for query, document in zip(outputs[:half], outputs[half:], strict=True):
-        a = tasks.embedding(_pooled(query), None, True)
-        b = tasks.embedding(_pooled(document), None, True)
-        scores.append(sum(x * y for x, y in zip(a, b, strict=True)))
+    both = zip(outputs[:half], outputs[half:], strict=True)
+    scores = [tasks.cosine(_pooled(query), _pooled(document)) for query, document in both]
     return scores, _num_tokens(outputs)
 
 
-def _tasks(state: ServingState, route: str) -> PoolingTasks:
+def _tasks(state: ServingState, request: Request, route: str) -> PoolingTasks:
+    """The app's pooling tasks (made once, on the app's state), or a 400 on a generating
+    model."""
     engine = state.engine.engine
     if engine.pooling is None:
         raise OpenAIError(
@@ -111,10 +110,9 @@ def _tasks(state: ServingState, route: str) -> PoolingTasks:
             f"{route} needs a pooling model: this server's model generates (start it with "
             "`pagedinfer serve DIR --runner pooling`).",
         )
-    tasks: PoolingTasks | None = getattr(engine, "_serving_pooling_tasks", None)
+    tasks: PoolingTasks | None = getattr(request.app.state, "pooling_tasks", None)
     if tasks is None:
-        tasks = PoolingTasks(engine)
-        engine._serving_pooling_tasks = tasks  # type: ignore[attr-defined]
+        tasks = request.app.state.pooling_tasks = PoolingTasks(engine)
     return tasks
 
 
