@@ -235,3 +235,26 @@ def test_vllms_pooling_arguments_map_to_the_engines() -> None:
     assert mapped == {"runner": "pooling", "pooler_config": PoolerConfig(pooling_type="MEAN")}
     with pytest.raises(ConfigurationError, match="hf_overrides"):
         vllm_pooling_kwargs({"hf_overrides": {"num_hidden_layers": 1}})
+
+
+def test_a_bare_decoder_checkpoint_embeds(
+    make_checkpoint: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Qwen3-Embedding's layout: the decoder saved alone (``layers.0...``, no ``model.``
+    prefix, no LM head), with config.json naming the causal LM, untied."""
+    from safetensors.torch import load_file, save_file
+
+    checkpoint = make_checkpoint("tiny", tie_word_embeddings=False)
+    target = _copy(checkpoint, tmp_path / "bare")
+    weights = load_file(str(target / "model.safetensors"))
+    bare = {
+        name.removeprefix("model."): w for name, w in weights.items() if name != "lm_head.weight"
+    }
+    save_file(bare, str(target / "model.safetensors"), metadata={"format": "pt"})
+    prompts = [[3, 1, 4, 1, 5], list(range(50))]
+    with LLM(model=target, runner="pooling", **OPTIONS) as llm:
+        outputs = llm.embed(prompts, use_tqdm=False)
+    for prompt, output in zip(prompts, outputs, strict=True):
+        expected = _pool(_hidden(checkpoint, prompt), "LAST", True)
+        got = torch.tensor(output.outputs.embedding)
+        torch.testing.assert_close(got, expected, atol=TOLERANCE, rtol=TOLERANCE)

@@ -61,7 +61,14 @@ from pagedinfer.adapters.models.base import CausalLM
 from pagedinfer.adapters.models.finite import WeightCheck, check_finite, checks_tensor
 from pagedinfer.errors import UnsupportedModelError
 
-__all__ = ["FLOAT_DTYPES", "INDEX_FILE", "checkpoint_files", "load_weights"]
+__all__ = [
+    "FLOAT_DTYPES",
+    "INDEX_FILE",
+    "bare_decoder_name",
+    "checkpoint_files",
+    "is_bare_decoder",
+    "load_weights",
+]
 
 INDEX_FILE = "model.safetensors.index.json"
 FLOAT_DTYPES: frozenset[str] = frozenset({"F16", "BF16", "F32", "F64"})
@@ -73,6 +80,34 @@ _KV_SCALE = re.compile(
     r"(?P<scale>[kv]_scale|output_scale)$"
 )
 """A layer's FP8 KV-cache scale (see the module docstring)."""
+
+
+_BARE_DECODER = ("embed_tokens.", "layers.", "norm.")
+
+
+def bare_decoder_name(name: str) -> str:
+    """A tensor of a checkpoint saved as the bare decoder (Qwen3-Embedding's ``layers.0...``,
+    without the causal LM's ``model.`` prefix) under its causal LM's name."""
+    return "model." + name if name.startswith(_BARE_DECODER) else name
+
+
+def is_bare_decoder(root: Path) -> bool:
+    """Whether the checkpoint holds the decoder alone (``embed_tokens.weight``, no ``model.``
+    prefix, no LM head): an embedding model's, which has no use for an LM head."""
+    index_file = root / INDEX_FILE
+    try:
+        if index_file.is_file():
+            index = json.loads(index_file.read_text(encoding="utf-8"))
+            names = set(index.get("weight_map", {})) if isinstance(index, dict) else set()
+        else:
+            files = sorted(root.glob("*.safetensors"))
+            if not files:
+                return False
+            with _open_safetensors(files[0]) as handle:
+                names = set(handle.keys())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, UnsupportedModelError):
+        return False
+    return "embed_tokens.weight" in names and "lm_head.weight" not in names
 
 
 def checkpoint_files(root: Path) -> list[Path]:
@@ -158,13 +193,13 @@ class _Loader:
                 "duplicate file, or keep only the files model.safetensors.index.json lists)."
             )
         self.seen[name] = file
-        if self.model.is_ignored_weight(name):
+        if self.model.is_ignored_weight(bare_decoder_name(name)):
             return
         kv_scale = _KV_SCALE.match(name)
         if kv_scale is not None:
             self.load_kv_scale(handle, name, file, kv_scale)
             return
-        param_name, shard_id = self.mapping.to_parameter(name)
+        param_name, shard_id = self.mapping.to_parameter(bare_decoder_name(name))
         param = self.params.get(param_name)
         if param is None or shard_id not in expected_shard_ids(param):
             raise self.fail(

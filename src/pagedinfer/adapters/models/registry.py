@@ -8,6 +8,7 @@ unknown architectures early, before any weight is touched) and build the model w
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -17,6 +18,7 @@ from pagedinfer.adapters.distributed.parallel import ParallelContext
 from pagedinfer.adapters.models.base import BuildContext, CausalLM
 from pagedinfer.adapters.models.config import ModelConfig
 from pagedinfer.adapters.models.llama import LlamaForCausalLM
+from pagedinfer.adapters.models.loader import is_bare_decoder
 from pagedinfer.adapters.models.mistral import MistralForCausalLM
 from pagedinfer.adapters.models.qwen2 import Qwen2ForCausalLM
 from pagedinfer.adapters.models.qwen3 import Qwen3ForCausalLM
@@ -60,6 +62,9 @@ def model_class(config: ModelConfig) -> type[CausalLM]:
 def read_model_config(path: str | Path) -> ModelConfig:
     """:meth:`ModelConfig.from_pretrained` plus the architecture check."""
     config = ModelConfig.from_pretrained(path)
+    if not config.tie_word_embeddings and is_bare_decoder(config.path):
+        # The decoder alone (Qwen3-Embedding-4B/8B): no LM head to load; pooling never uses it.
+        config = dataclasses.replace(config, tie_word_embeddings=True)
     model_class(config)
     return config
 
