@@ -33,6 +33,13 @@ if TYPE_CHECKING and not PAGEDINFER_DOMAIN_ONLY:
     from pagedinfer.engine.engine import Engine
     from pagedinfer.engine.llm import LLM
     from pagedinfer.engine.outputs import CompletionOutput, Logprob, RequestOutput
+    from pagedinfer.engine.pooling import (
+        ClassificationRequestOutput,
+        EmbeddingRequestOutput,
+        PoolingParams,
+        ScoringRequestOutput,
+    )
+    from pagedinfer.engine.pooling_setup import PoolerConfig
     from pagedinfer.engine.prompts import TokenizedPrompt
     from pagedinfer.engine.streams import RequestStream
 
@@ -42,15 +49,20 @@ __all__ = [
     "BeamSearchOutput",
     "BeamSearchParams",
     "BeamSearchSequence",
+    "ClassificationRequestOutput",
     "CompletionOutput",
+    "EmbeddingRequestOutput",
     "Engine",
     "FinishReason",
     "GrammarLimits",
     "GuidedDecodingParams",
     "Logprob",
+    "PoolerConfig",
+    "PoolingParams",
     "RequestOutput",
     "RequestStream",
     "SamplingParams",
+    "ScoringRequestOutput",
     "StructuredOutputsParams",
     "TokenizedPrompt",
 ]
@@ -67,6 +79,11 @@ _LAZY = {
     "RequestOutput": "pagedinfer.engine.outputs",
     "RequestStream": "pagedinfer.engine.streams",
     "TokenizedPrompt": "pagedinfer.engine.prompts",
+    "ClassificationRequestOutput": "pagedinfer.engine.pooling",
+    "EmbeddingRequestOutput": "pagedinfer.engine.pooling",
+    "PoolingParams": "pagedinfer.engine.pooling",
+    "ScoringRequestOutput": "pagedinfer.engine.pooling",
+    "PoolerConfig": "pagedinfer.engine.pooling_setup",
 }
 
 

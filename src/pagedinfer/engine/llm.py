@@ -273,36 +273,51 @@ class LLM(Engine):
         self,
         prompts: Prompt | Sequence[Prompt],
         *,
+        truncate_prompt_tokens: int | None = None,
         use_tqdm: bool = True,
         pooling_params: PoolingParams | None = None,
+        lora_request: object = None,
     ) -> list[EmbeddingRequestOutput]:
         """vLLM's ``LLM.embed`` (``runner="pooling"``): one embedding per prompt, in input
         order (``outputs.embedding``); ``pooling_params.dimensions`` truncates (Matryoshka
-        models). docs/pooling.md."""
-        return self._pooling_tasks().embed(prompts, pooling_params, use_tqdm)
+        models); ``truncate_prompt_tokens`` keeps each prompt's last that many tokens.
+        docs/pooling.md."""
+        _check_request_options(lora_request=lora_request)
+        tasks = self._pooling_tasks()
+        return tasks.embed(
+            tasks.truncated(prompts, truncate_prompt_tokens), pooling_params, use_tqdm
+        )
 
     def classify(
         self,
         prompts: Prompt | Sequence[Prompt],
         *,
+        truncate_prompt_tokens: int | None = None,
         use_tqdm: bool = True,
         pooling_params: PoolingParams | None = None,
+        lora_request: object = None,
     ) -> list[ClassificationRequestOutput]:
         """vLLM's ``LLM.classify``: the probabilities of a classifier's labels
         (``outputs.probs``), for a checkpoint with a classification head."""
-        return self._pooling_tasks().classify(prompts, pooling_params, use_tqdm)
+        _check_request_options(lora_request=lora_request)
+        tasks = self._pooling_tasks()
+        prompts = tasks.truncated(prompts, truncate_prompt_tokens)
+        return tasks.classify(prompts, pooling_params, use_tqdm)
 
     def score(
         self,
         data_1: str | Sequence[str],
         data_2: str | Sequence[str],
         *,
+        truncate_prompt_tokens: int | None = None,
         use_tqdm: bool = True,
+        lora_request: object = None,
     ) -> list[ScoringRequestOutput]:
         """vLLM's ``LLM.score``: ``data_1`` (one query, or one per document) against each of
         ``data_2``; ``outputs.score`` is a cross-encoder's probability, or an embedder's
         cosine similarity."""
-        return self._pooling_tasks().score(data_1, data_2, use_tqdm)
+        _check_request_options(lora_request=lora_request)
+        return self._pooling_tasks().score(data_1, data_2, use_tqdm, truncate_prompt_tokens)
 
     def _pooling_tasks(self) -> PoolingTasks:
         if self._tasks is None:  # a generating engine raises here, naming runner="pooling"

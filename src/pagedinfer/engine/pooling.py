@@ -20,7 +20,7 @@ import torch
 from pagedinfer.adapters.pooling.heads import read_head_rows
 from pagedinfer.engine.outputs import RequestOutput
 from pagedinfer.engine.pooling_setup import POOLING_PARAMS, PoolingSetup
-from pagedinfer.engine.prompts import Prompt
+from pagedinfer.engine.prompts import Prompt, TokenizedPrompt, parse_prompts
 from pagedinfer.errors import ConfigurationError, InvalidRequestError
 
 if TYPE_CHECKING:
@@ -125,6 +125,29 @@ class PoolingTasks:
         """Each prompt's engine output, its pooled hidden state in ``pooled``."""
         return self.engine.generate(prompts, POOLING_PARAMS, use_tqdm=use_tqdm)
 
+    def truncated(
+        self, prompts: Prompt | Sequence[Prompt], keep: int | None
+    ) -> Prompt | Sequence[Prompt]:
+        """vLLM's ``truncate_prompt_tokens``: each prompt's last ``keep`` tokens (``None``: as
+        it is; -1: up to ``max_model_len``)."""
+        if keep is None:
+            return prompts
+        limit = self.engine.max_model_len if keep == -1 else keep
+        if not isinstance(limit, int) or limit < 1:
+            raise InvalidRequestError(
+                f"truncate_prompt_tokens={keep!r}: expected None, -1 or an integer >= 1."
+            )
+        ids = []
+        for prompt in parse_prompts(prompts):
+            if isinstance(prompt, TokenizedPrompt):
+                ids.append(list(prompt.token_ids))
+            elif prompt.token_ids is not None:
+                ids.append(prompt.token_ids)
+            else:
+                assert prompt.text is not None  # before the length check: truncated first
+                ids.append(list(self.engine.tokenizer.encode(prompt.text)))
+        return [tokens[-limit:] for tokens in ids]
+
     def embed(
         self,
         prompts: Prompt | Sequence[Prompt],
@@ -193,6 +216,7 @@ class PoolingTasks:
         data_1: str | Sequence[str],
         data_2: str | Sequence[str],
         use_tqdm: bool = False,
+        truncate_prompt_tokens: int | None = None,
     ) -> list[ScoringRequestOutput]:
         """vLLM's ``LLM.score``: one query against each document (or pairs, element by
         element). A classifier scores each pair in one prompt (query then document); an
@@ -207,7 +231,8 @@ class PoolingTasks:
                 "query and any number of documents, or as many queries as documents (>= 1)."
             )
         if self.setup.head is not None:
-            prompts = [self.pair_tokens(q, d) for q, d in zip(queries, documents, strict=True)]
+            pairs = [self.pair_tokens(q, d) for q, d in zip(queries, documents, strict=True)]
+            prompts = self.truncated(pairs, truncate_prompt_tokens)
             return [
                 ScoringRequestOutput(
                     output.request_id,
@@ -216,7 +241,8 @@ class PoolingTasks:
                 )
                 for output in self.pooled(prompts, use_tqdm)
             ]
-        outputs = self.pooled([*queries, *documents], use_tqdm)
+        both = self.truncated([*queries, *documents], truncate_prompt_tokens)
+        outputs = self.pooled(both, use_tqdm)
         half = len(queries)
         return [
             ScoringRequestOutput(

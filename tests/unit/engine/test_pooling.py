@@ -15,8 +15,7 @@ import pytest
 import torch
 
 from hf_reference import hf_model
-from pagedinfer import LLM, SamplingParams
-from pagedinfer.engine.pooling import PoolingParams
+from pagedinfer import LLM, PoolingParams, SamplingParams
 from pagedinfer.errors import ConfigurationError, InvalidRequestError
 
 TOLERANCE = 1e-4
@@ -93,6 +92,14 @@ def test_last_token_embeddings_equal_transformers_with_prefix_hits(
         torch.testing.assert_close(cached, expected, atol=TOLERANCE, rtol=TOLERANCE)
         assert output.outputs.hidden_size == 64
     assert isinstance(first[0].request_id, str)
+
+
+def test_truncate_prompt_tokens_keeps_the_last_tokens(last_llm: LLM) -> None:
+    prompt = list(range(1, 200))  # longer than max_model_len: truncated before the check
+    (cut,) = last_llm.embed([prompt], truncate_prompt_tokens=7, use_tqdm=False)
+    (short,) = last_llm.embed([prompt[-7:]], use_tqdm=False)
+    assert cut.prompt_token_ids == prompt[-7:]
+    assert cut.outputs.embedding == short.outputs.embedding
 
 
 def test_a_pooling_engine_refuses_to_generate(last_llm: LLM) -> None:
