@@ -132,6 +132,8 @@ def test_generate_and_chat_take_vllms_positional_order(llm: LLM) -> None:
             ),
             "chat_template_content_format",
         ),
+        (lambda llm: llm.embed("x", use_tqdm=False), "runner='pooling'"),
+        (lambda llm: llm.score("x", "y", use_tqdm=False), "runner='pooling'"),
     ],
 )
 def test_request_options_pagedinfer_lacks_are_refused_by_name(
