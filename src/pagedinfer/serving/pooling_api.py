@@ -113,7 +113,11 @@ def score_response(model: str, scores: list[float], prompt_tokens: int) -> dict[
             {"object": "score", "index": index, "score": score}
             for index, score in enumerate(scores)
         ],
-        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "total_tokens": prompt_tokens,
+            "completion_tokens": 0,
+        },
     }
 
 
