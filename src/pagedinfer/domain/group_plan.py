@@ -34,20 +34,32 @@ def with_group_tables(plan: BatchPlan, seqs: Mapping[int, Sequence], num_groups:
     sequences (``seqs``: by id)."""
     width = plan.block_table_width
     size = plan.block_size
-    tables = [array("i") for _ in range(num_groups - 1)]
-    slots = [array("q") for _ in range(num_groups - 1)]
+    rows = [seqs[seq_id].group_block_tables for seq_id in plan.seq_ids]
+    num_decode = plan.num_decode_rows  # one token each: token r is row r
+    decode_positions = plan.positions[:num_decode].tolist()
+    cu_q = plan.cu_seqlens_q
     context_lens = plan.context_lens
-    query_lens = plan.query_lens
-    for row, seq_id in enumerate(plan.seq_ids):
-        seq = seqs[seq_id]
-        end = context_lens[row]
-        start = end - query_lens[row]
-        for group, table in enumerate(seq.group_block_tables):
-            out = tables[group]
-            out.fromlist(table)
+    tables = []
+    slot_mappings = []
+    for group in range(num_groups - 1):
+        group_tables = [row[group] for row in rows]
+        flat: list[int] = []
+        for table in group_tables:
+            flat += table
             if len(table) < width:
-                out.fromlist([BLOCK_TABLE_FILLER] * (width - len(table)))
-            group_slots(slots[group], table, start, end, size)
+                flat += [BLOCK_TABLE_FILLER] * (width - len(table))
+        tables.append(array("i", flat))
+        slots = array(
+            "q",
+            [
+                table[position // size] * size + position % size
+                for table, position in zip(group_tables, decode_positions, strict=False)
+            ],
+        )
+        for row in range(num_decode, len(group_tables)):
+            end = context_lens[row]
+            group_slots(slots, group_tables[row], end - (cu_q[row + 1] - cu_q[row]), end, size)
+        slot_mappings.append(slots)
     return dataclasses.replace(
-        plan, group_block_tables=tuple(tables), group_slot_mappings=tuple(slots)
+        plan, group_block_tables=tuple(tables), group_slot_mappings=tuple(slot_mappings)
     )
