@@ -12,7 +12,7 @@ from pagedinfer.domain.kv_groups import (
     group_layers,
     min_blocks_for_one_sequence,
 )
-from pagedinfer.domain.scheduler import SchedulerConfig
+from pagedinfer.domain.scheduler import Scheduler, SchedulerConfig
 from pagedinfer.domain.scheduler.group_allocator import GroupedBlockAllocator
 from pagedinfer.domain.sliding_window import (
     first_visible_block,
@@ -183,3 +183,21 @@ def test_forks_share_every_group_and_copy_each_partial_block() -> None:
     alloc.free(parent)
     assert alloc.pool.num_used_blocks == 1
     alloc.pool.check_integrity()
+
+
+def test_the_scheduler_reports_each_groups_blocks() -> None:
+    config = SchedulerConfig(
+        num_blocks=60, block_size=4, max_model_len=64, max_num_batched_tokens=16, kv_groups=GROUPS
+    )
+    scheduler = Scheduler(config)
+    seq = Sequence(1, list(range(1, 31)), SamplingParams(max_tokens=4, ignore_eos=True))
+    scheduler.add(seq)
+    while seq.num_computed_tokens < 30:
+        plan = scheduler.schedule()
+        assert plan is not None and len(plan.group_block_tables) == 1
+        scheduler.postprocess(plan, [5] * plan.num_samples)
+    full, sliding = scheduler.kv_group_usage()
+    assert (full.window, full.num_blocks_held, full.max_blocks_per_sequence) == (None, 8, None)
+    assert (sliding.window, sliding.num_blocks_held, sliding.max_blocks_per_sequence) == (8, 3, 3)
+    plain = SchedulerConfig(num_blocks=60, block_size=4, max_model_len=64)
+    assert Scheduler(plain).kv_group_usage() == ()

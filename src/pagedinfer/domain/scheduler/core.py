@@ -30,7 +30,7 @@ from pagedinfer.domain.scheduler.ahead import restore_chunks
 from pagedinfer.domain.scheduler.allocator import BlockAllocator
 from pagedinfer.domain.scheduler.config import SchedulerConfig, SchedulerStats
 from pagedinfer.domain.scheduler.fork_table import ForkTable, check_new_forks
-from pagedinfer.domain.scheduler.group_allocator import GroupedBlockAllocator
+from pagedinfer.domain.scheduler.group_allocator import GroupedBlockAllocator, KVGroupUsage
 from pagedinfer.domain.scheduler.prefill import PrefillPlanner
 from pagedinfer.domain.scheduler.rows import DecodeRows
 from pagedinfer.domain.scheduler.slots import SlotTable
@@ -719,6 +719,15 @@ class Scheduler:
             num_accepted_tokens=self._verify.num_accepted_tokens,
             accepted_per_position=tuple(self._verify.accepted_per_position),
         )
+
+    def kv_group_usage(self) -> tuple[KVGroupUsage, ...]:
+        """Each KV group's blocks held by the running sequences and the forks in flight
+        (hybrid attention); ``()`` with one full-attention group (see :meth:`stats` and
+        the pool's statistics for the whole pool)."""
+        allocator = self._allocator
+        if not isinstance(allocator, GroupedBlockAllocator):
+            return ()
+        return allocator.usage([*self._running, *self._forks.unstarted()])
 
     def check_integrity(self) -> None:
         """Raise ``AssertionError`` if the incremental bookkeeping disagrees with a

@@ -23,6 +23,7 @@ longest length every group accepts. Each group keys its blocks apart
 from __future__ import annotations
 
 from collections.abc import Sequence as SequenceABC
+from dataclasses import dataclass
 from functools import partial
 
 from pagedinfer.domain.block_pool import Block, BlockPool, cdiv
@@ -30,9 +31,25 @@ from pagedinfer.domain.hashing import extend_chain
 from pagedinfer.domain.kv_groups import KVGroupSpec, group_block_key
 from pagedinfer.domain.scheduler.allocator import Admission, BlockAllocator
 from pagedinfer.domain.sequence import Sequence
-from pagedinfer.domain.sliding_window import first_visible_block, longest_window_hit
+from pagedinfer.domain.sliding_window import (
+    first_visible_block,
+    longest_window_hit,
+    max_live_blocks,
+)
 
-__all__ = ["GroupedBlockAllocator"]
+__all__ = ["GroupedBlockAllocator", "KVGroupUsage"]
+
+
+@dataclass(frozen=True, slots=True)
+class KVGroupUsage:
+    """One KV group's share of the pool now: its window (``None``: full attention), its
+    layers, the blocks its tables hold, and the most one sequence holds between steps
+    (sliding groups; ``None``: the whole context)."""
+
+    window: int | None
+    num_layers: int
+    num_blocks_held: int
+    max_blocks_per_sequence: int | None
 
 
 class GroupedBlockAllocator(BlockAllocator):
@@ -69,6 +86,26 @@ class GroupedBlockAllocator(BlockAllocator):
         """The blocks ``seq`` holds in ``group`` (its table less the null entries)."""
         null = self.null_block
         return [block for block in self.tables(seq)[group] if block != null]
+
+    def usage(self, seqs: SequenceABC[Sequence]) -> tuple[KVGroupUsage, ...]:
+        """Each group's blocks held by ``seqs`` (a block shared by forks counted once). O(the
+        blocks held): for statistics."""
+        null = self.null_block
+        held: list[set[int]] = [set() for _ in self.groups]
+        for seq in seqs:
+            for blocks, table in zip(held, self.tables(seq), strict=False):
+                blocks.update(table)
+        return tuple(
+            KVGroupUsage(
+                window=group.window,
+                num_layers=len(group.layers),
+                num_blocks_held=len(blocks - {null}),
+                max_blocks_per_sequence=(
+                    None if group.window is None else max_live_blocks(group.window, self.block_size)
+                ),
+            )
+            for group, blocks in zip(self.groups, held, strict=True)
+        )
 
     # -------------------------------------------------------------- growth
     def growth_capacity(self, seq: Sequence) -> int:
