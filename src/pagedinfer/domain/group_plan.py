@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from array import array
 from collections.abc import Mapping
+from itertools import chain
 
 from pagedinfer.domain.plan import BLOCK_TABLE_FILLER, BatchPlan
 from pagedinfer.domain.sequence import Sequence
@@ -39,16 +40,17 @@ def with_group_tables(plan: BatchPlan, seqs: Mapping[int, Sequence], num_groups:
     decode_positions = plan.positions[:num_decode].tolist()
     cu_q = plan.cu_seqlens_q
     context_lens = plan.context_lens
+    # Every group's table of a sequence has the same length: one filler run per row.
+    fillers = [[BLOCK_TABLE_FILLER] * (width - len(row[0])) for row in rows]
     tables = []
     slot_mappings = []
     for group in range(num_groups - 1):
         group_tables = [row[group] for row in rows]
-        flat: list[int] = []
-        for table in group_tables:
-            flat += table
-            if len(table) < width:
-                flat += [BLOCK_TABLE_FILLER] * (width - len(table))
-        tables.append(array("i", flat))
+        flat = array("i")
+        flat.fromlist(
+            list(chain.from_iterable(chain.from_iterable(zip(group_tables, fillers, strict=True))))
+        )
+        tables.append(flat)
         slots = array(
             "q",
             [
