@@ -33,6 +33,7 @@ from pagedinfer.domain.sliding_window import max_live_blocks
 from .profiles import sized
 from .test_async_scheduler_machine import AsyncSchedulerMachine
 from .test_scheduler_machine import SETUP, SchedulerMachine, fake_sample
+from .test_spec_scheduler_machine import SpecSchedulerMachine
 
 # Windows per group, group 0 first (full groups come first, as group_layers orders them).
 GROUP_WINDOWS = st.sampled_from([(3,), (5,), (None, 4), (None, 9), (None, 2, 2), (None, 6, 6)])
@@ -50,6 +51,11 @@ class GroupsMixin(SchedulerMachine):
     @initialize(**SETUP, windows=GROUP_WINDOWS)
     def setup(self, windows: tuple[int | None, ...], **base: Any) -> None:  # type: ignore[override]
         SchedulerMachine.setup(self, **base)
+        self.use_groups(windows)
+
+    def use_groups(self, windows: tuple[int | None, ...]) -> None:
+        """The drawn config with these groups, and a pool as small as they allow (plus the
+        drawn spare blocks)."""
         groups = make_groups(windows)
         config = self.config
         needed = min_blocks_for_one_sequence(
@@ -217,6 +223,35 @@ class AsyncKVGroupsMachine(GroupsMixin, AsyncSchedulerMachine):
         return self.sample(plan, history)
 
 
+class SpecKVGroupsMachine(GroupsMixin, SpecSchedulerMachine):
+    """Speculative decoding across groups: verify rows and lookahead blocks in every group
+    (group 0 full: the spec machine's own executor reads the whole context through it)."""
+
+    @initialize(
+        **SETUP,
+        windows=GROUP_WINDOWS.filter(lambda windows: windows[0] is None),
+        k=st.integers(1, 4),
+        lookahead=st.sampled_from([0, 0, 3]),
+    )
+    def setup(  # type: ignore[override]
+        self, windows: tuple[int | None, ...], k: int, lookahead: int, **base: Any
+    ) -> None:
+        SpecSchedulerMachine.setup(self, k=k, lookahead=lookahead, **base)
+        self.use_groups(windows)
+        size = self.config.block_size
+        # A sequence keeps the blocks of its latest verify row and of the lookahead.
+        self.live_slack = cdiv(k + lookahead + 1, size) + 1
+
+    def execute(self, plan: BatchPlan) -> list[int]:
+        samples = SpecSchedulerMachine.execute(self, plan)
+        history = {}
+        for i, seq_id in enumerate(plan.seq_ids):
+            seq = self.seqs[seq_id]
+            history[seq_id] = (seq.token_ids + seq.spec_token_ids)[: plan.context_lens[i]]
+        self.write_and_read(plan, plan.input_ids.tolist(), history)
+        return samples
+
+
 # Smaller budgets than the plain machines': these add coverage of the groups, not of the loop.
 GROUPED = sized(
     {
@@ -229,3 +264,5 @@ TestKVGroupsMachine = KVGroupsMachine.TestCase
 TestKVGroupsMachine.settings = GROUPED
 TestAsyncKVGroupsMachine = AsyncKVGroupsMachine.TestCase
 TestAsyncKVGroupsMachine.settings = GROUPED
+TestSpecKVGroupsMachine = SpecKVGroupsMachine.TestCase
+TestSpecKVGroupsMachine.settings = GROUPED
