@@ -255,7 +255,7 @@ class SpecKVGroupsMachine(GroupsMixin, SpecSchedulerMachine):
 # Smaller budgets than the plain machines': these add coverage of the groups, not of the loop.
 GROUPED = sized(
     {
-        "ci": {"max_examples": 60, "stateful_step_count": 40},
+        "ci": {"max_examples": 40, "stateful_step_count": 40},
         "quick": {"max_examples": 25, "stateful_step_count": 30},
         "thorough": {"max_examples": 1500, "stateful_step_count": 100},
     }
