@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from pagedinfer.adapters.runner_config import RunnerConfig
 from pagedinfer.domain.executor import Executor
+from pagedinfer.domain.kv_groups import KVGroupSpec
 from pagedinfer.domain.plan import BatchPlan
 from pagedinfer.domain.step_output import StepOutput
 from pagedinfer.errors import ConfigurationError
@@ -33,6 +34,9 @@ class ModelExecutor(Executor, Protocol):
     """An :class:`~pagedinfer.domain.executor.Executor` that owns a model and its KV cache."""
 
     num_kv_blocks: int
+    # Hybrid attention: the KV groups the plans must carry tables for (SchedulerConfig's
+    # kv_groups); empty: one table per sequence.
+    kv_groups: tuple[KVGroupSpec, ...]
 
     @property
     def reads_carried_tokens(self) -> bool:

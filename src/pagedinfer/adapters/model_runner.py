@@ -37,6 +37,7 @@ from pagedinfer.adapters.kv_cache import (
     resolve_kv_cache_dtype,
 )
 from pagedinfer.adapters.kv_calibration import cache_amax, calibration_plan, fp8_kv_scales
+from pagedinfer.adapters.kv_groups import runner_kv_layout
 from pagedinfer.adapters.kv_sizing import cuda_block_budget, kv_cache_blocks, warm_up_plan
 from pagedinfer.adapters.layers.linear import divide
 from pagedinfer.adapters.models.loader import load_weights
@@ -115,6 +116,10 @@ class ModelRunner:
             dtype=self.dtype,
         )
         load_weights(self.model, config.model_path, check=config.weight_check)
+        # Hybrid attention: layers grouped by window, one block table per group (empty: one
+        # table, every layer in every block, as for any model without a window).
+        self.kv_layout = runner_kv_layout(self.model.attention_layers(), config)
+        self.kv_groups = () if self.kv_layout is None else self.kv_layout.groups
         # Speculative decoding with a draft model: its cache shares the target's block ids.
         self.drafter: DraftModelProposer | None = None
         if config.draft_model_path is not None:
@@ -137,7 +142,7 @@ class ModelRunner:
             model_config.num_key_value_heads, parallel.world_size, "num_key_value_heads"
         )
         self.block_bytes = kv_block_bytes(
-            num_layers=self.num_cache_layers,
+            num_layers=self.num_block_layers,
             block_size=config.block_size,
             num_kv_heads=self.num_kv_heads,
             head_dim=model_config.head_dim,
@@ -397,9 +402,19 @@ class ModelRunner:
         """The decoder layers whose K/V this runner's cache holds (a pipeline stage: its own)."""
         return self.model_config.num_hidden_layers
 
-    def _allocate_kv_cache(self, num_blocks: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    @property
+    def num_block_layers(self) -> int:
+        """Layers in one block: every cache layer, or (KV groups) those of one group."""
+        layout = self.kv_layout
+        return self.num_cache_layers if layout is None else layout.layers_per_group
+
+    def _allocate_kv_cache(
+        self, num_blocks: int, dtype: torch.dtype | None = None, *, every_layer: bool = False
+    ) -> torch.Tensor:
+        """The cache: ``every_layer`` gives each layer its own pages (calibration), else
+        one block holds :attr:`num_block_layers` layers."""
         return allocate_kv_cache(
-            num_layers=self.num_cache_layers,
+            num_layers=self.num_cache_layers if every_layer else self.num_block_layers,
             num_blocks=num_blocks,
             block_size=self.config.block_size,
             num_kv_heads=self.num_kv_heads,
@@ -409,12 +424,20 @@ class ModelRunner:
         )
 
     def _bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
+        """Layer ``i`` gets slot ``i`` of a cache with a slot per layer; with KV groups,
+        the slot of its position in its group, addressed by its group's tables."""
         layers = self.model.attention_layers()
-        assert len(layers) == kv_cache.shape[1], (len(layers), kv_cache.shape)
         scales = self.kv_scales if is_fp8(kv_cache.dtype) else None
+        layout = self.kv_layout
+        grouped = layout is not None and kv_cache.shape[1] != len(layers)
+        assert grouped or len(layers) == kv_cache.shape[1], (len(layers), kv_cache.shape)
         for index, layer in enumerate(layers):
             row = scales[index] if scales is not None else None
-            layer.bind_cache(kv_cache[0, index], kv_cache[1, index], row)
+            slot, group = index, 0
+            if grouped:
+                assert layout is not None
+                slot, group = layout.slot_of_layer[index], layout.group_of_layer[index]
+            layer.bind_cache(kv_cache[0, slot], kv_cache[1, slot], row, kv_group=group)
 
     def _unbind_kv_cache(self) -> None:
         for layer in self.model.attention_layers():
@@ -428,7 +451,7 @@ class ModelRunner:
         plan = calibration_plan(
             length, block_size=config.block_size, vocab_size=self.model_config.vocab_size
         )
-        cache = self._allocate_kv_cache(plan.block_table_width, dtype=self.dtype)
+        cache = self._allocate_kv_cache(plan.block_table_width, dtype=self.dtype, every_layer=True)
         self._bind_kv_cache(cache)
         try:
             with torch.inference_mode():
@@ -442,6 +465,7 @@ class ModelRunner:
             self.device.type != "cuda"
             or self.config.enforce_eager
             or not self.backend.supports_cuda_graphs
+            or self.kv_groups  # (graphs capture one table per step; KV groups run eagerly)
         ):
             return None
         from pagedinfer.adapters.cuda_graph import DecodeGraphLayout, capture_decode_graphs

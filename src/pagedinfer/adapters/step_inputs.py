@@ -107,6 +107,10 @@ def _plan_fields(
         fields.append(("sample_indices", _INT64, plan.sample_indices))
     if sampled:
         fields.append(("sample_slots", _INT32, plan.sample_slots))
+    for group, (table, slots) in enumerate(
+        zip(plan.group_block_tables, plan.group_slot_mappings, strict=True), start=1
+    ):  # hybrid attention: KV groups 1, 2, ...
+        fields += [(f"group_slots_{group}", _INT64, slots), (f"group_table_{group}", _INT32, table)]
     if delta is not None:
         fields += [
             ("delta_slots", _INT64, delta.slots),
@@ -380,6 +384,15 @@ class StepPacker:
             context_lens_host=plan.context_lens.tolist(),
             num_decode_rows=plan.num_decode_rows,
         )
+        if plan.group_block_tables:
+            groups = range(1, len(plan.group_block_tables) + 1)
+            meta.group_slot_mappings = tuple(tensors[f"group_slots_{g}"] for g in groups)
+            meta.group_block_tables = tuple(
+                tensors[f"group_table_{g}"].view(-1, max(width, 1))
+                if width
+                else torch.zeros((plan.num_seqs, 1), dtype=_INT32, device=self.device)
+                for g in groups
+            )
         return StepInputs(
             input_ids=tensors["input_ids"],
             positions=tensors["positions"],

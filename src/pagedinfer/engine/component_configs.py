@@ -9,6 +9,7 @@ from collections.abc import Collection
 import torch
 
 from pagedinfer.adapters.runner_config import RunnerConfig
+from pagedinfer.domain.kv_groups import KVGroupSpec, min_blocks_for_one_sequence
 from pagedinfer.domain.scheduler import SchedulerConfig
 from pagedinfer.engine.config import EngineConfig
 
@@ -66,9 +67,19 @@ def scheduler_config(
     *,
     num_blocks: int,
     eos_token_ids: Collection[int],
+    kv_groups: tuple[KVGroupSpec, ...] = (),
 ) -> SchedulerConfig:
-    """What the scheduler needs: ``config`` with the executor's KV cache (``num_blocks``) and
-    the runner's resolved sizes and drafts."""
+    """What the scheduler needs: ``config`` with the executor's KV cache (``num_blocks``),
+    its KV groups and the runner's resolved sizes and drafts.
+
+    One sliding group (every layer with the same window) uses the plain cache layout: when the
+    pool is too small for the null block and the window's slack
+    (:func:`~pagedinfer.domain.kv_groups.min_blocks_for_one_sequence`), the scheduler keeps
+    one plain table per sequence instead (correct; nothing freed by the window)."""
+    if len(kv_groups) == 1 and num_blocks < min_blocks_for_one_sequence(
+        kv_groups, config.kv_block_size, runner.max_model_len, config.max_num_batched_tokens
+    ):
+        kv_groups = ()
     return SchedulerConfig(
         num_blocks=num_blocks,
         block_size=config.kv_block_size,
@@ -83,4 +94,5 @@ def scheduler_config(
         num_lookahead_tokens=(
             runner.num_speculative_tokens if runner.draft_model_path is not None else 0
         ),
+        kv_groups=kv_groups,
     )

@@ -211,6 +211,7 @@ class Engine:
                     runner,
                     num_blocks=executor.num_kv_blocks,
                     eos_token_ids=self.model_config.eos_token_ids,
+                    kv_groups=executor.kv_groups,
                 )
             )
         except BaseException:

@@ -17,6 +17,7 @@ Shapes (``T`` query tokens this step, ``B`` sequences, ``W`` block-table width):
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol, runtime_checkable
@@ -92,6 +93,32 @@ class AttentionMetadata:
     context_lens_host: list[int] | None = None
     num_decode_rows: int = 0  # leading decode rows (BatchPlan.num_decode_rows)
     derived: dict[str, object] = field(default_factory=dict)
+    # Hybrid attention: the block tables and slots of KV groups 1, 2, ... (BatchPlan's
+    # group_block_tables / group_slot_mappings); block_tables / slot_mapping are group 0's.
+    group_block_tables: tuple[torch.Tensor, ...] = ()
+    group_slot_mappings: tuple[torch.Tensor, ...] = ()
+
+    def for_group(self, group: int) -> AttentionMetadata:
+        """This step's metadata as the layers of KV group ``group`` see it: that group's
+        block tables and slots (made once per step and group, so every layer of the group
+        shares what backends derive from it). Group 0, or a step without group tables (the
+        warm-up and calibration passes): this metadata itself."""
+        if group == 0 or not self.group_block_tables:
+            return self
+        key = f"kv_group_{group}"
+        cached = self.derived.get(key)
+        if cached is None:
+            cached = dataclasses.replace(
+                self,
+                block_tables=self.group_block_tables[group - 1],
+                slot_mapping=self.group_slot_mappings[group - 1],
+                derived={},
+                group_block_tables=(),
+                group_slot_mappings=(),
+            )
+            self.derived[key] = cached
+        assert isinstance(cached, AttentionMetadata)
+        return cached
 
     @property
     def num_seqs(self) -> int:

@@ -48,6 +48,7 @@ from pagedinfer.adapters.models.registry import read_model_config
 from pagedinfer.adapters.runner_config import RunnerConfig
 from pagedinfer.adapters.sampling.grammar import GrammarCompiler
 from pagedinfer.domain.executor import launch_now
+from pagedinfer.domain.kv_groups import KVGroupSpec
 from pagedinfer.domain.plan import BatchPlan
 from pagedinfer.domain.step_output import StepOutput
 from pagedinfer.errors import (
@@ -157,6 +158,7 @@ class TensorParallelExecutor:
     """
 
     num_kv_blocks: int
+    kv_groups: tuple[KVGroupSpec, ...] = ()
     # Runs each step to its end before the next: the engine fills in carried tokens.
     reads_carried_tokens = False
 
@@ -337,6 +339,7 @@ class TensorParallelExecutor:
             _, num_blocks = worker.await_status(READY, check=group.check_workers, deadline=deadline)
             assert num_blocks == group.runner.num_kv_blocks, (num_blocks, group.runner)
         self.num_kv_blocks = group.runner.num_kv_blocks
+        self.kv_groups = group.runner.kv_groups  # every rank's runner groups alike
         group.group.step_timeout = timedelta(seconds=config.worker_timeout_s)
         group.healthy = True
 

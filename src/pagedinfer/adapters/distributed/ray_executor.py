@@ -53,6 +53,7 @@ from pagedinfer.adapters.models.registry import read_model_config
 from pagedinfer.adapters.runner_config import RunnerConfig
 from pagedinfer.adapters.sampling.grammar import GrammarCompiler
 from pagedinfer.domain.executor import launch_now
+from pagedinfer.domain.kv_groups import KVGroupSpec
 from pagedinfer.domain.plan import BatchPlan
 from pagedinfer.domain.step_output import StepOutput
 from pagedinfer.errors import (
@@ -157,6 +158,7 @@ class RayExecutor:
     """
 
     num_kv_blocks: int
+    kv_groups: tuple[KVGroupSpec, ...] = ()  # (KV groups are not wired through Ray)
     # Runs each step to its end before the next: the engine fills in carried tokens.
     reads_carried_tokens = False
 

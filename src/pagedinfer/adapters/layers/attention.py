@@ -79,6 +79,9 @@ class PagedAttention(nn.Module):
                 "model's layers have (GPT-OSS): use attention_backend='triton' (or 'auto')."
             )
         self.kind = kind
+        # Hybrid attention: the KV group whose tables and slots this layer uses (runner-set
+        # with bind_cache; pagedinfer.domain.kv_groups). 0: the plan's own.
+        self.kv_group = 0
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
@@ -123,13 +126,20 @@ class PagedAttention(nn.Module):
             self.checkpoint_v_scale = _checked_scale("v_scale", v_scale)
 
     def bind_cache(
-        self, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_scales: torch.Tensor | None = None
+        self,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        kv_scales: torch.Tensor | None = None,
+        *,
+        kv_group: int = 0,
     ) -> None:
+        """Bind the cache views; ``kv_group``: the KV group whose tables address them."""
         assert k_cache.shape == v_cache.shape and k_cache.dim() == 4
         assert k_cache.shape[-2:] == (self.num_kv_heads, self.head_dim), k_cache.shape
         self.k_cache = k_cache
         self.v_cache = v_cache
         self.kv_scales = kv_scales
+        self.kv_group = kv_group
 
     def unbind_cache(self) -> None:
         self.k_cache = torch.empty(0)
@@ -150,6 +160,8 @@ class PagedAttention(nn.Module):
         the layer's sink logits ``[heads]`` (float32) when its kind has them.
         """
         assert (sinks is not None) == self.kind.has_sinks, "sinks come with the layer's kind"
+        if self.kv_group:
+            meta = meta.for_group(self.kv_group)
         return self.backend.forward(
             query, key, value, self.k_cache, self.v_cache, meta, self.scale,
             kv_scales=self.kv_scales, window=self.kind.window, sinks=sinks,
@@ -171,6 +183,8 @@ class PagedAttention(nn.Module):
         q_weight = q_norm.weight if q_norm is not None else None
         k_weight = k_norm.weight if k_norm is not None else None
         eps = q_norm.eps if q_norm is not None else 0.0
+        if self.kv_group:  # hybrid attention: this layer's group's blocks and slots
+            meta = meta.for_group(self.kv_group)
         if self._rope_store is not None:
             assert isinstance(self.backend, AttendsStoredKV)
             query: torch.Tensor = self._rope_store(
