@@ -703,6 +703,7 @@ class Engine:
                 spec_decode_num_draft_tokens=scheduler.num_draft_tokens,
                 spec_decode_num_accepted_tokens=scheduler.num_accepted_tokens,
                 spec_decode_num_accepted_tokens_per_pos=scheduler.accepted_per_position,
+                kv_groups=self.scheduler.kv_group_usage(),
             )
 
     def reset_prefix_cache(self) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pagedinfer.domain.plan import BatchPlan
+from pagedinfer.domain.scheduler.group_allocator import KVGroupUsage
 
 __all__ = ["EngineStats", "StepAccounting"]
 
@@ -33,6 +34,9 @@ class EngineStats:
     spec_decode_num_draft_tokens: int = 0
     spec_decode_num_accepted_tokens: int = 0
     spec_decode_num_accepted_tokens_per_pos: tuple[int, ...] = ()
+    # Hybrid attention: each KV group's window, layers, blocks held now and the most one
+    # sequence holds (sliding groups); empty with one group (every model without a window).
+    kv_groups: tuple[KVGroupUsage, ...] = ()
 
     @property
     def spec_decode_acceptance_rate(self) -> float:

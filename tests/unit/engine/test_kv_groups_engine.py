@@ -88,6 +88,11 @@ def test_a_hybrid_model_runs_with_a_full_and_a_sliding_group(hybrid_checkpoint: 
         run(engine, hybrid_checkpoint, batch)
         run(engine, hybrid_checkpoint, batch[::-1])  # the prefix cache, per group
         stats = engine.stats()
+        assert [(g.window, g.num_layers, g.num_blocks_held) for g in stats.kv_groups] == [
+            (None, 1, 0),
+            (12, 1, 0),
+        ]
+        assert stats.kv_groups[1].max_blocks_per_sequence == 2  # ceil(12 / 16) + 1
         assert stats.prefix_cache_hit_rate > 0
         assert stats.num_preemptions > 0
 
