@@ -5,9 +5,10 @@ Two measurements, no model (the scheduler with a fake sampler):
 1. **Memory.** One request of a Gemma-3-shaped model (``--layers`` layers, five sliding
    layers of window ``--window`` to one full layer: ``group_layers``) decodes from a short
    prompt to ``--max-len`` tokens. At each context length in the table: the blocks each group
-   holds, and the KV held in *layer-pages* (blocks x layers per group: the unit the cache is
-   sized in), against the same model with the window ignored (every layer full attention,
-   one group). The sliding groups stay flat past the window; the full group grows.
+   holds, and the KV held in *layer-pages* (blocks x layers per group, the last group's
+   unused slots included: what the cache holds), against the same model with the window
+   ignored (every layer full attention, one group). The sliding groups stay flat past the
+   window; the full group grows.
 2. **Host cost.** nano-vLLM's workload (``--requests`` requests, prompts and outputs uniform
    in [100, 1024]) scheduled with those groups and with one full group: CPU µs per scheduled
    token (schedule + plan + postprocess), fastest of ``--repeats`` runs each, alternating.
@@ -67,9 +68,8 @@ def memory(args: argparse.Namespace) -> None:
         if seq.num_tokens >= marks[0]:
             marks.pop(0)
             per_group = held(scheduler, seq)
-            pages = sum(
-                blocks * len(group.layers) for blocks, group in zip(per_group, groups, strict=True)
-            )
+            # Every block has a page per slot of a group (a smaller last group's are unused).
+            pages = sum(per_group) * layout.layers_per_group
             # Window ignored: every layer full, one group of all layers.
             full_pages = -(-seq.num_tokens // size) * args.layers
             rows.append((seq.num_tokens, per_group, pages, full_pages))
