@@ -24,6 +24,7 @@ from pagedinfer.adapters.kv_cache import (
     max_useful_blocks,
 )
 from pagedinfer.adapters.runner_config import RunnerConfig
+from pagedinfer.domain.kv_groups import KVGroupSpec, min_blocks_for_one_sequence
 from pagedinfer.domain.plan import PADDING_SLOT, BatchPlan, NewRequest
 from pagedinfer.domain.sampling import SamplingParams
 from pagedinfer.errors import ConfigurationError
@@ -37,6 +38,7 @@ def kv_cache_blocks(
     block_bytes: int,
     model: torch.nn.Module,
     cuda_budget: Callable[[], int],
+    kv_groups: tuple[KVGroupSpec, ...] = (),
 ) -> int:
     """This rank's number of KV blocks (see the module docstring). ``block_bytes``: one
     block of every cache the runner holds; ``model``: its weights count against the CPU's
@@ -53,6 +55,8 @@ def kv_cache_blocks(
         return blocks_for_memory(config.kv_cache_memory_bytes, block_bytes)
     if config.device.type == "cuda":
         return cuda_budget()
+    # With KV groups (hybrid attention) a sequence holds a table per group, and the null block.
+    num_groups = max(len(kv_groups), 1)
     return cpu_kv_block_budget(
         available=available_host_memory(),
         block_bytes=block_bytes,
@@ -60,8 +64,12 @@ def kv_cache_blocks(
             max_num_seqs=config.max_running,
             max_model_len=config.max_model_len,
             block_size=config.block_size,
+        )
+        * num_groups
+        + (num_groups > 1),
+        min_blocks=min_blocks_for_one_sequence(
+            kv_groups, config.block_size, config.max_model_len, config.max_num_batched_tokens
         ),
-        min_blocks=-(-config.max_model_len // config.block_size),
         weight_bytes=sum(p.numel() * p.element_size() for p in model.parameters()),
     )
 

@@ -384,7 +384,11 @@ class ModelRunner:
             )
 
         num_blocks = kv_cache_blocks(
-            config, block_bytes=self.block_bytes, model=self.model, cuda_budget=measure_cuda
+            config,
+            block_bytes=self.block_bytes,
+            model=self.model,
+            cuda_budget=measure_cuda,
+            kv_groups=self.kv_groups,
         )
         return self.parallel.min_over_ranks(num_blocks, self.device)
 

@@ -114,3 +114,13 @@ def test_a_model_whose_every_layer_slides_has_one_sliding_group(
     ) as engine:
         assert [g.window for g in engine.scheduler.config.kv_groups] == [12]
         run(engine, checkpoint, prompts(2)[:2])
+
+
+def test_a_cache_sized_from_memory_holds_every_group(hybrid_checkpoint: Path) -> None:
+    with Engine(
+        hybrid_checkpoint, device="cpu", kv_block_size=16, max_model_len=128, max_num_seqs=4
+    ) as engine:
+        config = engine.scheduler.config
+        assert len(config.kv_groups) == 2
+        # At most every sequence's table in both groups, plus the null block.
+        assert 17 <= config.num_blocks <= 4 * 8 * 2 + 1
