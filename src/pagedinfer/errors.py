@@ -127,3 +127,17 @@ class StepFailedError(PagedInferError, RuntimeError):
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (str(self), self.request_ids))
+
+
+class EngineStateError(PagedInferError, RuntimeError):
+    """A call that the engine's present state does not allow (asleep, paused, busy); the
+    message says which state and the call that changes it."""
+
+
+class EngineSleepingError(EngineStateError):
+    """A request reached an engine put to sleep (``sleep()``): call ``wake_up()`` first."""
+
+
+class EnginePausedError(EngineStateError):
+    """The thread that paused the engine (``pause_generation()``) waited for a request: it
+    would wait for itself. Call ``resume_generation()`` first (or wait from another thread)."""

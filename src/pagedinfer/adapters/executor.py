@@ -52,6 +52,20 @@ class ModelExecutor(Executor, Protocol):
         (:func:`~pagedinfer.domain.executor.launch_now`)."""
         ...
 
+    @property
+    def is_sleeping(self) -> bool:
+        """Whether :meth:`sleep` freed the KV cache or the weights (not woken up yet)."""
+        ...
+
+    def sleep(self, level: int = 1) -> None:
+        """Free the KV cache (level 1; on CUDA the weights move to host memory) or the KV
+        cache and the weights (level 2): ``adapters/sleep_mode.py``."""
+        ...
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Take back what :meth:`sleep` freed (``tags``: ``"weights"``, ``"kv_cache"``)."""
+        ...
+
     def close(self) -> None:
         """Release devices, processes and memory. Safe to call twice."""
         ...

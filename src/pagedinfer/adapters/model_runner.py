@@ -40,6 +40,7 @@ from pagedinfer.adapters.kv_calibration import cache_amax, calibration_plan, fp8
 from pagedinfer.adapters.kv_groups import runner_kv_layout
 from pagedinfer.adapters.kv_sizing import cuda_block_budget, kv_cache_blocks, warm_up_plan
 from pagedinfer.adapters.layers.linear import divide
+from pagedinfer.adapters.models.base import CausalLM
 from pagedinfer.adapters.models.loader import load_weights
 from pagedinfer.adapters.models.registry import build_model, read_model_config
 from pagedinfer.adapters.pooling.pooler import Pooler
@@ -47,6 +48,7 @@ from pagedinfer.adapters.runner_config import RunnerConfig
 from pagedinfer.adapters.sampling.grammar import GrammarCompiler, GrammarStep
 from pagedinfer.adapters.sampling.logprobs import LogprobsTensors, prompt_logprobs
 from pagedinfer.adapters.sampling.pipeline import SamplingPipeline, read_later
+from pagedinfer.adapters.sleep_mode import HostCopy, SleepState, offload_to_host
 from pagedinfer.adapters.speculative.draft_model import DraftModelProposer
 from pagedinfer.adapters.step_inputs import StepInputs, StepPacker
 from pagedinfer.domain.plan import BatchPlan
@@ -108,14 +110,7 @@ class ModelRunner:
         self.backend = create_backend(
             config.attention_backend, config.block_size, kv_cache_dtype=config.kv_cache_dtype
         )
-        self.model = build_model(
-            model_config,
-            parallel=parallel,
-            backend=self.backend,
-            device=self.device,
-            dtype=self.dtype,
-        )
-        load_weights(self.model, config.model_path, check=config.weight_check)
+        self.model = self._load_model()
         # Hybrid attention: layers grouped by window, one block table per group (empty: one
         # table, every layer in every block, as for any model without a window).
         self.kv_layout = runner_kv_layout(self.model.attention_layers(), config)
@@ -199,6 +194,23 @@ class ModelRunner:
         if self.drafter is not None:
             self.drafter.allocate(self.num_kv_blocks)
         self.graph_runner = self._create_graph_runner()
+        # Sleep mode (adapters/sleep_mode.py): which halves are asleep; level 1's host copy
+        # of the weights (on CUDA).
+        self._sleep = SleepState()
+        self._host_weights: HostCopy | None = None
+
+    def _load_model(self) -> CausalLM:
+        """This rank's model, built on the device and loaded from the checkpoint."""
+        config = self.config
+        model = build_model(
+            self.model_config,
+            parallel=self.parallel,
+            backend=self.backend,
+            device=self.device,
+            dtype=self.dtype,
+        )
+        load_weights(model, config.model_path, check=config.weight_check)
+        return model
 
     # ------------------------------------------------------------------ steps
     def execute(self, plan: BatchPlan) -> StepOutput:
@@ -217,6 +229,8 @@ class ModelRunner:
         happens in the returned callable."""
         if self._closed:
             raise EngineClosedError("the model runner was used after close()")
+        if self._sleep.sleeping:
+            raise RuntimeError("the model runner was asked to run a step while asleep")
         inputs = self.prepare(plan)
         sampling = self.sampling
         with torch.inference_mode():
@@ -348,6 +362,73 @@ class ModelRunner:
         if self.drafter is not None:
             self.drafter.copy_blocks(pairs)
 
+    # ------------------------------------------------------------- sleep mode
+    @property
+    def is_sleeping(self) -> bool:
+        return self._sleep.sleeping
+
+    def sleep(self, level: int = 1) -> None:
+        """Free the KV cache (level 1; on CUDA the weights move to host memory) or the KV
+        cache and the weights (level 2); see ``adapters/sleep_mode.py``."""
+        if self._closed:
+            raise EngineClosedError("the model runner was used after close()")
+        self._sleep.sleep(self, level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Take back what :meth:`sleep` freed: ``tags`` ``["weights"]``, ``["kv_cache"]`` or
+        ``None`` (both). The KV cache comes back zeroed; level 2's weights from the
+        checkpoint."""
+        if self._closed:
+            raise EngineClosedError("the model runner was used after close()")
+        self._sleep.wake_up(self, tags)
+        if not self._sleep.sleeping and self.graph_runner is None:
+            self.graph_runner = self._create_graph_runner()
+
+    def release_kv_cache(self) -> None:
+        if self.graph_runner is not None:  # the graphs record the cache's addresses
+            self.graph_runner.close()
+            self.graph_runner = None
+        if hasattr(self, "model"):
+            self._unbind_kv_cache()
+        self.kv_cache = torch.empty(0, dtype=self.kv_cache_dtype, device=self.device)
+        if self.drafter is not None:
+            self.drafter.release_cache()
+
+    def restore_kv_cache(self) -> None:
+        self.kv_cache = self._allocate_kv_cache(self.num_kv_blocks)
+        if hasattr(self, "model"):  # else bound when level 2's model is back
+            self._bind_kv_cache(self.kv_cache)
+        if self.drafter is not None:
+            self.drafter.allocate(self.num_kv_blocks)
+
+    def release_weights(self, *, keep_host_copy: bool) -> None:
+        if self.graph_runner is not None:
+            self.graph_runner.close()
+            self.graph_runner = None
+        if keep_host_copy:
+            if self.device.type != "cpu":
+                self._host_weights = offload_to_host(self.model)
+            return
+        self._host_weights = None
+        del self.model
+
+    def restore_weights(self) -> None:
+        host = self._host_weights
+        if host is not None:
+            host.restore(self.device)
+            self._host_weights = None
+        elif not hasattr(self, "model"):  # level 2: a new model from the checkpoint
+            self.model = self._load_model()
+            if not self._sleep.kv_cache_asleep:
+                self._bind_kv_cache(self.kv_cache)
+
+    def free_device_memory(self) -> None:
+        # Parameters reference their modules through their weight loaders (a cycle): the
+        # cycle collector frees them.
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     def close(self) -> None:
         """Free the KV cache and the model. Safe to call twice."""
         if self._closed:
@@ -356,9 +437,11 @@ class ModelRunner:
         if self.graph_runner is not None:
             self.graph_runner.close()
             self.graph_runner = None
-        self._unbind_kv_cache()
+        if hasattr(self, "model"):
+            self._unbind_kv_cache()
+            del self.model
         del self.kv_cache
-        del self.model
+        self._host_weights = None
         if self.drafter is not None:
             self.drafter.close()
             self.drafter = None

@@ -64,6 +64,10 @@ __all__ = ["AsyncEngine", "AsyncRequestStream"]
 
 _logger = logging.getLogger(__name__)
 
+_PAUSED_POLL_S = 0.05
+"""While the engine is paused, how often the step thread looks whether it was resumed
+(``Engine.resume_generation`` called directly, not through the AsyncEngine)."""
+
 
 class _EngineLink:
     """The only code that calls the Engine: submit, abort, step, stats.
@@ -87,6 +91,9 @@ class _EngineLink:
 
     def has_work(self) -> bool:
         return self.engine.has_unfinished_requests()
+
+    def paused(self) -> bool:
+        return self.engine.is_paused()
 
     def stats(self) -> EngineStats:
         return self.engine.stats()
@@ -409,6 +416,36 @@ class AsyncEngine:
         self._check_open()
         return self._link.stats()
 
+    # ------------------------------------------------- sleep and pause (sleep_pause.py)
+    async def sleep(self, level: int = 1) -> None:
+        """``Engine.sleep`` in a worker thread: free the KV cache (level 2: the weights too);
+        new requests raise ``EngineSleepingError`` until :meth:`wake_up`."""
+        self._check_open()
+        await asyncio.to_thread(self.engine.sleep, level)
+
+    async def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """``Engine.wake_up`` in a worker thread (``tags``: ``"weights"``, ``"kv_cache"``)."""
+        self._check_open()
+        await asyncio.to_thread(self.engine.wake_up, tags)
+
+    def is_sleeping(self) -> bool:
+        return self.engine.is_sleeping()
+
+    async def pause_generation(self, timeout: float | None = 60.0) -> None:
+        """``Engine.pause_generation`` in a worker thread: returns once the running step has
+        ended; streams wait (their requests stay queued) until :meth:`resume_generation`."""
+        self._check_open()
+        await asyncio.to_thread(self.engine.pause_generation, timeout)
+
+    async def resume_generation(self) -> None:
+        """Let steps run again."""
+        self._check_open()
+        self.engine.resume_generation()
+        self._wake.set()
+
+    def is_paused(self) -> bool:
+        return self.engine.is_paused()
+
     # ----------------------------------------------------------------------- close
     def close(self) -> None:
         """Stop the step thread, end unfinished requests (``"abort"``), release the engine.
@@ -455,6 +492,8 @@ class AsyncEngine:
             while True:
                 if not self._abandoned and not link.has_work():
                     self._wake.wait()
+                elif link.paused():  # resume_generation wakes it; a poll for the Engine's
+                    self._wake.wait(_PAUSED_POLL_S)
                 self._wake.clear()  # after the wait: a later wake-up is never lost
                 if self._closing:
                     return

@@ -80,6 +80,7 @@ from pagedinfer.engine.prompts import (
 )
 from pagedinfer.engine.request_table import RequestTable
 from pagedinfer.engine.requests import OutputSink, RequestState, request_key
+from pagedinfer.engine.sleep_pause import GenerationControls, SleepAndPause
 from pagedinfer.engine.stats import EngineStats
 from pagedinfer.engine.streams import RequestStream
 from pagedinfer.engine.tokenizer import tokenizer_for
@@ -98,7 +99,7 @@ __all__ = ["Engine", "EngineStats", "Prompt", "TokenizedPrompt", "completion_see
 _logger = logging.getLogger(__name__)
 
 
-class Engine:
+class Engine(SleepAndPause):
     """Offline LLM inference on a paged KV cache.
 
     ``Engine(model)`` (vLLM's keyword: ``Engine(model=DIR)``) loads a local Hugging Face
@@ -240,6 +241,7 @@ class Engine:
         self._abandoned: deque[int] = deque()
         # Async scheduling: the steps launched and not recorded yet (in_flight.py).
         self._flights = InFlight()
+        self._controls = GenerationControls()  # pause_generation (sleep_pause.py)
         self._closed = False
 
     # What help() and inspect show: every option, keyword-only, with its default.
@@ -389,6 +391,8 @@ class Engine:
             self._catch_up()
             if self.async_scheduling:
                 return self._step_ahead()
+            if self._controls.paused:
+                return False
             plan = self.scheduler.schedule()
             if plan is None:
                 return False
@@ -416,12 +420,15 @@ class Engine:
         scheduler = self.scheduler
         executor = self._executor
         assert executor is not None
+        paused = self._controls.paused  # only the step in flight lands
         if not flights:
+            if paused:
+                return False
             plan = scheduler.schedule()
             if plan is None:
                 return False
             flights.launch(executor, plan)
-        if len(flights) == 1 and not self._table.structured:
+        if len(flights) == 1 and not self._table.structured and not paused:
             ahead = scheduler.schedule_ahead()
             if ahead is not None:
                 flights.launch(executor, ahead)
@@ -564,6 +571,7 @@ class Engine:
         sink = OutputSink(wants_progress=False)
         with self._guard.held():
             self._check_open()
+            self._check_accepting()
             requests = self._admission.enqueue_all(
                 self._table,
                 self.scheduler,
@@ -643,7 +651,8 @@ class Engine:
             if done():
                 return
             self._check_open()
-            if self._stepping:
+            if self._stepping or self._controls.paused:
+                self._controls.check_not_pausing_thread()
                 self._guard.wait_for_change()
                 continue
             try:
@@ -760,6 +769,7 @@ class Engine:
         *,
         streamed: bool = False,
     ) -> RequestState:
+        self._check_accepting()
         return self._admission.enqueue(
             self._table, self.scheduler, self.tokenizer, prompt, params, sink, streamed=streamed
         )

@@ -53,12 +53,13 @@ class EngineLock:
             self.lock.acquire()
             self.deferral = deferral
 
-    def wait_for_change(self) -> None:
-        """Wait (the lock released) until another thread calls :meth:`notify_all`."""
+    def wait_for_change(self, timeout: float | None = None) -> None:
+        """Wait (the lock released) until another thread calls :meth:`notify_all`, or at
+        most ``timeout`` seconds."""
         deferral = self.deferral
         deferral.suspend()
         try:
-            self._changed.wait()
+            self._changed.wait(timeout)
         finally:
             self.deferral = deferral
             deferral.resume()

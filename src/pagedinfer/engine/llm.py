@@ -168,7 +168,9 @@ VLLM_ARGUMENTS: dict[str, _VllmArgument] = {
         "SamplingParams(structured_outputs=...)",
     ),
     "enable_lora": _VllmArgument(_is(False), "LoRA adapters are not supported"),
-    "enable_sleep_mode": _VllmArgument(_is(False), "there is no sleep mode"),
+    "enable_sleep_mode": _VllmArgument(
+        _flag, "sleep() and wake_up() are always available (docs/sleep_mode.md)"
+    ),
     "enable_chunked_prefill": _VllmArgument(
         _is(None, True),
         "prompts longer than max_num_batched_tokens are always prefilled in chunks; set "

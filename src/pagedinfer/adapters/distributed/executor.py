@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 from torch._C._distributed_c10d import TCPStore
@@ -38,6 +39,8 @@ from pagedinfer.adapters.distributed.messages import (
     STARTED,
     execute_message,
     shutdown_message,
+    sleep_message,
+    wake_up_message,
 )
 from pagedinfer.adapters.distributed.parallel import ParallelContext
 from pagedinfer.adapters.distributed.worker import WorkerSpec
@@ -66,6 +69,8 @@ __all__ = [
     "check_tensor_parallel_split",
     "rank_devices",
 ]
+
+_T = TypeVar("_T")
 
 DEFAULT_CHANNEL_BYTES = 1 << 20
 """Initial control-channel segment (it grows when a step's message does not fit)."""
@@ -230,10 +235,28 @@ class TensorParallelExecutor:
 
     def execute(self, plan: BatchPlan) -> StepOutput:
         """Run one step on every rank; return rank 0's output."""
+        return self._on_every_rank(execute_message(plan), lambda runner: runner.execute(plan))
+
+    @property
+    def is_sleeping(self) -> bool:
+        runner = self._group.runner
+        return runner is not None and runner.is_sleeping
+
+    def sleep(self, level: int = 1) -> None:
+        """Every rank frees its KV cache (and weights: level 2; ``adapters/sleep_mode.py``)."""
+        self._on_every_rank(sleep_message(level), lambda runner: runner.sleep(level))
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Every rank takes back what :meth:`sleep` freed (``tags``: which halves)."""
+        self._on_every_rank(wake_up_message(tags), lambda runner: runner.wake_up(tags))
+
+    def _on_every_rank(self, message: tuple[Any, ...], run: Callable[[ModelRunner], _T]) -> _T:
+        """Send ``message`` to the workers, ``run`` rank 0's share; rank 0's result. A
+        failure leaves the ranks out of step: the executor stops for good."""
         group = self._group
         if self._failure is not None:
-            kind, message = self._failure
-            raise kind(message)
+            kind, reason = self._failure
+            raise kind(reason)
         runner, channel = group.runner, group.channel
         if runner is None or channel is None:
             raise EngineClosedError("the tensor-parallel executor was used after close()")
@@ -241,10 +264,8 @@ class TensorParallelExecutor:
         try:
             group.check_workers()
             # Waits for the workers to have read the previous step: bounded like a collective.
-            channel.send(
-                execute_message(plan), check=group.check_workers, timeout=self._step_timeout_s
-            )
-            return runner.execute(plan)
+            channel.send(message, check=group.check_workers, timeout=self._step_timeout_s)
+            return run(runner)
         except BaseException as error:
             # The ranks are out of step now: nothing can continue on this group.
             grace = DEATH_GRACE_S if isinstance(error, Exception) else 0.0

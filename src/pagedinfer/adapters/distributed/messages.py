@@ -6,6 +6,7 @@ item names the command:
 * ``("execute", plan)``: run one step. ``plan`` is the step's ``BatchPlan`` without its
   sampling fields (slots and sampling-table deltas), because only rank 0 samples (workers
   still get ``sample_indices``: they compute their share of the logits for those rows).
+* ``("sleep", level)`` / ``("wake_up", tags)``: sleep mode (``adapters/sleep_mode.py``).
 * ``("shutdown",)``: release the model and exit.
 
 Status messages (each worker -> rank 0, through its own pipe) report start-up and failure:
@@ -28,12 +29,18 @@ __all__ = [
     "READY",
     "SAMPLER_ONLY_FIELDS",
     "SHUTDOWN",
+    "SLEEP",
     "STARTED",
+    "WAKE_UP",
     "execute_message",
     "shutdown_message",
+    "sleep_message",
+    "wake_up_message",
 ]
 
 EXECUTE: Final = "execute"
+SLEEP: Final = "sleep"
+WAKE_UP: Final = "wake_up"
 SHUTDOWN: Final = "shutdown"
 
 STARTED: Final = "started"
@@ -65,3 +72,11 @@ def execute_message(plan: BatchPlan) -> tuple[str, BatchPlan]:
 
 def shutdown_message() -> tuple[str]:
     return (SHUTDOWN,)
+
+
+def sleep_message(level: int) -> tuple[str, int]:
+    return (SLEEP, level)
+
+
+def wake_up_message(tags: list[str] | None) -> tuple[str, list[str] | None]:
+    return (WAKE_UP, tags)

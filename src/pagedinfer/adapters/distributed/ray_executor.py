@@ -178,6 +178,7 @@ class RayExecutor:
         self._pp = config.pipeline_parallel_size
         self._step_timeout_s = config.worker_timeout_s
         self._failure: tuple[type[WorkerDiedError], str] | None = None
+        self._sleeping = False  # sleep mode: whether a rank sleeps (sleep_mode.py)
         self._released = _Actors(ray)
         self._finalizer = weakref.finalize(self, self._released.release)
         self._nodes: list[str] = []
@@ -291,6 +292,29 @@ class RayExecutor:
                 raise died from error
             finally:
                 died = None  # no reference cycle through this frame
+
+    # --------------------------------------------------------------- sleep mode
+    @property
+    def is_sleeping(self) -> bool:
+        return self._sleeping
+
+    def sleep(self, level: int = 1) -> None:
+        """Every rank frees its KV cache (and weights: level 2; ``adapters/sleep_mode.py``)."""
+        self._sleeping = self._on_every_actor("sleep", level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Every rank takes back what :meth:`sleep` freed (``tags``: which halves)."""
+        self._sleeping = self._on_every_actor("wake_up", tags)
+
+    def _on_every_actor(self, method: str, argument: object) -> bool:
+        if self._failure is not None:
+            kind, message = self._failure
+            raise kind(message)
+        actors = self._released.actors
+        if not actors:
+            raise EngineClosedError("the Ray executor was used after close()")
+        refs = [getattr(actor, method).remote(argument) for actor in actors]
+        return any(self._wait_all(refs, self._step_timeout_s, f"{method}()"))
 
     def close(self) -> None:
         """Stop every actor and remove the placement groups. Idempotent."""

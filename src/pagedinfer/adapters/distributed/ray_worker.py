@@ -188,6 +188,22 @@ class RayWorker:
             self._busy_s += time.perf_counter() - started
             self._steps += 1
 
+    def sleep(self, level: int) -> bool:
+        """Sleep mode (``adapters/sleep_mode.py``); whether this rank sleeps now."""
+        runner = self._runner
+        if runner is None:
+            raise EngineClosedError("the Ray worker was used before start() or after close()")
+        runner.sleep(level)
+        return runner.is_sleeping
+
+    def wake_up(self, tags: list[str] | None) -> bool:
+        """Take back what :meth:`sleep` freed; whether this rank still sleeps."""
+        runner = self._runner
+        if runner is None:
+            raise EngineClosedError("the Ray worker was used before start() or after close()")
+        runner.wake_up(tags)
+        return runner.is_sleeping
+
     def busy(self) -> tuple[int, float]:
         """``(steps run, seconds spent running them)`` since start-up."""
         return self._steps, self._busy_s

@@ -32,7 +32,9 @@ from pagedinfer.adapters.distributed.messages import (
     FAILED,
     READY,
     SHUTDOWN,
+    SLEEP,
     STARTED,
+    WAKE_UP,
 )
 from pagedinfer.adapters.distributed.parallel import ParallelContext
 from pagedinfer.adapters.model_runner import ModelRunner
@@ -112,6 +114,10 @@ def _serve(spec: WorkerSpec) -> None:
             if command == EXECUTE:
                 output = runner.execute(message[1])
                 assert not output.sampled_token_ids, "only rank 0 samples"
+            elif command == SLEEP:
+                runner.sleep(message[1])
+            elif command == WAKE_UP:
+                runner.wake_up(message[1])
             elif command == SHUTDOWN:
                 return
             else:

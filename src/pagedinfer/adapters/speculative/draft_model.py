@@ -102,11 +102,15 @@ class DraftModelProposer:
         if cache is not None:
             cache.index_copy_(2, pairs[:, 1], cache.index_select(2, pairs[:, 0]))
 
-    def close(self) -> None:
+    def release_cache(self) -> None:
+        """Drop the draft's cache (sleep mode; :meth:`allocate` makes a new one)."""
         if self.kv_cache is not None:
             for layer in self.model.attention_layers():
                 layer.unbind_cache()
             self.kv_cache = None
+
+    def close(self) -> None:
+        self.release_cache()
         del self.model
 
     # ------------------------------------------------------------------ steps
