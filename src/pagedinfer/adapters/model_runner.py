@@ -27,6 +27,7 @@ from typing import Protocol
 import torch
 
 from pagedinfer.adapters.attention import create_backend
+from pagedinfer.adapters.batch_invariant import make_batch_invariant
 from pagedinfer.adapters.distributed.parallel import SINGLE_PROCESS, ParallelContext
 from pagedinfer.adapters.host_transfers import HostUploads, Readbacks
 from pagedinfer.adapters.kv_cache import (
@@ -210,6 +211,13 @@ class ModelRunner:
             dtype=self.dtype,
         )
         load_weights(model, config.model_path, check=config.weight_check)
+        if config.batch_invariant:
+            if self.model_config.moe is not None:
+                raise ConfigurationError(
+                    "batch_invariant=True is not implemented for mixture-of-experts models (the "
+                    "rows each expert gets depend on the batch): turn it off for this model."
+                )
+            make_batch_invariant(model)
         return model
 
     # ------------------------------------------------------------------ steps

@@ -48,6 +48,8 @@ class RunnerConfig:
     logprobs_mode: LogprobsMode = DEFAULT_LOGPROBS_MODE
     # A pooling model (runner="pooling"): "LAST", "MEAN" or "CLS" (adapters/pooling/pooler.py).
     pooling_type: str | None = None
+    # Fixed reduction splits, whatever shares the batch (adapters/batch_invariant.py).
+    batch_invariant: bool = False
 
     @property
     def max_running(self) -> int:

@@ -58,6 +58,7 @@ def runner_config(
         weight_check=config.weight_check,
         logprobs_mode=config.logprobs_mode,
         pooling_type=pooling_type,
+        batch_invariant=config.batch_invariant,
     )
 
 

@@ -237,6 +237,16 @@ class EngineConfig:
     enforce_eager: bool = field(
         default=False, metadata={CLI_FLAG: CliFlag("no CUDA graphs", switch=True)}
     )
+    batch_invariant: bool = field(
+        default=False,
+        metadata={
+            CLI_FLAG: CliFlag(
+                "a request's tokens and logprobs bitwise the same whatever shares its batch "
+                "(fixed reduction splits; slower: docs/sleep_mode.md)",
+                switch=True,
+            )
+        },
+    )
     enable_prefix_caching: bool = field(
         default=True,
         metadata={
@@ -510,7 +520,12 @@ class EngineConfig:
                 f"kv_cache_dtype={self.kv_cache_dtype!r} is unknown: choose one of "
                 f"{', '.join(KV_CACHE_DTYPES)} ('fp8' is fp8_e4m3, as in vLLM)."
             )
-        for name in ("enforce_eager", "enable_prefix_caching", "skip_tokenizer_init"):
+        for name in (
+            "enforce_eager",
+            "batch_invariant",
+            "enable_prefix_caching",
+            "skip_tokenizer_init",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigurationError(f"{name}={getattr(self, name)!r} must be True or False.")
         if self.skip_tokenizer_init and self.tokenizer is not None:
@@ -586,6 +601,7 @@ class EngineOptions(TypedDict, total=False):
     skip_tokenizer_init: bool
     worker_timeout_s: float
     enforce_eager: bool
+    batch_invariant: bool
     enable_prefix_caching: bool
     async_scheduling: bool | None
     speculative_config: SpeculativeConfig | Mapping[str, object] | None

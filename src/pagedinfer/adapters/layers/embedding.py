@@ -78,9 +78,17 @@ class ParallelLMHead(_VocabShard):
     """Logits ``hidden @ W^T`` for the rows it is given; full rows on rank 0, None elsewhere.
 
     For tied embeddings the model shares the embedding's parameter with this module.
+    ``batch_invariant``: fixed row tiles (``adapters/batch_invariant.py``).
     """
+
+    batch_invariant = False
 
     def forward(self, hidden_rows: torch.Tensor) -> torch.Tensor | None:
         """``hidden_rows [n, hidden]`` -> ``[n, vocab_size]`` on the driver, else None."""
-        logits = F.linear(hidden_rows, self.weight)
+        if self.batch_invariant:
+            from pagedinfer.adapters.batch_invariant import tiled_linear
+
+            logits = tiled_linear(hidden_rows, self.weight)
+        else:
+            logits = F.linear(hidden_rows, self.weight)
         return self.parallel.gather_to_driver(logits, dim=-1)

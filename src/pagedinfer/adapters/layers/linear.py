@@ -225,6 +225,8 @@ class LinearBase(nn.Module):
     """
 
     weight: nn.Parameter  # dense layers, and quantized ones once dequantized
+    # Fixed row tiles, whatever the number of rows (adapters/batch_invariant.py).
+    batch_invariant = False
 
     def __init__(
         self,
@@ -423,6 +425,8 @@ class LinearBase(nn.Module):
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """``x W^T + bias`` with this rank's weight (dense, or the quantized GEMM); a dense
         weight runs the skinny split-K GEMM where its per-shape choice says so."""
+        if self.batch_invariant:
+            return self._invariant_linear(x, bias)
         if self.matmul is not None:
             out: torch.Tensor = self.matmul(x)
             return out if bias is None else out + bias
@@ -431,6 +435,16 @@ class LinearBase(nn.Module):
         if skinny is not None and skinny.prefers(x, self.weight):
             return skinny.gemm(x, self.weight, bias)
         return F.linear(x, self.weight, bias)
+
+    def _invariant_linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """:meth:`linear` in fixed row tiles (no skinny GEMM): batch-invariant rows."""
+        from pagedinfer.adapters.batch_invariant import in_row_tiles, tiled_linear
+
+        matmul = self.matmul
+        if matmul is None:
+            return tiled_linear(x, self.weight, bias)
+        out = in_row_tiles(x.reshape(-1, x.shape[-1]), matmul).view(*x.shape[:-1], -1)
+        return out if bias is None else out + bias
 
 
 def _column_slices(

@@ -1,0 +1,261 @@
+"""Batch-invariant execution: a row's result does not depend on what else shares its step.
+
+A request's tokens and logprobs change with its batch when a reduction's split depends on
+the batch: BLAS picks its blocking (and a matrix-vector kernel for one row) by the number of
+rows, attention pads a batch to its longest context and splits it by the batch's lengths,
+and a prompt's prefill is cut into chunks by the token budget others leave. With
+``batch_invariant=True`` every reduction a row goes through has a split fixed in advance:
+
+* **Linear layers and the LM head** (:func:`tiled_linear`): the rows are padded to a multiple
+  of :data:`ROW_TILE` and multiplied as a batch of ``[ROW_TILE, in]`` tiles, so BLAS always
+  sees the same shape whatever the number of rows (checked: a row's result is then the same
+  in any tile, at any place). The skinny split-K GEMM is off. Quantized GEMMs run tile by
+  tile.
+* **Attention** (:class:`BatchInvariantAttention`): every row (decode or prefill) attends over
+  its sequence's K/V read from the cache, in chunks of :data:`KV_CHUNK` keys from position 0,
+  combined in order with an online softmax; query rows in tiles of :data:`ROW_TILE`. A
+  chunk past a query's position is fully masked and leaves its sums exactly as they were, so
+  the result depends neither on the other sequences, nor on how the prompt was chunked, nor
+  on how far the step's longest query reaches. The backend's store kernel is kept.
+* Norms, activations, RoPE and the sampler reduce along one row each (the same shape whatever
+  the batch); seeded sampling draws per request already.
+
+What it costs: the padding of the tiles, one attention call per sequence and chunk, and no
+CUDA graphs (the attention reads host-side lengths); see docs/benchmarks.md. What it does not
+cover: MoE models (the rows an expert gets depend on the batch; refused), and a change of
+device, dtype, thread count or library version (bitwise equality holds within one setup).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pagedinfer.adapters.attention.base import AttentionMetadata, PagedAttentionBackend
+from pagedinfer.adapters.attention.torch_ref import fp8_scales, gather_context
+from pagedinfer.adapters.kv_cache import dequantize_fp8
+
+__all__ = [
+    "KV_CHUNK",
+    "ROW_TILE",
+    "BatchInvariantAttention",
+    "invariant_attention",
+    "make_batch_invariant",
+    "tiled_linear",
+]
+
+ROW_TILE = 16
+"""Rows per GEMM tile (linear layers, attention queries)."""
+KV_CHUNK = 64
+"""Keys per attention chunk (the fixed split of the softmax and of ``P @ V``)."""
+
+
+def _pad_rows(x: torch.Tensor, tile: int) -> torch.Tensor:
+    pad = -x.shape[0] % tile
+    return F.pad(x, (0, 0) * (x.dim() - 1) + (0, pad)) if pad else x
+
+
+def tiled_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``x @ weight.T + bias`` computed as ``[ROW_TILE, in]`` tiles: each row's result is the
+    same whatever the number of rows."""
+    flat = x.reshape(-1, x.shape[-1])
+    padded = _pad_rows(flat, ROW_TILE)
+    tiles = padded.view(-1, ROW_TILE, padded.shape[-1])
+    out = torch.matmul(tiles, weight.t()).view(-1, weight.shape[0])[: flat.shape[0]]
+    out = out.view(*x.shape[:-1], weight.shape[0])
+    return out if bias is None else out + bias
+
+
+def in_row_tiles(x: torch.Tensor, run: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``run`` over ``[ROW_TILE, ...]`` tiles of ``x`` (for GEMMs that take a 2-D input only)."""
+    rows = x.shape[0]
+    padded = _pad_rows(x, ROW_TILE)
+    outs = [run(padded[start : start + ROW_TILE]) for start in range(0, padded.shape[0], ROW_TILE)]
+    return torch.cat(outs)[:rows]
+
+
+def make_batch_invariant(model: nn.Module) -> None:
+    """Switch ``model``'s linear layers and LM head to :func:`tiled_linear` (and the skinny
+    GEMM off); its attention layers get :class:`BatchInvariantAttention` over their backend."""
+    from pagedinfer.adapters.layers.attention import PagedAttention
+    from pagedinfer.adapters.layers.embedding import ParallelLMHead
+    from pagedinfer.adapters.layers.linear import LinearBase
+
+    wrapped: dict[int, BatchInvariantAttention] = {}
+    for module in model.modules():
+        if isinstance(module, (LinearBase, ParallelLMHead)):
+            module.batch_invariant = True
+        elif isinstance(module, PagedAttention):
+            backend = module.backend
+            if not isinstance(backend, BatchInvariantAttention):
+                assert isinstance(backend, PagedAttentionBackend), backend
+                if id(backend) not in wrapped:
+                    wrapped[id(backend)] = BatchInvariantAttention(backend)
+                module.backend = wrapped[id(backend)]
+
+
+class BatchInvariantAttention(PagedAttentionBackend):
+    """Stores with ``inner``'s kernel; attends with :func:`invariant_attention`."""
+
+    name: ClassVar[str] = "batch_invariant"
+    supports_cuda_graphs: ClassVar[bool] = False  # reads host-side lengths
+
+    def __init__(self, inner: PagedAttentionBackend) -> None:
+        super().__init__(inner.block_size)
+        self.inner = inner
+
+    def attend(
+        self,
+        query: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        *,
+        kv_scales: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Attention over K/V the caller stored already (the fused RoPE-and-store path)."""
+        return self._attend(query, None, None, k_cache, v_cache, meta, scale, kv_scales)
+
+    def _attend(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor | None,
+        value: torch.Tensor | None,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        kv_scales: torch.Tensor | None,
+    ) -> torch.Tensor:
+        return invariant_attention(query, k_cache, v_cache, meta, scale, kv_scales)
+
+    def _store(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        has_padding_slots: bool,
+        kv_scales: torch.Tensor | None,
+    ) -> None:
+        self.inner._store(key, value, k_cache, v_cache, slot_mapping, has_padding_slots, kv_scales)
+
+    def _prefill(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor | None,
+        value: torch.Tensor | None,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        kv_scales: torch.Tensor | None,
+        out: torch.Tensor | None,
+    ) -> torch.Tensor:
+        raise AssertionError("batch-invariant attention has one path (_attend)")
+
+    def _decode(
+        self,
+        query: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        kv_scales: torch.Tensor | None,
+        out: torch.Tensor | None,
+    ) -> torch.Tensor:
+        raise AssertionError("batch-invariant attention has one path (_attend)")
+
+
+def invariant_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    kv_scales: torch.Tensor | None,
+) -> torch.Tensor:
+    """Every row of the step over its sequence's cached K/V (this step's included), one
+    sequence at a time, with the fixed splits of the module docstring. ``query [T, H, D]``."""
+    query_lens = meta.query_lens_host
+    if query_lens is None:
+        starts = meta.cu_seqlens_q.tolist()
+        query_lens = [end - start for start, end in itertools.pairwise(starts)]
+    context_lens = meta.context_lens_host
+    if context_lens is None:
+        context_lens = meta.context_lens.tolist()
+    scales = fp8_scales(k_cache, kv_scales)
+    out = torch.empty_like(query)
+    start = 0
+    for row, (num_queries, length) in enumerate(zip(query_lens, context_lens, strict=True)):
+        table = meta.block_tables[row]
+        keys = _readable(gather_context(k_cache, table, length), scales, 0, query.dtype)
+        values = _readable(gather_context(v_cache, table, length), scales, 1, query.dtype)
+        end = start + num_queries
+        out[start:end] = _chunked_attention(
+            query[start:end], keys, values, first_position=length - num_queries, scale=scale
+        )
+        start = end
+    return out
+
+
+def _readable(
+    stored: torch.Tensor, scales: torch.Tensor | None, index: int, dtype: torch.dtype
+) -> torch.Tensor:
+    if scales is None:
+        return stored.to(dtype)
+    return dequantize_fp8(stored, scales[index], dtype)
+
+
+def _chunked_attention(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    *,
+    first_position: int,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of ``query [n, H, D]`` (positions ``first_position..``) over
+    ``keys`` / ``values [L, Hk, D]``: query tiles of ``ROW_TILE`` rows, key chunks of
+    ``KV_CHUNK`` from position 0, an online softmax over the chunks in order."""
+    num_queries, num_heads, head_dim = query.shape
+    group = num_heads // keys.shape[1]
+    if group > 1:
+        keys = keys.repeat_interleave(group, dim=1)
+        values = values.repeat_interleave(group, dim=1)
+    device = query.device
+    positions = torch.arange(num_queries, device=device) + first_position
+    tiles = _pad_rows(query, ROW_TILE).view(-1, ROW_TILE, num_heads, head_dim)
+    tiles = tiles.permute(0, 2, 1, 3)  # [tiles, H, ROW_TILE, D]
+    tile_positions = _pad_rows(positions[:, None], ROW_TILE).view(-1, 1, ROW_TILE, 1)
+    chunk_keys = _pad_rows(keys, KV_CHUNK).view(-1, KV_CHUNK, num_heads, head_dim)
+    chunk_values = _pad_rows(values, KV_CHUNK).view(-1, KV_CHUNK, num_heads, head_dim)
+    shape = (tiles.shape[0], num_heads, ROW_TILE)
+    running_max = torch.full(shape, float("-inf"), dtype=torch.float32, device=device)
+    total = torch.zeros(shape, dtype=torch.float32, device=device)
+    acc = torch.zeros((*shape, head_dim), dtype=torch.float32, device=device)
+    offsets = torch.arange(KV_CHUNK, device=device)
+    for chunk in range(chunk_keys.shape[0]):
+        k = chunk_keys[chunk].permute(1, 2, 0).float()  # [H, D, KV_CHUNK]
+        v = chunk_values[chunk].permute(1, 0, 2).float()  # [H, KV_CHUNK, D]
+        scores = torch.matmul(tiles.float(), k) * scale  # [tiles, H, ROW_TILE, KV_CHUNK]
+        masked = (chunk * KV_CHUNK + offsets) > tile_positions  # [tiles, 1, ROW_TILE, C]
+        scores = scores.masked_fill(masked, float("-inf"))
+        new_max = torch.maximum(running_max, scores.amax(-1))
+        base = torch.where(new_max == float("-inf"), 0.0, new_max)
+        weights = torch.exp(scores - base[..., None])
+        rescale = torch.exp(running_max - base)
+        total = total * rescale + weights.sum(-1)
+        acc = acc * rescale[..., None] + torch.matmul(weights, v)
+        running_max = new_max
+    result = (acc / total[..., None]).permute(0, 2, 1, 3).reshape(-1, num_heads, head_dim)
+    return result[:num_queries].to(query.dtype)
