@@ -538,6 +538,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         reasoning_parser=args.reasoning_parser,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+        enable_sleep_mode=args.enable_sleep_mode,
     )
     try:
         run_server(

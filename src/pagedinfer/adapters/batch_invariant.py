@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedinfer.adapters.attention.base import AttentionMetadata, PagedAttentionBackend
-from pagedinfer.adapters.attention.torch_ref import fp8_scales, gather_context
+from pagedinfer.adapters.attention.torch_ref import fp8_scales
 from pagedinfer.adapters.kv_cache import dequantize_fp8
 
 __all__ = [
@@ -184,8 +184,15 @@ def invariant_attention(
     scale: float,
     kv_scales: torch.Tensor | None,
 ) -> torch.Tensor:
-    """Every row of the step over its sequence's cached K/V (this step's included), one
-    sequence at a time, with the fixed splits of the module docstring. ``query [T, H, D]``."""
+    """Every row of the step over its sequence's cached K/V (this step's included), with the
+    fixed splits of the module docstring. ``query [T, H, D]``.
+
+    The sequences are computed together: each one's queries padded to the step's most query
+    tiles, its keys to the step's most key chunks. A padded key chunk is fully masked for the
+    sequence's queries, which leaves their sums exactly as they were, so a row's result is
+    the one it gets alone: every GEMM it takes part in is one ``[ROW_TILE, D] x [D, KV_CHUNK]``
+    or ``[ROW_TILE, KV_CHUNK] x [KV_CHUNK, D]`` product of its own tile and chunk.
+    """
     query_lens = meta.query_lens_host
     if query_lens is None:
         starts = meta.cu_seqlens_q.tolist()
@@ -193,62 +200,41 @@ def invariant_attention(
     context_lens = meta.context_lens_host
     if context_lens is None:
         context_lens = meta.context_lens.tolist()
-    scales = fp8_scales(k_cache, kv_scales)
-    out = torch.empty_like(query)
-    start = 0
-    for row, (num_queries, length) in enumerate(zip(query_lens, context_lens, strict=True)):
-        table = meta.block_tables[row]
-        keys = _readable(gather_context(k_cache, table, length), scales, 0, query.dtype)
-        values = _readable(gather_context(v_cache, table, length), scales, 1, query.dtype)
-        end = start + num_queries
-        out[start:end] = _chunked_attention(
-            query[start:end], keys, values, first_position=length - num_queries, scale=scale
-        )
-        start = end
-    return out
-
-
-def _readable(
-    stored: torch.Tensor, scales: torch.Tensor | None, index: int, dtype: torch.dtype
-) -> torch.Tensor:
-    if scales is None:
-        return stored.to(dtype)
-    return dequantize_fp8(stored, scales[index], dtype)
-
-
-def _chunked_attention(
-    query: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    *,
-    first_position: int,
-    scale: float,
-) -> torch.Tensor:
-    """Causal attention of ``query [n, H, D]`` (positions ``first_position..``) over
-    ``keys`` / ``values [L, Hk, D]``: query tiles of ``ROW_TILE`` rows, key chunks of
-    ``KV_CHUNK`` from position 0, an online softmax over the chunks in order."""
-    num_queries, num_heads, head_dim = query.shape
-    group = num_heads // keys.shape[1]
-    if group > 1:
-        keys = keys.repeat_interleave(group, dim=1)
-        values = values.repeat_interleave(group, dim=1)
+    num_heads, head_dim = query.shape[1], query.shape[2]
     device = query.device
-    positions = torch.arange(num_queries, device=device) + first_position
-    tiles = _pad_rows(query, ROW_TILE).view(-1, ROW_TILE, num_heads, head_dim)
-    tiles = tiles.permute(0, 2, 1, 3)  # [tiles, H, ROW_TILE, D]
-    tile_positions = _pad_rows(positions[:, None], ROW_TILE).view(-1, 1, ROW_TILE, 1)
-    chunk_keys = _pad_rows(keys, KV_CHUNK).view(-1, KV_CHUNK, num_heads, head_dim)
-    chunk_values = _pad_rows(values, KV_CHUNK).view(-1, KV_CHUNK, num_heads, head_dim)
-    shape = (tiles.shape[0], num_heads, ROW_TILE)
+    num_seqs = len(query_lens)
+    tile_rows = -(-max(query_lens) // ROW_TILE) * ROW_TILE
+    num_keys = -(-max(context_lens) // KV_CHUNK) * KV_CHUNK
+    # Where each query row goes in the padded [num_seqs * tile_rows] rows, and its position.
+    destinations: list[int] = []
+    positions: list[int] = []
+    for row, (count, length) in enumerate(zip(query_lens, context_lens, strict=True)):
+        destinations += range(row * tile_rows, row * tile_rows + count)
+        positions += range(length - count, length)
+    where = torch.tensor(destinations, dtype=torch.int64, device=device)
+    padded_positions = torch.zeros(num_seqs * tile_rows, dtype=torch.int64, device=device)
+    padded_positions[where] = torch.tensor(positions, dtype=torch.int64, device=device)
+    queries = query.new_zeros((num_seqs * tile_rows, num_heads, head_dim))
+    queries[where] = query
+    # [seqs, tiles, H, ROW_TILE, D] and the positions [seqs, tiles, 1, ROW_TILE, 1].
+    queries = queries.view(num_seqs, -1, ROW_TILE, num_heads, head_dim).transpose(2, 3).float()
+    padded_positions = padded_positions.view(num_seqs, -1, 1, ROW_TILE, 1)
+    keys, values = _gather_padded(k_cache, v_cache, meta, context_lens, num_keys, kv_scales)
+    group = num_heads // keys.shape[2]
+    if group > 1:
+        keys = keys.repeat_interleave(group, dim=2)
+        values = values.repeat_interleave(group, dim=2)
+    shape = (*queries.shape[:-1],)  # [seqs, tiles, H, ROW_TILE]
     running_max = torch.full(shape, float("-inf"), dtype=torch.float32, device=device)
     total = torch.zeros(shape, dtype=torch.float32, device=device)
     acc = torch.zeros((*shape, head_dim), dtype=torch.float32, device=device)
     offsets = torch.arange(KV_CHUNK, device=device)
-    for chunk in range(chunk_keys.shape[0]):
-        k = chunk_keys[chunk].permute(1, 2, 0).float()  # [H, D, KV_CHUNK]
-        v = chunk_values[chunk].permute(1, 0, 2).float()  # [H, KV_CHUNK, D]
-        scores = torch.matmul(tiles.float(), k) * scale  # [tiles, H, ROW_TILE, KV_CHUNK]
-        masked = (chunk * KV_CHUNK + offsets) > tile_positions  # [tiles, 1, ROW_TILE, C]
+    for chunk in range(num_keys // KV_CHUNK):
+        window = slice(chunk * KV_CHUNK, (chunk + 1) * KV_CHUNK)
+        k = keys[:, window].permute(0, 2, 3, 1)[:, None].float()  # [seqs, 1, H, D, C]
+        v = values[:, window].permute(0, 2, 1, 3)[:, None].float()  # [seqs, 1, H, C, D]
+        scores = torch.matmul(queries, k) * scale  # [seqs, tiles, H, ROW_TILE, C]
+        masked = (chunk * KV_CHUNK + offsets) > padded_positions
         scores = scores.masked_fill(masked, float("-inf"))
         new_max = torch.maximum(running_max, scores.amax(-1))
         base = torch.where(new_max == float("-inf"), 0.0, new_max)
@@ -257,5 +243,35 @@ def _chunked_attention(
         total = total * rescale + weights.sum(-1)
         acc = acc * rescale[..., None] + torch.matmul(weights, v)
         running_max = new_max
-    result = (acc / total[..., None]).permute(0, 2, 1, 3).reshape(-1, num_heads, head_dim)
-    return result[:num_queries].to(query.dtype)
+    result = (acc / total[..., None]).transpose(2, 3).reshape(-1, num_heads, head_dim)
+    return result[where].to(query.dtype)
+
+
+def _gather_padded(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    context_lens: list[int],
+    num_keys: int,
+    kv_scales: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each sequence's first ``num_keys`` cached K and V ``[seqs, num_keys, Hk, D]``; past
+    its length, copies of its last key (masked for all its queries)."""
+    device = k_cache.device
+    block_size = k_cache.shape[1]
+    lengths = torch.tensor(context_lens, dtype=torch.int64, device=device)
+    positions = torch.minimum(torch.arange(num_keys, device=device)[None, :], lengths[:, None] - 1)
+    tables = meta.block_tables.long()
+    slots = tables.gather(1, positions // block_size) * block_size + positions % block_size
+    flat_k = k_cache.view(-1, *k_cache.shape[2:])
+    flat_v = v_cache.view(-1, *v_cache.shape[2:])
+    scales = fp8_scales(k_cache, kv_scales)
+    keys = _readable(flat_k[slots], scales, 0)
+    values = _readable(flat_v[slots], scales, 1)
+    return keys, values
+
+
+def _readable(stored: torch.Tensor, scales: torch.Tensor | None, index: int) -> torch.Tensor:
+    if scales is None:
+        return stored.float()
+    return dequantize_fp8(stored, scales[index], torch.float32)

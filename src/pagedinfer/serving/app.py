@@ -43,6 +43,7 @@ from pagedinfer.serving.routes import (
     messages,
     pooling,
     responses,
+    sleep,
     tokens,
 )
 from pagedinfer.serving.state import ServingState
@@ -74,6 +75,13 @@ def build_app(
     app.get("/version")(info.version)
     app.get("/v1/models")(info.models)
     app.get("/v1/models/{model_id:path}")(info.model)
+    if options.enable_sleep_mode:  # vLLM's development endpoints (docs/sleep_mode.md)
+        app.post("/sleep")(sleep.sleep)
+        app.post("/wake_up")(sleep.wake_up)
+        app.get("/is_sleeping")(sleep.is_sleeping)
+        app.post("/pause")(sleep.pause)
+        app.post("/resume")(sleep.resume)
+        app.get("/is_paused")(sleep.is_paused)
     app.post("/tokenize")(tokens.tokenize)
     app.post("/detokenize")(tokens.detokenize)
     app.post("/v1/completions", response_model=None)(completions.completions)

@@ -125,6 +125,12 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
         help="send usage.prompt_tokens_details (the prompt tokens the prefix cache served), as "
         "vLLM does with this flag (default: left out)",
     )
+    requests.add_argument(
+        "--enable-sleep-mode",
+        action="store_true",
+        help="serve POST /sleep?level=, /wake_up, /pause, /resume and GET /is_sleeping, "
+        "/is_paused (vLLM's development endpoints; behind --api-key; docs/sleep_mode.md)",
+    )
     group = serve.add_argument_group("security and limits (docs/serving.md, Deploying)")
     group.add_argument(
         "--api-key",

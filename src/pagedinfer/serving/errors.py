@@ -25,6 +25,8 @@ from starlette.exceptions import HTTPException
 from pagedinfer.errors import (
     EngineClosedError,
     EngineDeadError,
+    EngineSleepingError,
+    EngineStateError,
     PagedInferError,
     StepFailedError,
 )
@@ -109,6 +111,10 @@ def from_exception(error: BaseException) -> OpenAIError:
         return OpenAIError(
             503, SHUTTING_DOWN_MESSAGE, type="server_error", code="engine_unavailable"
         )
+    if isinstance(error, EngineSleepingError):
+        return OpenAIError(503, str(error), type="server_error", code="engine_sleeping")
+    if isinstance(error, EngineStateError):
+        return OpenAIError(409, str(error), type="invalid_request_error", code="engine_busy")
     if isinstance(error, PagedInferError) and isinstance(error, ValueError):
         match = _FIELD.search(str(error))
         return OpenAIError(400, str(error), param=match.group(1) if match else None)
@@ -119,7 +125,7 @@ def is_expected(error: BaseException) -> bool:
     """Whether an error needs no log entry of its own: a client's mistake, or a failure the
     engine logged already (a failed step, a dead or closed engine)."""
     return from_exception(error).status < 500 or isinstance(
-        error, (StepFailedError, EngineDeadError, EngineClosedError)
+        error, (StepFailedError, EngineDeadError, EngineClosedError, EngineSleepingError)
     )
 
 

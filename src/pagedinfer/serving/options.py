@@ -99,6 +99,8 @@ class ServingOptions:
     enable_auto_tool_choice: bool = False
     reasoning_parser: str | None = None
     enable_prompt_tokens_details: bool = False
+    # POST /sleep, /wake_up, /pause, /resume; GET /is_sleeping, /is_paused (routes/sleep.py).
+    enable_sleep_mode: bool = False
 
     def __post_init__(self) -> None:
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
