@@ -187,11 +187,12 @@ def invariant_attention(
     """Every row of the step over its sequence's cached K/V (this step's included), with the
     fixed splits of the module docstring. ``query [T, H, D]``.
 
-    The sequences are computed together: each one's queries padded to the step's most query
-    tiles, its keys to the step's most key chunks. A padded key chunk is fully masked for the
-    sequence's queries, which leaves their sums exactly as they were, so a row's result is
-    the one it gets alone: every GEMM it takes part in is one ``[ROW_TILE, D] x [D, KV_CHUNK]``
-    or ``[ROW_TILE, KV_CHUNK] x [KV_CHUNK, D]`` product of its own tile and chunk.
+    Sequences with as many query tiles are computed together (decode rows: one tile each),
+    each one's keys padded to the group's most key chunks. A padded key chunk is fully masked
+    for the sequence's queries, which leaves their sums exactly as they were, so a row's
+    result is the one it gets alone: every GEMM it takes part in is one
+    ``[ROW_TILE, D] x [D, KV_CHUNK]`` or ``[ROW_TILE, KV_CHUNK] x [KV_CHUNK, D]`` product of
+    its own tile and chunk.
     """
     query_lens = meta.query_lens_host
     if query_lens is None:
@@ -200,6 +201,38 @@ def invariant_attention(
     context_lens = meta.context_lens_host
     if context_lens is None:
         context_lens = meta.context_lens.tolist()
+    first_rows = list(itertools.accumulate(query_lens, initial=0))
+    groups: dict[int, list[int]] = {}
+    for seq, count in enumerate(query_lens):
+        groups.setdefault(-(-count // ROW_TILE), []).append(seq)
+    out = torch.empty_like(query)
+    for seqs in groups.values():
+        rows = [first_rows[seq] + i for seq in seqs for i in range(query_lens[seq])]
+        index = torch.tensor(rows, dtype=torch.int64, device=query.device)
+        out[index] = _attend_group(
+            query[index],
+            k_cache,
+            v_cache,
+            meta.block_tables[torch.tensor(seqs, device=query.device)],
+            [query_lens[seq] for seq in seqs],
+            [context_lens[seq] for seq in seqs],
+            scale,
+            kv_scales,
+        )
+    return out
+
+
+def _attend_group(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_lens: list[int],
+    context_lens: list[int],
+    scale: float,
+    kv_scales: torch.Tensor | None,
+) -> torch.Tensor:
+    """:func:`invariant_attention` of one group: its sequences' rows, in order."""
     num_heads, head_dim = query.shape[1], query.shape[2]
     device = query.device
     num_seqs = len(query_lens)
@@ -217,9 +250,10 @@ def invariant_attention(
     queries = query.new_zeros((num_seqs * tile_rows, num_heads, head_dim))
     queries[where] = query
     # [seqs, tiles, H, ROW_TILE, D] and the positions [seqs, tiles, 1, ROW_TILE, 1].
-    queries = queries.view(num_seqs, -1, ROW_TILE, num_heads, head_dim).transpose(2, 3).float()
+    queries = queries.view(num_seqs, -1, ROW_TILE, num_heads, head_dim).transpose(2, 3)
+    queries = queries.float().contiguous()  # once, not in every chunk's matmul
     padded_positions = padded_positions.view(num_seqs, -1, 1, ROW_TILE, 1)
-    keys, values = _gather_padded(k_cache, v_cache, meta, context_lens, num_keys, kv_scales)
+    keys, values = _gather_padded(k_cache, v_cache, block_tables, context_lens, num_keys, kv_scales)
     group = num_heads // keys.shape[2]
     if group > 1:
         keys = keys.repeat_interleave(group, dim=2)
@@ -231,8 +265,8 @@ def invariant_attention(
     offsets = torch.arange(KV_CHUNK, device=device)
     for chunk in range(num_keys // KV_CHUNK):
         window = slice(chunk * KV_CHUNK, (chunk + 1) * KV_CHUNK)
-        k = keys[:, window].permute(0, 2, 3, 1)[:, None].float()  # [seqs, 1, H, D, C]
-        v = values[:, window].permute(0, 2, 1, 3)[:, None].float()  # [seqs, 1, H, C, D]
+        k = keys[:, window].permute(0, 2, 3, 1)[:, None]  # [seqs, 1, H, D, C]
+        v = values[:, window].permute(0, 2, 1, 3)[:, None]  # [seqs, 1, H, C, D]
         scores = torch.matmul(queries, k) * scale  # [seqs, tiles, H, ROW_TILE, C]
         masked = (chunk * KV_CHUNK + offsets) > padded_positions
         scores = scores.masked_fill(masked, float("-inf"))
@@ -250,7 +284,7 @@ def invariant_attention(
 def _gather_padded(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    meta: AttentionMetadata,
+    block_tables: torch.Tensor,
     context_lens: list[int],
     num_keys: int,
     kv_scales: torch.Tensor | None,
@@ -261,7 +295,7 @@ def _gather_padded(
     block_size = k_cache.shape[1]
     lengths = torch.tensor(context_lens, dtype=torch.int64, device=device)
     positions = torch.minimum(torch.arange(num_keys, device=device)[None, :], lengths[:, None] - 1)
-    tables = meta.block_tables.long()
+    tables = block_tables.long()
     slots = tables.gather(1, positions // block_size) * block_size + positions % block_size
     flat_k = k_cache.view(-1, *k_cache.shape[2:])
     flat_v = v_cache.view(-1, *v_cache.shape[2:])
