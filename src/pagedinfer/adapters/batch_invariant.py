@@ -120,9 +120,11 @@ class BatchInvariantAttention(PagedAttentionBackend):
         scale: float,
         *,
         kv_scales: torch.Tensor | None = None,
+        window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention over K/V the caller stored already (the fused RoPE-and-store path)."""
-        return self._attend(query, None, None, k_cache, v_cache, meta, scale, kv_scales)
+        return invariant_attention(query, k_cache, v_cache, meta, scale, kv_scales, window, sinks)
 
     def _attend(
         self,
@@ -134,8 +136,10 @@ class BatchInvariantAttention(PagedAttentionBackend):
         meta: AttentionMetadata,
         scale: float,
         kv_scales: torch.Tensor | None,
+        window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return invariant_attention(query, k_cache, v_cache, meta, scale, kv_scales)
+        return invariant_attention(query, k_cache, v_cache, meta, scale, kv_scales, window, sinks)
 
     def _store(
         self,
@@ -160,6 +164,9 @@ class BatchInvariantAttention(PagedAttentionBackend):
         scale: float,
         kv_scales: torch.Tensor | None,
         out: torch.Tensor | None,
+        *,
+        window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         raise AssertionError("batch-invariant attention has one path (_attend)")
 
@@ -172,6 +179,9 @@ class BatchInvariantAttention(PagedAttentionBackend):
         scale: float,
         kv_scales: torch.Tensor | None,
         out: torch.Tensor | None,
+        *,
+        window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         raise AssertionError("batch-invariant attention has one path (_attend)")
 
@@ -183,16 +193,21 @@ def invariant_attention(
     meta: AttentionMetadata,
     scale: float,
     kv_scales: torch.Tensor | None,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Every row of the step over its sequence's cached K/V (this step's included), with the
-    fixed splits of the module docstring. ``query [T, H, D]``.
+    fixed splits of the module docstring. ``query [T, H, D]``; ``window``: a sliding window
+    (keys ``p - window < n <= p``); ``sinks [H]``: one logit per head in the denominator.
 
     Sequences with as many query tiles are computed together (decode rows: one tile each),
     each one's keys padded to the group's most key chunks. A padded key chunk is fully masked
     for the sequence's queries, which leaves their sums exactly as they were, so a row's
     result is the one it gets alone: every GEMM it takes part in is one
     ``[ROW_TILE, D] x [D, KV_CHUNK]`` or ``[ROW_TILE, KV_CHUNK] x [KV_CHUNK, D]`` product of
-    its own tile and chunk.
+    its own tile and chunk. Chunks wholly left of every window in the group are skipped (for
+    the same reason they change nothing); a sink joins as a key of value zero before the
+    first chunk.
     """
     query_lens = meta.query_lens_host
     if query_lens is None:
@@ -211,26 +226,26 @@ def invariant_attention(
         index = torch.tensor(rows, dtype=torch.int64, device=query.device)
         out[index] = _attend_group(
             query[index],
-            k_cache,
-            v_cache,
+            (k_cache, v_cache, kv_scales),
             meta.block_tables[torch.tensor(seqs, device=query.device)],
             [query_lens[seq] for seq in seqs],
             [context_lens[seq] for seq in seqs],
             scale,
-            kv_scales,
+            window,
+            sinks,
         )
     return out
 
 
 def _attend_group(
     query: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
     block_tables: torch.Tensor,
     query_lens: list[int],
     context_lens: list[int],
     scale: float,
-    kv_scales: torch.Tensor | None,
+    window: int | None,
+    sinks: torch.Tensor | None,
 ) -> torch.Tensor:
     """:func:`invariant_attention` of one group: its sequences' rows, in order."""
     num_heads, head_dim = query.shape[1], query.shape[2]
@@ -238,6 +253,11 @@ def _attend_group(
     num_seqs = len(query_lens)
     tile_rows = -(-max(query_lens) // ROW_TILE) * ROW_TILE
     num_keys = -(-max(context_lens) // KV_CHUNK) * KV_CHUNK
+    # The first key any query of sequence s sees (0 without a window).
+    lowest = [
+        0 if window is None else max(0, length - count - window + 1)
+        for count, length in zip(query_lens, context_lens, strict=True)
+    ]
     # Where each query row goes in the padded [num_seqs * tile_rows] rows, and its position.
     destinations: list[int] = []
     positions: list[int] = []
@@ -253,22 +273,29 @@ def _attend_group(
     queries = queries.view(num_seqs, -1, ROW_TILE, num_heads, head_dim).transpose(2, 3)
     queries = queries.float().contiguous()  # once, not in every chunk's matmul
     padded_positions = padded_positions.view(num_seqs, -1, 1, ROW_TILE, 1)
-    keys, values = _gather_padded(k_cache, v_cache, block_tables, context_lens, num_keys, kv_scales)
+    keys, values = _gather_padded(cache, block_tables, lowest, context_lens, num_keys)
     group = num_heads // keys.shape[2]
     if group > 1:
         keys = keys.repeat_interleave(group, dim=2)
         values = values.repeat_interleave(group, dim=2)
     shape = (*queries.shape[:-1],)  # [seqs, tiles, H, ROW_TILE]
-    running_max = torch.full(shape, float("-inf"), dtype=torch.float32, device=device)
-    total = torch.zeros(shape, dtype=torch.float32, device=device)
+    if sinks is None:
+        running_max = torch.full(shape, float("-inf"), dtype=torch.float32, device=device)
+        total = torch.zeros(shape, dtype=torch.float32, device=device)
+    else:  # a key of logit sinks[h] and value zero, first
+        running_max = sinks.float()[None, None, :, None].expand(shape).clone()
+        total = torch.ones(shape, dtype=torch.float32, device=device)
     acc = torch.zeros((*shape, head_dim), dtype=torch.float32, device=device)
     offsets = torch.arange(KV_CHUNK, device=device)
-    for chunk in range(num_keys // KV_CHUNK):
-        window = slice(chunk * KV_CHUNK, (chunk + 1) * KV_CHUNK)
-        k = keys[:, window].permute(0, 2, 3, 1)[:, None]  # [seqs, 1, H, D, C]
-        v = values[:, window].permute(0, 2, 1, 3)[:, None]  # [seqs, 1, H, C, D]
+    for chunk in range(min(lowest) // KV_CHUNK, num_keys // KV_CHUNK):
+        window_keys = slice(chunk * KV_CHUNK, (chunk + 1) * KV_CHUNK)
+        k = keys[:, window_keys].permute(0, 2, 3, 1)[:, None]  # [seqs, 1, H, D, C]
+        v = values[:, window_keys].permute(0, 2, 1, 3)[:, None]  # [seqs, 1, H, C, D]
         scores = torch.matmul(queries, k) * scale  # [seqs, tiles, H, ROW_TILE, C]
-        masked = (chunk * KV_CHUNK + offsets) > padded_positions
+        key_positions = chunk * KV_CHUNK + offsets
+        masked = key_positions > padded_positions
+        if window is not None:
+            masked = masked | (key_positions <= padded_positions - window)
         scores = scores.masked_fill(masked, float("-inf"))
         new_max = torch.maximum(running_max, scores.amax(-1))
         base = torch.where(new_max == float("-inf"), 0.0, new_max)
@@ -282,19 +309,23 @@ def _attend_group(
 
 
 def _gather_padded(
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
     block_tables: torch.Tensor,
+    lowest: list[int],
     context_lens: list[int],
     num_keys: int,
-    kv_scales: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each sequence's first ``num_keys`` cached K and V ``[seqs, num_keys, Hk, D]``; past
-    its length, copies of its last key (masked for all its queries)."""
+    """Each sequence's first ``num_keys`` cached K and V ``[seqs, num_keys, Hk, D]`` as
+    float32. Outside ``[lowest, length)`` (pages a window left behind, whose table entries
+    may name any block, and the padding past the length): copies of a key inside it, masked
+    for all the sequence's queries."""
+    k_cache, v_cache, kv_scales = cache
     device = k_cache.device
     block_size = k_cache.shape[1]
     lengths = torch.tensor(context_lens, dtype=torch.int64, device=device)
-    positions = torch.minimum(torch.arange(num_keys, device=device)[None, :], lengths[:, None] - 1)
+    low = torch.tensor(lowest, dtype=torch.int64, device=device)
+    positions = torch.arange(num_keys, device=device)[None, :]
+    positions = torch.minimum(torch.maximum(positions, low[:, None]), lengths[:, None] - 1)
     tables = block_tables.long()
     slots = tables.gather(1, positions // block_size) * block_size + positions % block_size
     flat_k = k_cache.view(-1, *k_cache.shape[2:])

@@ -432,8 +432,9 @@ class ModelRunner:
 
     def free_device_memory(self) -> None:
         # Parameters reference their modules through their weight loaders (a cycle): the
-        # cycle collector frees them.
-        gc.collect()
+        # cycle collector frees a dropped model (the KV cache goes with its last reference).
+        if self.device.type == "cuda" or not hasattr(self, "model"):
+            gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
