@@ -44,6 +44,7 @@ __all__ = [
     "KV_CHUNK",
     "ROW_TILE",
     "BatchInvariantAttention",
+    "attend_group",
     "invariant_attention",
     "make_batch_invariant",
     "tiled_linear",
@@ -224,7 +225,7 @@ def invariant_attention(
     for seqs in groups.values():
         rows = [first_rows[seq] + i for seq in seqs for i in range(query_lens[seq])]
         index = torch.tensor(rows, dtype=torch.int64, device=query.device)
-        out[index] = _attend_group(
+        out[index] = attend_group(
             query[index],
             (k_cache, v_cache, kv_scales),
             meta.block_tables[torch.tensor(seqs, device=query.device)],
@@ -237,7 +238,7 @@ def invariant_attention(
     return out
 
 
-def _attend_group(
+def attend_group(
     query: torch.Tensor,
     cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
     block_tables: torch.Tensor,

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from pagedinfer import Engine, RequestOutput, SamplingParams
-from pagedinfer.adapters.batch_invariant import ROW_TILE, tiled_linear
+from pagedinfer.adapters.batch_invariant import ROW_TILE, attend_group, tiled_linear
 
 VOCAB = 512  # the tiny checkpoint's
 _rng = random.Random(40)
@@ -66,3 +66,36 @@ def test_tiled_linear_rows_do_not_depend_on_the_number_of_rows() -> None:
     for count in (8, 17, rows.shape[0]):
         assert torch.equal(tiled_linear(rows[:count], weight)[7], alone[0])
     torch.testing.assert_close(tiled_linear(rows, weight), rows @ weight.T)
+
+
+@pytest.mark.parametrize("window", [None, 30])
+def test_invariant_attention_equals_a_plain_softmax_with_window_and_sinks(
+    window: int | None,
+) -> None:
+    """The fixed-split attention against one softmax over [sink, visible keys] (GPT-OSS's
+    sinks: a logit per head with value zero), through a scattered block table."""
+    generator = torch.Generator().manual_seed(0)
+    block_size, kv_heads, heads, dim, length, queries = 16, 2, 4, 32, 90, 20
+    k_cache = torch.randn(8, block_size, kv_heads, dim, generator=generator)
+    v_cache = torch.randn(8, block_size, kv_heads, dim, generator=generator)
+    table = torch.tensor([[3, 1, 5, 0, 2, 4, 6, 7]], dtype=torch.int32)
+    query = torch.randn(queries, heads, dim, generator=generator)
+    sinks = torch.randn(heads, generator=generator)
+    scale = dim**-0.5
+    cache = (k_cache, v_cache, None)
+    out = attend_group(query, cache, table, [queries], [length], scale, window, sinks)
+    positions = torch.arange(length)
+    slots = table[0].long()[positions // block_size] * block_size + positions % block_size
+    keys = k_cache.view(-1, kv_heads, dim)[slots].repeat_interleave(2, 1)
+    values = v_cache.view(-1, kv_heads, dim)[slots].repeat_interleave(2, 1)
+    query_positions = torch.arange(length - queries, length)
+    scores = torch.einsum("qhd,khd->hqk", query, keys) * scale
+    hidden = positions[None] > query_positions[:, None]
+    if window is not None:
+        hidden |= positions[None] <= query_positions[:, None] - window
+    scores = torch.cat(
+        [sinks[:, None, None].expand(heads, queries, 1), scores.masked_fill(hidden, -torch.inf)],
+        -1,
+    )
+    expected = torch.einsum("hqk,khd->qhd", torch.softmax(scores, -1)[..., 1:], values)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
