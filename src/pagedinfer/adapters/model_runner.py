@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 import torch
 
 from pagedinfer.adapters.attention import create_backend
+from pagedinfer.adapters.collective_rpc import RpcMethod, call_on_runner
 from pagedinfer.adapters.distributed.parallel import SINGLE_PROCESS, ParallelContext
 from pagedinfer.adapters.host_transfers import HostUploads, Readbacks
 from pagedinfer.adapters.kv_cache import (
@@ -347,6 +348,18 @@ class ModelRunner:
         cache.index_copy_(2, pairs[:, 1], cache.index_select(2, pairs[:, 0]))
         if self.drafter is not None:
             self.drafter.copy_blocks(pairs)
+
+    def collective_rpc(
+        self,
+        method: RpcMethod,
+        timeout: float | None = None,
+        args: tuple[Any, ...] = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> list[Any]:
+        """``method`` on this, the only rank (``adapters/collective_rpc.py``): ``[result]``."""
+        if self._closed:
+            raise EngineClosedError("the model runner was used after close()")
+        return [call_on_runner(self, method, args, kwargs)]
 
     def close(self) -> None:
         """Free the KV cache and the model. Safe to call twice."""

@@ -6,6 +6,10 @@ item names the command:
 * ``("execute", plan)``: run one step. ``plan`` is the step's ``BatchPlan`` without its
   sampling fields (slots and sampling-table deltas), because only rank 0 samples (workers
   still get ``sample_indices``: they compute their share of the logits for those rows).
+* ``("rpc", method, args, kwargs)``: ``collective_rpc`` between steps
+  (``adapters/collective_rpc.py``); the worker answers ``("rpc_result", ok, value)`` on its
+  status pipe: ``ok`` and the method's result, or not ``ok`` and the error's traceback text
+  (the worker keeps serving).
 * ``("shutdown",)``: release the model and exit.
 
 Status messages (each worker -> rank 0, through its own pipe) report start-up and failure:
@@ -26,19 +30,24 @@ __all__ = [
     "EXECUTE",
     "FAILED",
     "READY",
+    "RPC",
+    "RPC_RESULT",
     "SAMPLER_ONLY_FIELDS",
     "SHUTDOWN",
     "STARTED",
     "execute_message",
+    "rpc_message",
     "shutdown_message",
 ]
 
 EXECUTE: Final = "execute"
 SHUTDOWN: Final = "shutdown"
+RPC: Final = "rpc"
 
 STARTED: Final = "started"
 READY: Final = "ready"
 FAILED: Final = "failed"
+RPC_RESULT: Final = "rpc_result"
 
 SAMPLER_ONLY_FIELDS: Final = (
     "sample_slots",
@@ -65,3 +74,9 @@ def execute_message(plan: BatchPlan) -> tuple[str, BatchPlan]:
 
 def shutdown_message() -> tuple[str]:
     return (SHUTDOWN,)
+
+
+def rpc_message(
+    method: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[str, Any, tuple[Any, ...], dict[str, Any]]:
+    return (RPC, method, args, kwargs)

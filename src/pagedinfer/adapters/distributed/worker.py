@@ -25,12 +25,15 @@ from typing import Any
 
 import torch
 
+from pagedinfer.adapters.collective_rpc import call_on_runner
 from pagedinfer.adapters.distributed.channel import ChannelError, ChannelReader, ReaderEndpoint
 from pagedinfer.adapters.distributed.group import ProcessGroupCollectives, connect_store
 from pagedinfer.adapters.distributed.messages import (
     EXECUTE,
     FAILED,
     READY,
+    RPC,
+    RPC_RESULT,
     SHUTDOWN,
     STARTED,
 )
@@ -112,6 +115,8 @@ def _serve(spec: WorkerSpec) -> None:
             if command == EXECUTE:
                 output = runner.execute(message[1])
                 assert not output.sampled_token_ids, "only rank 0 samples"
+            elif command == RPC:
+                _answer_rpc(spec.status, runner, *message[1:])
             elif command == SHUTDOWN:
                 return
             else:
@@ -122,6 +127,16 @@ def _serve(spec: WorkerSpec) -> None:
         if group is not None:
             group.close()
         reader.close()
+
+
+def _answer_rpc(
+    status: Connection, runner: ModelRunner, method: Any, args: Any, kwargs: Any
+) -> None:
+    """Run one ``collective_rpc`` call and send its result, or its error, to rank 0."""
+    try:
+        status.send((RPC_RESULT, True, call_on_runner(runner, method, args, kwargs)))
+    except Exception:  # the call raised, or its result cannot be pickled: nothing was sent
+        status.send((RPC_RESULT, False, traceback.format_exc()))
 
 
 def _report(status: Connection, message: tuple[Any, ...]) -> None:
