@@ -5,13 +5,14 @@ is not reused across an update; unfinished requests refuse it."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from pagedinfer import Engine, SamplingParams
 from pagedinfer.errors import ConfigurationError, RequestsInFlightError, WeightUpdateError
@@ -38,9 +39,27 @@ def _tensors(checkpoint: Path) -> dict[str, torch.Tensor]:
     return load_file(str(checkpoint / "model.safetensors"))
 
 
+def with_random_norms(source: Path, target: Path) -> Path:
+    """``source`` with random norm weights (a random checkpoint's are all ones, so a norm
+    the engine failed to update would go unnoticed)."""
+    target.mkdir()
+    shutil.copy(source / "config.json", target / "config.json")
+    tensors = _tensors(source)
+    generator = torch.Generator().manual_seed(40)
+    for name, tensor in tensors.items():
+        if name.endswith("norm.weight"):
+            noise = torch.rand(tensor.shape, generator=generator) + 0.5
+            tensors[name] = (tensor.float() * noise).to(tensor.dtype)
+    save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
+    return target
+
+
 @pytest.fixture(scope="module")
-def checkpoints(make_checkpoint: Callable[..., Path]) -> tuple[Path, Path]:
-    return make_checkpoint("tiny", seed=0), make_checkpoint("tiny", seed=1)
+def checkpoints(
+    make_checkpoint: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, Path]:
+    new = with_random_norms(make_checkpoint("tiny", seed=1), tmp_path_factory.mktemp("n") / "b")
+    return make_checkpoint("tiny", seed=0), new
 
 
 @pytest.fixture(scope="module")

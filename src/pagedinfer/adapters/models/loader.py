@@ -319,6 +319,10 @@ class TensorLoader:
         """Check ``tensor``'s values, then copy this rank's shard into its parameter."""
         self.check_values(name, file, tensor)
         get_weight_loader(target.param)(target.param, tensor, target.shard_id)
+        # Weight loaders write through ``param.data``, which autograd's version counter does
+        # not see: bump it, so what layers derive from a parameter and key by its version
+        # (the torch path's stacked q/k norm weight) is rebuilt after an update.
+        torch.autograd.graph.increment_version(target.param)
 
     def kv_scale_setter(
         self, name: str, file: Path | None, match: re.Match[str]
