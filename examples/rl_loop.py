@@ -10,8 +10,9 @@ unless ``--model`` names one); the trainer holds a float32 transformers copy of 
 2. the trainer recomputes those logprobs with its forward over prompt + completion and
    compares them with the engine's (float32: they agree within 2e-4), so a mismatch between
    the rollout policy and the trained one is seen at once;
-3. reward: how often the completion contains ``--target`` token; advantage: reward minus the
-   mean of its prompt's group (GRPO-style); one optimizer step on
+3. reward: how many of the completion's tokens are below ``--target-below`` (a reward anyone
+   can compute; a random policy gets 1/8 of them at the defaults); advantage: reward minus
+   the mean of its prompt's group (GRPO-style); one optimizer step on
    ``-(advantage * sum of logprobs)``;
 4. ``engine.update_weights(trainer.named_parameters())``: the new weights, in place, in
    checkpoint names, no file written; the next round samples from them.
@@ -39,6 +40,7 @@ class Round:
 
     mean_reward: float
     max_logprob_gap: float  # the largest |engine logprob - trainer logprob| of a sampled token
+    max_weight_change: float  # the largest change the optimizer step made to a weight
 
 
 def main() -> None:
@@ -48,7 +50,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--group", type=int, default=8, help="completions per prompt")
     parser.add_argument("--max-tokens", type=int, default=12)
-    parser.add_argument("--target", type=int, default=7, help="the token the reward counts")
+    parser.add_argument("--target-below", type=int, default=64, help="rewarded token ids")
     parser.add_argument("--lr", type=float, default=3e-2)
     args = parser.parse_args()
     options = {
@@ -56,7 +58,7 @@ def main() -> None:
         "num_prompts": args.prompts,
         "group": args.group,
         "max_tokens": args.max_tokens,
-        "target": args.target,
+        "target_below": args.target_below,
         "lr": args.lr,
     }
     if args.model is not None:
@@ -69,7 +71,8 @@ def main() -> None:
     for index, result in enumerate(rounds):
         print(
             f"round {index}: mean reward {result.mean_reward:.3f}, "
-            f"max |engine - trainer| logprob {result.max_logprob_gap:.2e}"
+            f"max |engine - trainer| logprob {result.max_logprob_gap:.2e}, "
+            f"largest weight change {result.max_weight_change:.2e}"
         )
 
 
@@ -80,7 +83,7 @@ def train(
     num_prompts: int,
     group: int,
     max_tokens: int,
-    target: int,
+    target_below: int,
     lr: float,
     seed: int = 0,
 ) -> list[Round]:
@@ -117,7 +120,9 @@ def train(
             gap = 0.0
             for prompt, output in zip(prompts, outputs, strict=True):
                 completions = output.outputs
-                group_rewards = [float(c.token_ids.count(target)) for c in completions]
+                group_rewards = [
+                    float(sum(token < target_below for token in c.token_ids)) for c in completions
+                ]
                 baseline = sum(group_rewards) / len(group_rewards)
                 rewards += group_rewards
                 for completion, reward in zip(completions, group_rewards, strict=True):
@@ -138,10 +143,15 @@ def train(
                     loss = loss - (reward - baseline) * taken.sum()
             optimizer.zero_grad()
             (loss / len(rewards)).backward()
+            before = [param.detach().clone() for param in trainer.parameters()]
             optimizer.step()
+            change = max(
+                float((param.detach() - old).abs().max())
+                for param, old in zip(trainer.parameters(), before, strict=True)
+            )
             # Push the new weights into the live engine: no checkpoint file, no restart.
             engine.update_weights(trainer.named_parameters())
-            results.append(Round(sum(rewards) / len(rewards), gap))
+            results.append(Round(sum(rewards) / len(rewards), gap, change))
     return results
 
 
