@@ -206,3 +206,19 @@ def test_update_weights_from_path_refuses_a_checkpoint_that_does_not_fit(
     with pytest.raises(WeightUpdateError, match="does not match the shape"):
         engine.update_weights_from_path(other)
     assert _tokens(engine) == expected[0]
+
+
+def test_a_quantized_layer_is_refused(checkpoints: tuple[Path, Path], tmp_path: Path) -> None:
+    from pagedinfer.adapters.models.quantized_checkpoint import write_quantized_checkpoint
+
+    fp8 = write_quantized_checkpoint(checkpoints[0], tmp_path / "fp8", "fp8", block=(32, 32))
+    with Engine(fp8, **SETTINGS) as engine:
+        before = _tokens(engine)
+        quantized = _tensors(fp8)
+        with pytest.raises(WeightUpdateError, match="quantized layer"):
+            engine.update_weights(quantized)
+        with pytest.raises(WeightUpdateError, match="quantized layer"):
+            engine.update_weights_from_path(fp8)
+        norm = "model.norm.weight"  # an unquantized tensor of the same checkpoint is fine
+        engine.update_weights({norm: quantized[norm]})
+        assert _tokens(engine) == before

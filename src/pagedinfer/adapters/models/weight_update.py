@@ -39,6 +39,7 @@ from pagedinfer.adapters.models.loader import (
     Header,
     TensorLoader,
     TensorTarget,
+    bare_decoder_name,
     checkpoint_files,
     open_safetensors,
 )
@@ -111,16 +112,23 @@ def _loader(model: CausalLM, check: WeightCheck) -> TensorLoader:
     return TensorLoader(model, None, check, origin=ORIGIN, error=WeightUpdateError)
 
 
-def _refuse_quantized(model: CausalLM, target: TensorTarget, name: str) -> None:
-    module_name = target.param_name.rpartition(".")[0]
-    module = model.get_submodule(module_name) if module_name else model
+def _refuse_quantized(model: CausalLM, name: str) -> None:
+    """Raise :class:`WeightUpdateError` if tensor ``name`` belongs to a quantized layer."""
+    param_name, _ = model.weight_mapping.to_parameter(bare_decoder_name(name))
+    module_name = param_name.rpartition(".")[0]
+    try:
+        module = model.get_submodule(module_name)
+    except AttributeError:
+        return  # not a layer of this model: the loader's checks name the problem
     if isinstance(module, LinearBase) and module.quant is not None:
+        quantization = model.config.quantization
+        described = quantization.describe() if quantization is not None else "quantized"
         raise WeightUpdateError(
             f"{ORIGIN}: tensor {name!r} belongs to {module.quant.name}, a quantized layer "
-            f"({module.quant.name}: {type(module.quant).__name__}): update_weights writes "
-            "the unquantized layers only (a quantized layer holds its dequantized weight or "
-            "its kernel's prepared tensors once loaded). Leave it out, or start a new Engine "
-            "on the new quantized checkpoint."
+            f"(quantization_config: {described}): update_weights writes the unquantized "
+            "layers only (once loaded, a quantized layer holds its dequantized weight or its "
+            "kernel's prepared tensors, not the checkpoint's). Leave its tensors out, or "
+            "start a new Engine on the new checkpoint."
         )
 
 
@@ -130,11 +138,9 @@ def check_update(runner: UpdatableRunner, metas: Sequence[TensorMeta]) -> int:
     loader = _loader(runner.model, runner.config.weight_check)
     writes = 0
     for meta in metas:
+        _refuse_quantized(runner.model, meta.name)
         target = loader.resolve(meta.name, None, _given((meta.dtype, meta.shape)))
-        if isinstance(target, TensorTarget):
-            _refuse_quantized(runner.model, target, meta.name)
-            writes += 1
-        elif target is not None:
+        if target is not None:
             writes += 1
     return writes
 
@@ -197,12 +203,11 @@ def check_update_from_path(runner: UpdatableRunner, path: str | Path) -> int:
     for file in _files(path):
         with open_safetensors(file) as handle:
             for name in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
+                _refuse_quantized(model, name)
                 header = loader.read_header(handle, name, file)
                 target = loader.resolve(name, file, _given(header))
                 if target is None:
                     continue
-                if isinstance(target, TensorTarget):
-                    _refuse_quantized(model, target, name)
                 if _checks(name, *header, check):
                     tensor = loader.read_tensor(handle, name, file)
                     check_update_values(check, [(name, tensor)], loader.where(file))
