@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from pagedinfer.engine.in_flight import InFlight
     from pagedinfer.engine.request_table import RequestTable
 
-__all__ = ["CHUNK_BYTES", "WeightSync"]
+__all__ = ["CHUNK_BYTES", "RpcMethod", "WeightSync", "Weights"]
 
 CHUNK_BYTES = 256 << 20
 """The most tensor bytes one write of an update sends to the ranks at a time."""

@@ -5,6 +5,7 @@ is not reused across an update; unfinished requests refuse it."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from pagedinfer import Engine, SamplingParams
+from pagedinfer import AsyncEngine, Engine, SamplingParams
 from pagedinfer.errors import ConfigurationError, RequestsInFlightError, WeightUpdateError
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
@@ -222,3 +223,19 @@ def test_a_quantized_layer_is_refused(checkpoints: tuple[Path, Path], tmp_path: 
         norm = "model.norm.weight"  # an unquantized tensor of the same checkpoint is fine
         engine.update_weights({norm: quantized[norm]})
         assert _tokens(engine) == before
+
+
+def test_async_engine_updates_weights_and_runs_collective_rpc(
+    checkpoints: tuple[Path, Path], expected: tuple[list[list[int]], list[list[int]]]
+) -> None:
+    async def main() -> list[list[int]]:
+        async with AsyncEngine(checkpoints[0], **SETTINGS) as engine:
+            await engine.update_weights(_tensors(checkpoints[1]))
+            assert await engine.collective_rpc(_rank_and_scaled, args=(1,)) == [(0, 2)]
+            tokens = []
+            for prompt in PROMPTS:
+                outputs = [output async for output in engine.generate(prompt, GREEDY)]
+                tokens.append(outputs[-1].outputs[0].token_ids)
+            return tokens
+
+    assert asyncio.run(main()) == expected[1]
