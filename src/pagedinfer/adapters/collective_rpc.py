@@ -17,7 +17,7 @@ from typing import Any
 
 from pagedinfer.errors import ConfigurationError
 
-__all__ = ["RpcMethod", "call_on_runner", "check_picklable"]
+__all__ = ["RpcMethod", "call_on_runner", "pack_call", "unpack_call"]
 
 RpcMethod = str | Callable[..., Any]
 
@@ -45,10 +45,11 @@ def call_on_runner(
     return method(runner, *args, **(kwargs or {}))
 
 
-def check_picklable(method: RpcMethod, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
-    """Raise :class:`ConfigurationError` if the call cannot travel to a worker process."""
+def pack_call(method: RpcMethod, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bytes:
+    """The call, pickled once for the worker processes; :class:`ConfigurationError` if it
+    cannot be."""
     try:
-        pickle.dumps((method, args, dict(kwargs)), protocol=pickle.HIGHEST_PROTOCOL)
+        return pickle.dumps((method, args, dict(kwargs)), protocol=pickle.HIGHEST_PROTOCOL)
     except (pickle.PicklingError, TypeError, AttributeError) as error:
         raise ConfigurationError(
             f"collective_rpc: {method!r} or its arguments cannot be pickled ({error}): with "
@@ -56,3 +57,9 @@ def check_picklable(method: RpcMethod, args: tuple[Any, ...], kwargs: Mapping[st
             "method name or a module-level function (not a lambda or a closure), and "
             "picklable arguments."
         ) from error
+
+
+def unpack_call(payload: bytes) -> tuple[RpcMethod, tuple[Any, ...], dict[str, Any]]:
+    """The worker's side of :func:`pack_call`."""
+    method, args, kwargs = pickle.loads(payload)
+    return method, tuple(args), dict(kwargs)

@@ -61,7 +61,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CHUNK_BYTES", "RpcMethod", "WeightSync", "Weights"]
 
-CHUNK_BYTES = 256 << 20
+CHUNK_BYTES = 64 << 20
 """The most tensor bytes one write of an update sends to the ranks at a time."""
 
 Weights = Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor]

@@ -25,7 +25,7 @@ from pagedinfer.adapters.distributed.weight_broadcast import (
     leave_trainer_group,
     receive_weights,
 )
-from pagedinfer.errors import CollectiveRpcError, WeightUpdateError
+from pagedinfer.errors import CollectiveRpcError, ConfigurationError, WeightUpdateError
 
 pytestmark = [pytest.mark.tensor_parallel]
 
@@ -99,6 +99,8 @@ def test_collective_rpc_gathers_every_rank_in_order(engine: Engine) -> None:
     assert engine.collective_rpc(_qkv_rows) == [128, 128]  # half of q, k, v (256 rows) each
     with pytest.raises(CollectiveRpcError, match="rank 1 refuses"):
         engine.collective_rpc(_fail_on_rank_1)
+    with pytest.raises(ConfigurationError, match="cannot be pickled"):
+        engine.collective_rpc(lambda runner: 0)  # the workers are other processes
     assert engine.collective_rpc(_rank, kwargs={"offset": 0}) == [0, 1]  # still serving
 
 

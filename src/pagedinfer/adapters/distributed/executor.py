@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch._C._distributed_c10d import TCPStore
 
-from pagedinfer.adapters.collective_rpc import RpcMethod, call_on_runner, check_picklable
+from pagedinfer.adapters.collective_rpc import RpcMethod, call_on_runner, pack_call
 from pagedinfer.adapters.distributed.channel import ChannelWriter
 from pagedinfer.adapters.distributed.group import LOCALHOST, ProcessGroupCollectives, host_store
 from pagedinfer.adapters.distributed.messages import (
@@ -283,15 +283,13 @@ class TensorParallelExecutor:
         if runner is None or channel is None:
             raise EngineClosedError("the tensor-parallel executor was used after close()")
         call_kwargs = dict(kwargs or {})
-        check_picklable(method, args, call_kwargs)
+        payload = pack_call(method, args, call_kwargs)  # once, for every worker
         limit = self._step_timeout_s if timeout is None else timeout
         started = time.monotonic()
         local_error: Exception | None = None
         try:
             group.check_workers()
-            channel.send(
-                rpc_message(method, args, call_kwargs), check=group.check_workers, timeout=limit
-            )
+            channel.send(rpc_message(payload), check=group.check_workers, timeout=limit)
             try:
                 local = call_on_runner(runner, method, args, call_kwargs)
             except Exception as error:  # the workers still answer: collect them first

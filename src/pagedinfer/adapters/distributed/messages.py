@@ -6,10 +6,10 @@ item names the command:
 * ``("execute", plan)``: run one step. ``plan`` is the step's ``BatchPlan`` without its
   sampling fields (slots and sampling-table deltas), because only rank 0 samples (workers
   still get ``sample_indices``: they compute their share of the logits for those rows).
-* ``("rpc", method, args, kwargs)``: ``collective_rpc`` between steps
-  (``adapters/collective_rpc.py``); the worker answers ``("rpc_result", ok, value)`` on its
-  status pipe: ``ok`` and the method's result, or not ``ok`` and the error's traceback text
-  (the worker keeps serving).
+* ``("rpc", payload)``: ``collective_rpc`` between steps (``adapters/collective_rpc.py``;
+  ``payload``: the pickled method, arguments and keyword arguments); the worker answers
+  ``("rpc_result", ok, value)`` on its status pipe: ``ok`` and the method's result, or not
+  ``ok`` and the error's traceback text (the worker keeps serving).
 * ``("shutdown",)``: release the model and exit.
 
 Status messages (each worker -> rank 0, through its own pipe) report start-up and failure:
@@ -76,7 +76,5 @@ def shutdown_message() -> tuple[str]:
     return (SHUTDOWN,)
 
 
-def rpc_message(
-    method: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[str, Any, tuple[Any, ...], dict[str, Any]]:
-    return (RPC, method, args, kwargs)
+def rpc_message(payload: bytes) -> tuple[str, bytes]:
+    return (RPC, payload)

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from pagedinfer.adapters.collective_rpc import call_on_runner
+from pagedinfer.adapters.collective_rpc import call_on_runner, unpack_call
 from pagedinfer.adapters.distributed.channel import ChannelError, ChannelReader, ReaderEndpoint
 from pagedinfer.adapters.distributed.group import ProcessGroupCollectives, connect_store
 from pagedinfer.adapters.distributed.messages import (
@@ -116,7 +116,7 @@ def _serve(spec: WorkerSpec) -> None:
                 output = runner.execute(message[1])
                 assert not output.sampled_token_ids, "only rank 0 samples"
             elif command == RPC:
-                _answer_rpc(spec.status, runner, *message[1:])
+                _answer_rpc(spec.status, runner, message[1])
             elif command == SHUTDOWN:
                 return
             else:
@@ -129,11 +129,10 @@ def _serve(spec: WorkerSpec) -> None:
         reader.close()
 
 
-def _answer_rpc(
-    status: Connection, runner: ModelRunner, method: Any, args: Any, kwargs: Any
-) -> None:
+def _answer_rpc(status: Connection, runner: ModelRunner, payload: bytes) -> None:
     """Run one ``collective_rpc`` call and send its result, or its error, to rank 0."""
     try:
+        method, args, kwargs = unpack_call(payload)
         status.send((RPC_RESULT, True, call_on_runner(runner, method, args, kwargs)))
     except Exception:  # the call raised, or its result cannot be pickled: nothing was sent
         status.send((RPC_RESULT, False, traceback.format_exc()))
