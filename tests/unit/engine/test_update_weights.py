@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from pagedinfer import AsyncEngine, Engine, SamplingParams
+from pagedinfer import LLM, AsyncEngine, Engine, SamplingParams
 from pagedinfer.errors import ConfigurationError, RequestsInFlightError, WeightUpdateError
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
@@ -239,3 +239,16 @@ def test_async_engine_updates_weights_and_runs_collective_rpc(
             return tokens
 
     assert asyncio.run(main()) == expected[1]
+
+
+def test_llm_takes_weight_updates_as_vllm_does(
+    checkpoints: tuple[Path, Path], expected: tuple[list[list[int]], list[list[int]]]
+) -> None:
+    with LLM(model=str(checkpoints[0]), **SETTINGS) as llm:
+        llm.update_weights(_tensors(checkpoints[1]).items())
+        assert llm.collective_rpc("collective_rpc", args=(_rank_and_scaled, None, (0,))) == [
+            [(0, 0)]
+        ]
+        llm.reset_prefix_cache()
+        outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY, use_tqdm=False)
+        assert [output.outputs[0].token_ids for output in outputs] == expected[1]
