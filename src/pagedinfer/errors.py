@@ -12,6 +12,7 @@ from __future__ import annotations
 __all__ = [
     "BlockPoolError",
     "CheckpointNotFoundError",
+    "CollectiveRpcError",
     "ConfigurationError",
     "EngineClosedError",
     "EngineDeadError",
@@ -22,8 +23,10 @@ __all__ = [
     "MissingDependencyError",
     "NonFiniteWeightError",
     "PagedInferError",
+    "RequestsInFlightError",
     "StepFailedError",
     "UnsupportedModelError",
+    "WeightUpdateError",
     "WorkerDiedError",
     "WorkerTimeoutError",
     "install_hint",
@@ -102,6 +105,21 @@ class WorkerDiedError(EngineDeadError):
 class WorkerTimeoutError(WorkerDiedError):
     """A tensor-parallel worker did not respond within ``worker_timeout_s`` (stopped or hung);
     the engine cannot continue."""
+
+
+class WeightUpdateError(PagedInferError, ValueError):
+    """``update_weights`` got a tensor that does not fit the model (a name that maps to no
+    parameter, a wrong shape or dtype, a tensor twice, a NaN in a checked tensor, a quantized
+    layer); the update was refused before anything was written."""
+
+
+class CollectiveRpcError(PagedInferError, RuntimeError):
+    """A ``collective_rpc`` call raised on a worker (another rank than this process's); the
+    message carries the worker's traceback."""
+
+
+class RequestsInFlightError(PagedInferError, RuntimeError):
+    """A call that must run between requests (``update_weights``) found unfinished ones."""
 
 
 class EngineClosedError(PagedInferError, RuntimeError):

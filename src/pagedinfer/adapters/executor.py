@@ -14,9 +14,10 @@ mirrors every call to workers (``mp``), or the Ray executor drives every rank as
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
+from pagedinfer.adapters.collective_rpc import RpcMethod
 from pagedinfer.adapters.runner_config import RunnerConfig
 from pagedinfer.domain.executor import Executor
 from pagedinfer.domain.kv_groups import KVGroupSpec
@@ -64,6 +65,18 @@ class ModelExecutor(Executor, Protocol):
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         """Take back what :meth:`sleep` freed (``tags``: ``"weights"``, ``"kv_cache"``)."""
+        ...
+
+    def collective_rpc(
+        self,
+        method: RpcMethod,
+        timeout: float | None = None,
+        args: tuple[Any, ...] = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> list[Any]:
+        """Run ``method`` on every rank's runner between steps; the results in rank order
+        (``adapters/collective_rpc.py``). ``timeout`` (seconds; None: the executor's step
+        timeout) bounds the wait for the other ranks."""
         ...
 
     def close(self) -> None:

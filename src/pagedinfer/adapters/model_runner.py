@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 import torch
 
 from pagedinfer.adapters.attention import create_backend
 from pagedinfer.adapters.batch_invariant import make_batch_invariant
+from pagedinfer.adapters.collective_rpc import RpcMethod, call_on_runner
 from pagedinfer.adapters.distributed.parallel import SINGLE_PROCESS, ParallelContext
 from pagedinfer.adapters.host_transfers import HostUploads, Readbacks
 from pagedinfer.adapters.kv_cache import (
@@ -375,6 +376,11 @@ class ModelRunner:
     def is_sleeping(self) -> bool:
         return self._sleep.sleeping
 
+    @property
+    def weights_asleep(self) -> bool:
+        """Whether :meth:`sleep` moved or dropped the weights (not woken up yet)."""
+        return self._sleep.weights_asleep
+
     def sleep(self, level: int = 1) -> None:
         """Free the KV cache (level 1; on CUDA the weights move to host memory) or the KV
         cache and the weights (level 2); see ``adapters/sleep_mode.py``."""
@@ -437,6 +443,18 @@ class ModelRunner:
             gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+    def collective_rpc(
+        self,
+        method: RpcMethod,
+        timeout: float | None = None,
+        args: tuple[Any, ...] = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> list[Any]:
+        """``method`` on this, the only rank (``adapters/collective_rpc.py``): ``[result]``."""
+        if self._closed:
+            raise EngineClosedError("the model runner was used after close()")
+        return [call_on_runner(self, method, args, kwargs)]
 
     def close(self) -> None:
         """Free the KV cache and the model. Safe to call twice."""

@@ -53,6 +53,7 @@ from pagedinfer.domain.sampling import SamplingParams
 from pagedinfer.engine.engine import Engine, EngineStats, Prompt
 from pagedinfer.engine.outputs import RequestOutput
 from pagedinfer.engine.prompts import TokenizedPrompt
+from pagedinfer.engine.weight_sync import RpcMethod, Weights
 from pagedinfer.errors import (
     EngineClosedError,
     EngineDeadError,
@@ -445,6 +446,23 @@ class AsyncEngine:
 
     def is_paused(self) -> bool:
         return self.engine.is_paused()
+
+    async def update_weights(self, weights: Weights) -> None:
+        """``Engine.update_weights`` in a worker thread (docs/rl.md): between requests, so
+        with any unfinished it raises ``RequestsInFlightError``."""
+        self._check_open()
+        await asyncio.to_thread(self.engine.update_weights, weights)
+
+    async def collective_rpc(
+        self,
+        method: RpcMethod,
+        timeout: float | None = None,
+        args: tuple[Any, ...] = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> list[Any]:
+        """``Engine.collective_rpc`` in a worker thread, between two steps."""
+        self._check_open()
+        return await asyncio.to_thread(self.engine.collective_rpc, method, timeout, args, kwargs)
 
     # ----------------------------------------------------------------------- close
     def close(self) -> None:

@@ -84,6 +84,7 @@ from pagedinfer.engine.sleep_pause import GenerationControls, SleepAndPause
 from pagedinfer.engine.stats import EngineStats
 from pagedinfer.engine.streams import RequestStream
 from pagedinfer.engine.tokenizer import tokenizer_for
+from pagedinfer.engine.weight_sync import WeightSync
 from pagedinfer.errors import (
     EngineClosedError,
     EngineDeadError,
@@ -99,7 +100,7 @@ __all__ = ["Engine", "EngineStats", "Prompt", "TokenizedPrompt", "completion_see
 _logger = logging.getLogger(__name__)
 
 
-class Engine(SleepAndPause):
+class Engine(SleepAndPause, WeightSync):
     """Offline LLM inference on a paged KV cache.
 
     ``Engine(model)`` (vLLM's keyword: ``Engine(model=DIR)``) loads a local Hugging Face

@@ -22,6 +22,7 @@ from typing import Any
 
 import psutil
 import pytest
+from safetensors.torch import load_file
 
 from pagedinfer import Engine, SamplingParams
 from pagedinfer.errors import ConfigurationError, WorkerDiedError, WorkerTimeoutError
@@ -155,7 +156,10 @@ def test_tensor_parallel_across_two_nodes_matches_one_rank(
 
 
 def test_pipeline_parallel_across_two_nodes_matches_one_rank(
-    cluster: Any, checkpoint: Path, expected: dict[str, list[list[int]]]
+    cluster: Any,
+    checkpoint: Path,
+    expected: dict[str, list[list[int]]],
+    make_checkpoint: Callable[..., Path],
 ) -> None:
     with pytest.MonkeyPatch.context() as patch:
         group = _spread_over_nodes(patch, 2)
@@ -167,6 +171,16 @@ def test_pipeline_parallel_across_two_nodes_matches_one_rank(
         assert isinstance(executor, RayExecutor)
         assert len(set(executor.actor_node_ids)) == 2, "the stages share a node"
         _check_same_tokens(_run(engine), expected)
+        # collective_rpc reaches every stage (a lambda: Ray pickles it), and update_weights
+        # too: each stage writes its own layers' tensors and skips the others'.
+        held = engine.collective_rpc(lambda runner: list(runner.stage.layers))
+        assert held == [[0], [1]]
+        other = make_checkpoint("tiny", seed=1)
+        engine.update_weights(load_file(str(other / "model.safetensors")))
+        with Engine(other, **SETTINGS) as reference:
+            want = reference.generate(PROMPTS[:2], GREEDY, use_tqdm=False)
+        got = engine.generate(PROMPTS[:2], GREEDY, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
     finally:
         engine.close()
         ray.util.remove_placement_group(group)

@@ -23,7 +23,7 @@ import multiprocessing
 import os
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -32,12 +32,15 @@ from typing import Any, TypeVar
 import torch
 from torch._C._distributed_c10d import TCPStore
 
+from pagedinfer.adapters.collective_rpc import RpcMethod, call_on_runner, pack_call
 from pagedinfer.adapters.distributed.channel import ChannelWriter
 from pagedinfer.adapters.distributed.group import LOCALHOST, ProcessGroupCollectives, host_store
 from pagedinfer.adapters.distributed.messages import (
     READY,
+    RPC_RESULT,
     STARTED,
     execute_message,
+    rpc_message,
     shutdown_message,
     sleep_message,
     wake_up_message,
@@ -55,6 +58,7 @@ from pagedinfer.domain.kv_groups import KVGroupSpec
 from pagedinfer.domain.plan import BatchPlan
 from pagedinfer.domain.step_output import StepOutput
 from pagedinfer.errors import (
+    CollectiveRpcError,
     ConfigurationError,
     EngineClosedError,
     PagedInferError,
@@ -267,25 +271,7 @@ class TensorParallelExecutor:
             channel.send(message, check=group.check_workers, timeout=self._step_timeout_s)
             return run(runner)
         except BaseException as error:
-            # The ranks are out of step now: nothing can continue on this group.
-            grace = DEATH_GRACE_S if isinstance(error, Exception) else 0.0
-            died = self._dead_worker_error(error, grace=grace)
-            if died is None and (
-                isinstance(error, TimeoutError)
-                or time.monotonic() - started >= self._step_timeout_s
-            ):
-                died = self._stalled_worker_error()
-            self._failure = (
-                (type(died), str(died))
-                if died is not None
-                else (
-                    WorkerDiedError,
-                    "the tensor-parallel workers were stopped after a step failed on rank 0 "
-                    f"({error!r}); create a new Engine.",
-                )
-            )
-            group.healthy = False
-            self._finalizer()
+            died = self._stop_after(error, started)
             # Raise without keeping the exception in a local of this frame: the traceback
             # holds the frame, and that cycle would keep everything the frames reference
             # (the channel and its named semaphores) alive until the cycle collector runs.
@@ -296,6 +282,96 @@ class TensorParallelExecutor:
                 raise died from error
             finally:
                 died = None
+
+    def collective_rpc(
+        self,
+        method: RpcMethod,
+        timeout: float | None = None,
+        args: tuple[Any, ...] = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> list[Any]:
+        """Run ``method`` on every rank (rank 0 here, the workers through the channel,
+        ``adapters/collective_rpc.py``); the results in rank order. Rank 0's error is raised
+        as it is, a worker's as :class:`CollectiveRpcError` with its traceback; the group
+        goes on. A worker that dies, or does not answer within ``timeout`` (None:
+        ``worker_timeout_s``), stops the group as a failed step does."""
+        group = self._group
+        if self._failure is not None:
+            kind, message = self._failure
+            raise kind(message)
+        runner, channel = group.runner, group.channel
+        if runner is None or channel is None:
+            raise EngineClosedError("the tensor-parallel executor was used after close()")
+        call_kwargs = dict(kwargs or {})
+        payload = pack_call(method, args, call_kwargs)  # once, for every worker
+        limit = self._step_timeout_s if timeout is None else timeout
+        started = time.monotonic()
+        local_error: Exception | None = None
+        try:
+            group.check_workers()
+            channel.send(rpc_message(payload), check=group.check_workers, timeout=limit)
+            try:
+                local = call_on_runner(runner, method, args, call_kwargs)
+            except Exception as error:  # the workers still answer: collect them first
+                local, local_error = None, error
+            deadline = time.monotonic() + limit
+            replies = [
+                worker.await_status(
+                    RPC_RESULT,
+                    check=group.check_workers,
+                    deadline=deadline,
+                    late=f"tensor-parallel worker rank {worker.rank} (pid {worker.pid}) did "
+                    f"not answer collective_rpc({_describe(method)}) within {limit:g} s; the "
+                    "engine cannot continue: close it and create a new Engine (pass a "
+                    "larger timeout for slower calls).",
+                )
+                for worker in group.workers
+            ]
+        except BaseException as error:
+            died = self._stop_after(error, started, limit)
+            if died is None or died is error:
+                died = None
+                raise
+            try:
+                raise died from error
+            finally:
+                died = None
+        if local_error is not None:
+            raise local_error
+        results = [local]
+        for worker, (_, ok, value) in zip(group.workers, replies, strict=True):
+            if not ok:
+                raise CollectiveRpcError(
+                    f"collective_rpc({_describe(method)}) raised on tensor-parallel rank "
+                    f"{worker.rank}; the engine goes on. The worker's error:\n{value}"
+                )
+            results.append(value)
+        return results
+
+    def _stop_after(
+        self, error: BaseException, started: float, limit: float | None = None
+    ) -> WorkerDiedError | None:
+        """``error`` broke a call on every rank: the ranks are out of step now and nothing
+        can continue on this group. Stop it; the error to raise instead (None: ``error``)."""
+        limit = self._step_timeout_s if limit is None else limit
+        grace = DEATH_GRACE_S if isinstance(error, Exception) else 0.0
+        died = self._dead_worker_error(error, grace=grace)
+        if died is None and (
+            isinstance(error, TimeoutError) or time.monotonic() - started >= limit
+        ):
+            died = self._stalled_worker_error()
+        self._failure = (
+            (type(died), str(died))
+            if died is not None
+            else (
+                WorkerDiedError,
+                "the tensor-parallel workers were stopped after a step failed on rank 0 "
+                f"({error!r}); create a new Engine.",
+            )
+        )
+        self._group.healthy = False
+        self._finalizer()
+        return died
 
     def _stalled_worker_error(self) -> WorkerTimeoutError:
         states = ", ".join(
@@ -382,6 +458,10 @@ _PROCESS_STATES = {
     "t": "is stopped by a debugger",
     "Z": "has exited",
 }
+
+
+def _describe(method: RpcMethod) -> str:
+    return repr(method) if isinstance(method, str) else getattr(method, "__name__", "a callable")
 
 
 def _process_state(pid: int | None) -> str:

@@ -7,6 +7,10 @@ item names the command:
   sampling fields (slots and sampling-table deltas), because only rank 0 samples (workers
   still get ``sample_indices``: they compute their share of the logits for those rows).
 * ``("sleep", level)`` / ``("wake_up", tags)``: sleep mode (``adapters/sleep_mode.py``).
+* ``("rpc", payload)``: ``collective_rpc`` between steps (``adapters/collective_rpc.py``;
+  ``payload``: the pickled method, arguments and keyword arguments); the worker answers
+  ``("rpc_result", ok, value)`` on its status pipe: ``ok`` and the method's result, or not
+  ``ok`` and the error's traceback text (the worker keeps serving).
 * ``("shutdown",)``: release the model and exit.
 
 Status messages (each worker -> rank 0, through its own pipe) report start-up and failure:
@@ -27,12 +31,15 @@ __all__ = [
     "EXECUTE",
     "FAILED",
     "READY",
+    "RPC",
+    "RPC_RESULT",
     "SAMPLER_ONLY_FIELDS",
     "SHUTDOWN",
     "SLEEP",
     "STARTED",
     "WAKE_UP",
     "execute_message",
+    "rpc_message",
     "shutdown_message",
     "sleep_message",
     "wake_up_message",
@@ -42,10 +49,12 @@ EXECUTE: Final = "execute"
 SLEEP: Final = "sleep"
 WAKE_UP: Final = "wake_up"
 SHUTDOWN: Final = "shutdown"
+RPC: Final = "rpc"
 
 STARTED: Final = "started"
 READY: Final = "ready"
 FAILED: Final = "failed"
+RPC_RESULT: Final = "rpc_result"
 
 SAMPLER_ONLY_FIELDS: Final = (
     "sample_slots",
@@ -80,3 +89,7 @@ def sleep_message(level: int) -> tuple[str, int]:
 
 def wake_up_message(tags: list[str] | None) -> tuple[str, list[str] | None]:
     return (WAKE_UP, tags)
+
+
+def rpc_message(payload: bytes) -> tuple[str, bytes]:
+    return (RPC, payload)

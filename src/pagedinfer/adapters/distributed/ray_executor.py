@@ -40,12 +40,13 @@ import importlib
 import time
 import uuid
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
+from pagedinfer.adapters.collective_rpc import RpcMethod
 from pagedinfer.adapters.distributed.messages import execute_message
 from pagedinfer.adapters.distributed.pipeline import PipelineStage, pipeline_stages
 from pagedinfer.adapters.distributed.ray_worker import GrammarSpec, RayWorker, RayWorkerSpec
@@ -315,6 +316,27 @@ class RayExecutor:
             raise EngineClosedError("the Ray executor was used after close()")
         refs = [getattr(actor, method).remote(argument) for actor in actors]
         return any(self._wait_all(refs, self._step_timeout_s, f"{method}()"))
+
+    def collective_rpc(
+        self,
+        method: RpcMethod,
+        timeout: float | None = None,
+        args: tuple[Any, ...] = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> list[Any]:
+        """Run ``method`` on every rank's actor (``adapters/collective_rpc.py``; Ray pickles
+        it, so a lambda works too); the results in global rank order (stage by stage). An
+        actor's error is raised as Ray raises it (an instance of the original class too)."""
+        if self._failure is not None:
+            kind, message = self._failure
+            raise kind(message)
+        actors = self._released.actors
+        if not actors:
+            raise EngineClosedError("the Ray executor was used after close()")
+        call_kwargs = dict(kwargs or {})
+        refs = [actor.rpc.remote(method, args, call_kwargs) for actor in actors]
+        limit = self._step_timeout_s if timeout is None else timeout
+        return self._wait_all(refs, limit, "a collective_rpc call")
 
     def close(self) -> None:
         """Stop every actor and remove the placement groups. Idempotent."""

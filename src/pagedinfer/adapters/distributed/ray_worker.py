@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch._C._distributed_c10d import PrefixStore, TCPStore
 
+from pagedinfer.adapters.collective_rpc import RpcMethod, call_on_runner
 from pagedinfer.adapters.distributed.group import (
     ProcessGroupCollectives,
     connect_store,
@@ -203,6 +204,13 @@ class RayWorker:
             raise EngineClosedError("the Ray worker was used before start() or after close()")
         runner.wake_up(tags)
         return runner.is_sleeping
+
+    def rpc(self, method: RpcMethod, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """One ``collective_rpc`` call on this rank's runner (``adapters/collective_rpc.py``)."""
+        runner = self._runner
+        if runner is None:
+            raise EngineClosedError("the Ray worker was used before start() or after close()")
+        return call_on_runner(runner, method, args, kwargs)
 
     def busy(self) -> tuple[int, float]:
         """``(steps run, seconds spent running them)`` since start-up."""

@@ -25,12 +25,15 @@ from typing import Any
 
 import torch
 
+from pagedinfer.adapters.collective_rpc import call_on_runner, unpack_call
 from pagedinfer.adapters.distributed.channel import ChannelError, ChannelReader, ReaderEndpoint
 from pagedinfer.adapters.distributed.group import ProcessGroupCollectives, connect_store
 from pagedinfer.adapters.distributed.messages import (
     EXECUTE,
     FAILED,
     READY,
+    RPC,
+    RPC_RESULT,
     SHUTDOWN,
     SLEEP,
     STARTED,
@@ -118,6 +121,8 @@ def _serve(spec: WorkerSpec) -> None:
                 runner.sleep(message[1])
             elif command == WAKE_UP:
                 runner.wake_up(message[1])
+            elif command == RPC:
+                _answer_rpc(spec.status, runner, message[1])
             elif command == SHUTDOWN:
                 return
             else:
@@ -128,6 +133,15 @@ def _serve(spec: WorkerSpec) -> None:
         if group is not None:
             group.close()
         reader.close()
+
+
+def _answer_rpc(status: Connection, runner: ModelRunner, payload: bytes) -> None:
+    """Run one ``collective_rpc`` call and send its result, or its error, to rank 0."""
+    try:
+        method, args, kwargs = unpack_call(payload)
+        status.send((RPC_RESULT, True, call_on_runner(runner, method, args, kwargs)))
+    except Exception:  # the call raised, or its result cannot be pickled: nothing was sent
+        status.send((RPC_RESULT, False, traceback.format_exc()))
 
 
 def _report(status: Connection, message: tuple[Any, ...]) -> None:

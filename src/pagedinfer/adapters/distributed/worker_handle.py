@@ -68,9 +68,10 @@ class WorkerHandle:
         return WorkerDiedError(message)
 
     def await_status(
-        self, kind: str, *, check: Callable[[], None], deadline: float
+        self, kind: str, *, check: Callable[[], None], deadline: float, late: str = ""
     ) -> tuple[Any, ...]:
-        """The next status message, which must be ``kind``; calls ``check()`` while waiting."""
+        """The next status message, which must be ``kind``; calls ``check()`` while waiting.
+        Past ``deadline``: :class:`WorkerDiedError` (``late``: its message)."""
         while True:
             ready = wait([self._status, self.process.sentinel], timeout=POLL_SECONDS)
             if self._status in ready:
@@ -89,8 +90,9 @@ class WorkerHandle:
             check()
             if time.monotonic() > deadline:
                 raise WorkerDiedError(
-                    f"tensor-parallel worker rank {self.rank} (pid {self.pid}) did not report "
-                    f"{kind!r} in time; the engine cannot start."
+                    late
+                    or f"tensor-parallel worker rank {self.rank} (pid {self.pid}) did not "
+                    f"report {kind!r} in time; the engine cannot start."
                 )
 
     def stop(self, timeout: float) -> None:

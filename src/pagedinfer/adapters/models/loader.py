@@ -40,12 +40,15 @@ expected against what was found.
 from __future__ import annotations
 
 import json
+import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
@@ -59,15 +62,19 @@ from pagedinfer.adapters.layers.linear import (
 )
 from pagedinfer.adapters.models.base import CausalLM
 from pagedinfer.adapters.models.finite import WeightCheck, check_finite, checks_tensor
-from pagedinfer.errors import UnsupportedModelError
+from pagedinfer.errors import PagedInferError, UnsupportedModelError
 
 __all__ = [
     "FLOAT_DTYPES",
     "INDEX_FILE",
+    "Header",
+    "TensorLoader",
+    "TensorTarget",
     "bare_decoder_name",
     "checkpoint_files",
     "is_bare_decoder",
     "load_weights",
+    "open_safetensors",
 ]
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -103,7 +110,7 @@ def is_bare_decoder(root: Path) -> bool:
             files = sorted(root.glob("*.safetensors"))
             if not files:
                 return False
-            with _open_safetensors(files[0]) as handle:
+            with open_safetensors(files[0]) as handle:
                 names = set(handle.keys())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, UnsupportedModelError):
         return False
@@ -149,7 +156,7 @@ def load_weights(model: CausalLM, path: str | Path, *, check: WeightCheck = "def
     holds a NaN or an infinity.
     """
     root = Path(path)
-    loader = _Loader(model, root, check)
+    loader = TensorLoader(model, root, check)
     for file in checkpoint_files(root):
         loader.load_file(file)
     loader.check_complete()
@@ -159,46 +166,112 @@ def load_weights(model: CausalLM, path: str | Path, *, check: WeightCheck = "def
             finish()
 
 
-class _Loader:
-    """The state of one load: which tensors were seen, which parameter shards were filled."""
+@dataclass(frozen=True, slots=True)
+class TensorTarget:
+    """Where a checked checkpoint tensor goes: ``shard_id`` of parameter ``param_name``."""
 
-    def __init__(self, model: CausalLM, root: Path, check: WeightCheck) -> None:
+    param_name: str
+    shard_id: ShardId
+    param: nn.Parameter
+
+
+Header = Callable[[], tuple[str, tuple[int, ...]]]
+"""Reads a tensor's safetensors dtype name and full shape (without its data)."""
+
+
+class TensorLoader:
+    """The state of one load: which tensors were seen, which parameter shards were filled.
+
+    ``origin`` names where the tensors come from in messages (a checkpoint directory, or
+    ``update_weights``); ``error`` is the class every refusal raises.
+    """
+
+    def __init__(
+        self,
+        model: CausalLM,
+        root: Path | None,
+        check: WeightCheck,
+        *,
+        origin: str | None = None,
+        error: type[PagedInferError] = UnsupportedModelError,
+    ) -> None:
         self.model = model
         self.root = root
+        self.origin = origin if origin is not None else f"checkpoint {str(root)!r}"
+        self.error = error
         self.check = check
         self.mapping = model.weight_mapping
         self.params: dict[str, nn.Parameter] = dict(model.named_parameters())
-        self.seen: dict[str, Path] = {}  # tensor name -> the file it came from
+        self.seen: dict[str, Path | None] = {}  # tensor name -> the file it came from
         self.filled: dict[tuple[str, ShardId], str] = {}  # (param, shard) -> tensor name
 
-    def fail(self, name: str, file: Path, problem: str) -> UnsupportedModelError:
-        return UnsupportedModelError(
-            f"checkpoint {str(self.root)!r}: tensor {name!r} in {file.name}: {problem}."
-        )
+    def fail(self, name: str, file: Path | None, problem: str) -> PagedInferError:
+        where = "" if file is None else f" in {file.name}"
+        return self.error(f"{self.origin}: tensor {name!r}{where}: {problem}.")
 
-    def where(self, file: Path) -> str:
-        return f"checkpoint {str(self.root)!r}, {file.name}"
+    def where(self, file: Path | None) -> str:
+        return self.origin if file is None else f"{self.origin}, {file.name}"
 
     def load_file(self, file: Path) -> None:
-        with _open_safetensors(file) as handle:
+        with open_safetensors(file) as handle:
             for name in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
                 self.load_tensor(handle, name, file)
 
     def load_tensor(self, handle: Any, name: str, file: Path) -> None:
+        target = self.resolve(name, file, lambda: self.read_header(handle, name, file))
+        if target is None:
+            return
+        tensor = self.read_tensor(handle, name, file)
+        if isinstance(target, re.Match):
+            self.set_kv_scale(tensor, name, file, target)
+        else:
+            self.write(target, name, file, tensor)
+
+    def read_header(self, handle: Any, name: str, file: Path) -> tuple[str, tuple[int, ...]]:
+        try:
+            tensor_slice = handle.get_slice(name)
+            return tensor_slice.get_dtype(), tuple(tensor_slice.get_shape())
+        except SafetensorError as error:
+            raise self.fail(name, file, f"cannot read its header entry: {error}") from error
+
+    def read_tensor(self, handle: Any, name: str, file: Path) -> torch.Tensor:
+        try:
+            tensor: torch.Tensor = handle.get_tensor(name)
+        except (SafetensorError, OSError, RuntimeError) as error:
+            raise self.fail(name, file, f"cannot read its data: {error}") from error
+        return tensor
+
+    def resolve(
+        self, name: str, file: Path | None, header: Header
+    ) -> TensorTarget | re.Match[str] | None:
+        """Check tensor ``name`` (steps 1 to 4 of the module docstring) before its data is
+        read: where it goes (a parameter shard, or a KV-cache scale's match), or None for a
+        tensor the model ignores. Raises ``self.error`` naming what is wrong."""
         if name in self.seen:
-            where = "twice in that file" if self.seen[name] == file else f"also in {file.name}"
-            raise UnsupportedModelError(
-                f"checkpoint {str(self.root)!r}: tensor {name!r} is stored in "
-                f"{self.seen[name].name} and {where}: expected each tensor once (remove the "
+            first = self.seen[name]
+            if first is None or file is None:
+                raise self.fail(name, file, "is given twice: expected each tensor once")
+            where = "twice in that file" if first == file else f"also in {file.name}"
+            raise self.error(
+                f"{self.origin}: tensor {name!r} is stored in "
+                f"{first.name} and {where}: expected each tensor once (remove the "
                 "duplicate file, or keep only the files model.safetensors.index.json lists)."
             )
         self.seen[name] = file
         if self.model.is_ignored_weight(bare_decoder_name(name)):
-            return
+            return None
         kv_scale = _KV_SCALE.match(name)
         if kv_scale is not None:
-            self.load_kv_scale(handle, name, file, kv_scale)
-            return
+            self.kv_scale_setter(name, file, kv_scale)
+            dtype, shape = header()
+            if math.prod(shape) != 1 or dtype not in FLOAT_DTYPES:
+                raise self.fail(
+                    name,
+                    file,
+                    f"holds {math.prod(shape)} {dtype} values: expected one float per layer "
+                    "(per-head or per-channel KV-cache scales are not supported)",
+                )
+            return kv_scale
         param_name, shard_id = self.mapping.to_parameter(bare_decoder_name(name))
         param = self.params.get(param_name)
         if param is None or shard_id not in expected_shard_ids(param):
@@ -214,11 +287,7 @@ class _Loader:
             raise self.fail(
                 name, file, f"fills the same weight as tensor {self.filled[key]!r} already did"
             )
-        try:
-            tensor_slice = handle.get_slice(name)
-            dtype, shape = tensor_slice.get_dtype(), tuple(tensor_slice.get_shape())
-        except SafetensorError as error:
-            raise self.fail(name, file, f"cannot read its header entry: {error}") from error
+        dtype, shape = header()
         allowed, layout = checkpoint_dtypes(param)
         if dtype not in allowed:
             raise self.fail(name, file, self._dtype_problem(dtype, allowed, layout))
@@ -236,17 +305,29 @@ class _Loader:
                 f"shape {list(shape)} does not match the shape {list(expected)} that "
                 f"config.json{implied}",
             )
-        try:
-            tensor = handle.get_tensor(name)
-        except (SafetensorError, OSError, RuntimeError) as error:
-            raise self.fail(name, file, f"cannot read its data: {error}") from error
+        self.filled[key] = name
+        return TensorTarget(param_name, shard_id, param)
+
+    def check_values(self, name: str, file: Path | None, tensor: torch.Tensor) -> None:
+        """Step 5: no NaN or infinity in the tensors ``check`` names."""
         if checks_tensor(name, tensor, self.check):
             check_finite(name, tensor, self.where(file))
-        get_weight_loader(param)(param, tensor, shard_id)
-        self.filled[key] = name
 
-    def load_kv_scale(self, handle: Any, name: str, file: Path, match: re.Match[str]) -> None:
-        """Hand a layer's K or V cache scale to its attention layer's ``set_kv_scales``."""
+    def write(
+        self, target: TensorTarget, name: str, file: Path | None, tensor: torch.Tensor
+    ) -> None:
+        """Check ``tensor``'s values, then copy this rank's shard into its parameter."""
+        self.check_values(name, file, tensor)
+        get_weight_loader(target.param)(target.param, tensor, target.shard_id)
+        # Weight loaders write through ``param.data``, which autograd's version counter does
+        # not see: bump it, so what layers derive from a parameter and key by its version
+        # (the torch path's stacked q/k norm weight) is rebuilt after an update.
+        torch.autograd.graph.increment_version(target.param)
+
+    def kv_scale_setter(
+        self, name: str, file: Path | None, match: re.Match[str]
+    ) -> Callable[..., None]:
+        """The ``set_kv_scales`` of the attention layer a K or V cache scale belongs to."""
         scale, proj = match["scale"], match["proj"]
         which = proj if scale == "output_scale" else scale[0]
         if which is None or (proj is not None and proj != which):
@@ -255,15 +336,20 @@ class _Loader:
             attention = self.model.get_submodule(f"{match['attention']}.attn")
         except AttributeError:
             attention = None
-        setter = getattr(attention, "set_kv_scales", None)
+        setter: Callable[..., None] | None = getattr(attention, "set_kv_scales", None)
         if setter is None:
             raise self.fail(
                 name, file, "is a KV-cache scale of an attention layer the model does not have"
             )
-        try:
-            tensor = handle.get_tensor(name)
-        except (SafetensorError, OSError, RuntimeError) as error:
-            raise self.fail(name, file, f"cannot read its data: {error}") from error
+        return setter
+
+    def set_kv_scale(
+        self, tensor: torch.Tensor, name: str, file: Path | None, match: re.Match[str]
+    ) -> None:
+        """Hand a layer's K or V cache scale to its attention layer's ``set_kv_scales``."""
+        setter = self.kv_scale_setter(name, file, match)
+        scale, proj = match["scale"], match["proj"]
+        which = proj if scale == "output_scale" else scale[0]
         if tensor.numel() != 1 or not tensor.is_floating_point():
             raise self.fail(
                 name,
@@ -321,7 +407,7 @@ class _Loader:
 
 
 @contextmanager
-def _open_safetensors(file: Path) -> Iterator[Any]:
+def open_safetensors(file: Path) -> Iterator[Any]:
     try:
         handle = safe_open(str(file), framework="pt", device="cpu")
     except (SafetensorError, OSError) as error:
