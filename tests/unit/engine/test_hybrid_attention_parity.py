@@ -29,6 +29,19 @@ SHAPES: dict[str, dict[str, Any]] = {
         "sliding_window": 12,
         "vocab_size": VOCAB,
     },
+    # Gemma 3: two sliding layers (window 8, local RoPE base) to one global (another base),
+    # GELU gate, (1 + w) norms, query_pre_attn_scalar, capped final logits, untied head.
+    "gemma3-local-global": {
+        "architecture": "Gemma3ForCausalLM",
+        "num_hidden_layers": 3,
+        "layer_types": ("sliding_attention", "sliding_attention", "full_attention"),
+        "sliding_window": 8,
+        "rope_theta": 1_000_000.0,
+        "query_pre_attn_scalar": 24,
+        "final_logit_softcapping": 5.0,
+        "tie_word_embeddings": False,
+        "vocab_size": VOCAB,
+    },
 }
 
 

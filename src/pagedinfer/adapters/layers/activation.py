@@ -1,4 +1,5 @@
-"""SwiGLU's gate: ``silu(gate) * up`` on a packed ``[gate | up]`` tensor.
+"""Gated MLP activations on a packed ``[gate | up]`` tensor: SwiGLU's ``silu(gate) * up``
+and Gemma's ``gelu_tanh(gate) * up``.
 
 :func:`silu_and_mul_torch` is the torch twin of the Triton kernel in
 :mod:`pagedinfer.adapters.kernels.silu_and_mul` (the CPU path and the kernel tests' oracle).
@@ -12,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["SiluAndMul", "silu_and_mul_torch"]
+__all__ = ["GeluTanhAndMul", "SiluAndMul", "gated_activation", "silu_and_mul_torch"]
 
 
 def silu_and_mul_torch(x: torch.Tensor) -> torch.Tensor:
@@ -35,3 +36,25 @@ class SiluAndMul(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._op(x)
+
+
+def gelu_tanh_and_mul_torch(x: torch.Tensor) -> torch.Tensor:
+    """``[..., 2 * d] -> [..., d]``: GELU (tanh approximation) of the first half times the
+    second half (Gemma's ``gelu_pytorch_tanh`` gate)."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
+
+
+class GeluTanhAndMul(nn.Module):
+    """``[..., 2 * d] -> [..., d]`` with a GELU-tanh gate; torch ops on every device."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return gelu_tanh_and_mul_torch(x)
+
+
+def gated_activation(name: str, *, fused: bool = False) -> nn.Module:
+    """The gate of a gated MLP by ``config.json``'s ``hidden_act`` name."""
+    if name == "silu":
+        return SiluAndMul(fused=fused)
+    assert name == "gelu_pytorch_tanh", f"unchecked activation {name!r}"
+    return GeluTanhAndMul()

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedinfer.adapters.distributed.parallel import ParallelContext
-from pagedinfer.adapters.layers.activation import SiluAndMul
+from pagedinfer.adapters.layers.activation import gated_activation
 from pagedinfer.adapters.layers.linear import (
     SKINNY_GEMM_IN_MODELS,
     MergedColumnParallelLinear,
@@ -50,7 +50,8 @@ ExpertsFunction = Callable[
 
 
 class GatedMLP(nn.Module):
-    """SwiGLU: ``down(silu(gate(x)) * up(x))`` with gate and up packed in one projection.
+    """SwiGLU: ``down(silu(gate(x)) * up(x))`` with gate and up packed in one projection
+    (``activation="gelu_pytorch_tanh"``: Gemma's GELU-tanh gate instead of SiLU).
 
     With ``quantization``, the projections hold that checkpoint format's tensors; ``prefix``
     is the MLP's checkpoint module (``model.layers.<i>.mlp``), for its ignore list and
@@ -69,6 +70,7 @@ class GatedMLP(nn.Module):
         fused: bool = False,
         quantization: QuantizationConfig | None = None,
         prefix: str = "model.layers.0.mlp",
+        activation: str = "silu",
     ) -> None:
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(
@@ -83,7 +85,7 @@ class GatedMLP(nn.Module):
             ),
             skinny_gemm=fused and SKINNY_GEMM_IN_MODELS,
         )
-        self.act = SiluAndMul(fused=fused)  # fused: one Triton kernel
+        self.act = gated_activation(activation, fused=fused)  # fused SiLU: one Triton kernel
         self.down_proj = RowParallelLinear(
             intermediate_size,
             hidden_size,

@@ -24,7 +24,10 @@ from pagedinfer.adapters.layers.rotary import ROPE_TYPES, RopeScaling
 from pagedinfer.adapters.quantization import QuantizationConfig, parse_quantization_config
 from pagedinfer.errors import CheckpointNotFoundError, ConfigurationError, UnsupportedModelError
 
-__all__ = ["ModelConfig", "MoeConfig"]
+__all__ = ["HIDDEN_ACTIVATIONS", "ModelConfig", "MoeConfig"]
+
+HIDDEN_ACTIVATIONS: tuple[str, ...] = ("silu", "gelu_pytorch_tanh")
+"""The MLP gate activations served: SwiGLU's SiLU; Gemma's GELU (tanh approximation)."""
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -89,6 +92,21 @@ class ModelConfig:
     quantization: QuantizationConfig | None = None
     layer_windows: tuple[int | None, ...] = ()
     attention_sinks: bool = False
+    # The sliding layers' own RoPE (theta, scaling); None: every layer uses the one above.
+    local_rope: tuple[float, RopeScaling] | None = None
+    hidden_act: str = "silu"  # the MLP gate's activation (HIDDEN_ACTIVATIONS)
+    query_pre_attn_scalar: float | None = None  # attention scale = this ** -0.5 (Gemma)
+    final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap)
+
+    def uses_local_rope(self, layer: int) -> bool:
+        """True when decoder layer ``layer`` rotates with :attr:`local_rope`."""
+        return self.local_rope is not None and self.attention_kind(layer).is_sliding
+
+    @property
+    def attention_scale(self) -> float:
+        """The softmax scale of the attention scores."""
+        base = self.head_dim if self.query_pre_attn_scalar is None else self.query_pre_attn_scalar
+        return float(base**-0.5)
 
     def attention_kind(self, layer: int) -> LayerAttentionKind:
         """How decoder layer ``layer`` attends (its window, its sinks)."""
@@ -198,11 +216,20 @@ class ModelConfig:
                 f"num_attention_heads={num_heads} is not a multiple of "
                 f"num_key_value_heads={num_kv_heads}"
             )
-        hidden_act = raw.get("hidden_act", "silu")
-        if hidden_act != "silu":
-            reader.fail(f"hidden_act={hidden_act!r} is not supported: expected 'silu'")
+        # Gemma names it hidden_activation; its gate is GELU (tanh approximation).
+        hidden_act = raw.get("hidden_act", raw.get("hidden_activation")) or "silu"
+        if hidden_act not in HIDDEN_ACTIVATIONS:
+            reader.fail(
+                f"hidden_act={hidden_act!r} is not supported: expected one of "
+                f"{', '.join(repr(name) for name in HIDDEN_ACTIVATIONS)}"
+            )
+        if raw.get("attn_logit_softcapping") is not None:
+            reader.fail(
+                f"attn_logit_softcapping={raw['attn_logit_softcapping']!r} is not supported "
+                "(Gemma 2's capped attention scores): expected null"
+            )
         max_positions = reader.integer("max_position_embeddings")
-        rope_theta, rope_scaling = reader.rope(max_positions)
+        (rope_theta, rope_scaling), local_rope = reader.ropes(max_positions)
         eos = _token_ids(generation.get("eos_token_id") if generation else None)
         layer_windows = reader.layer_windows(num_layers)
         return cls(
@@ -228,6 +255,10 @@ class ModelConfig:
             eos_token_ids=eos or _token_ids(raw.get("eos_token_id")),
             quantization=parse_quantization_config(raw.get("quantization_config"), path),
             layer_windows=layer_windows,
+            local_rope=local_rope,
+            hidden_act=str(hidden_act),
+            query_pre_attn_scalar=reader.optional_number("query_pre_attn_scalar"),
+            final_logit_softcapping=reader.optional_number("final_logit_softcapping"),
         )
 
 
@@ -265,6 +296,10 @@ class _Reader:
     def optional_integer(self, key: str) -> int | None:
         return None if self.raw.get(key) is None else self.integer(key)
 
+    def optional_number(self, key: str) -> float | None:
+        value = self.raw.get(key)
+        return None if value is None else self.number(key, default=1.0)
+
     def number(self, key: str, default: float) -> float:
         value = self.raw.get(key, default)
         if not _is_positive_number(value):
@@ -279,6 +314,34 @@ class _Reader:
             self.fail(f"{key}={value!r} is invalid: expected true or false")
         return value
 
+    def ropes(
+        self, max_positions: int
+    ) -> tuple[tuple[float, RopeScaling], tuple[float, RopeScaling] | None]:
+        """The RoPE of the layers (of full-attention layers when the sliding ones have their
+        own) and the sliding layers' own RoPE (``None``: the same). Gemma 3 gives sliding
+        layers another base: ``rope_parameters: {full_attention: {...}, sliding_attention:
+        {...}}`` (transformers >= 5) or ``rope_local_base_freq`` (older)."""
+        params = self.raw.get("rope_parameters")
+        if isinstance(params, dict) and any(isinstance(v, dict) for v in params.values()):
+            unknown = sorted(set(params) - {"full_attention", "sliding_attention"})
+            if unknown or not all(isinstance(v, dict) for v in params.values()):
+                self.fail(
+                    f"rope_parameters={params!r} is not supported: per-layer-type RoPE must "
+                    "map 'full_attention' and 'sliding_attention' to their parameters"
+                )
+            full = self._one_rope(dict(params.get("full_attention") or {}), max_positions)
+            sliding = params.get("sliding_attention")
+            if sliding is None:
+                return full, None
+            return full, self._one_rope(dict(sliding), max_positions)
+        main = self.rope(max_positions)
+        local_base = self.raw.get("rope_local_base_freq")
+        if local_base is None:
+            return main, None
+        if not _is_positive_number(local_base):
+            self.fail(f"rope_local_base_freq={local_base!r} is invalid: expected a positive number")
+        return main, (float(local_base), RopeScaling())
+
     def rope(self, max_positions: int) -> tuple[float, RopeScaling]:
         # transformers >= 5: rope_parameters; older: top-level rope_theta + rope_scaling.
         params = self.raw.get("rope_parameters")
@@ -290,8 +353,9 @@ class _Reader:
             params.setdefault("rope_theta", self.raw.get("rope_theta", 10000.0))
         if not isinstance(params, dict):
             self.fail(f"rope_parameters={params!r} is invalid: expected an object")
-        if any(isinstance(value, dict) for value in params.values()):
-            self.fail("per-layer-type rope_parameters are not supported: expected one RoPE")
+        return self._one_rope(params, max_positions)
+
+    def _one_rope(self, params: dict[str, Any], max_positions: int) -> tuple[float, RopeScaling]:
         theta = params.get("rope_theta", self.raw.get("rope_theta", 10000.0))
         if not _is_positive_number(theta):
             self.fail(f"rope_theta={theta!r} is invalid: expected a positive number")

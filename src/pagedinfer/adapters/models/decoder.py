@@ -96,7 +96,6 @@ class DecoderAttention(nn.Module):
         prefix: str = "model.layers.0.self_attn",
         *,
         layer: int = 0,
-        scale: float | None = None,
     ) -> None:
         super().__init__()
         dtype, device, parallel = build.dtype, build.device, build.parallel
@@ -145,7 +144,7 @@ class DecoderAttention(nn.Module):
             self.num_heads,
             self.num_kv_heads,
             head_dim,
-            scale=head_dim**-0.5 if scale is None else scale,
+            scale=config.attention_scale,
             backend=build.backend,
             fused=build.fused_kernels,
             kind=kind,
@@ -231,9 +230,11 @@ class DecoderModel(nn.Module):
     def __init__(
         self,
         config: ModelConfig,
-        layers: list[DecoderLayer | AbsentLayer],
+        layers: list[nn.Module],
         build: BuildContext,
         stage: PipelineStage | None = None,
+        *,
+        embed_scale: float | None = None,
     ) -> None:
         super().__init__()
         self.stage = stage
@@ -255,6 +256,19 @@ class DecoderModel(nn.Module):
             config.rope_scaling,
             device=build.device,
         )
+        # Gemma 3: sliding layers rotate with their own base (the layers that do say so).
+        self.local_rotary_emb: RotaryEmbedding | None = None
+        if config.local_rope is not None:
+            self.local_rotary_emb = RotaryEmbedding(
+                config.head_dim, config.max_context_len, *config.local_rope, device=build.device
+            )
+        self.local_rope_layers = frozenset(
+            i for i in range(config.num_hidden_layers) if config.uses_local_rope(i)
+        )
+        # Gemma: embeddings times sqrt(hidden_size), rounded to the model's dtype first.
+        self.embed_scale: torch.Tensor | None = None
+        if embed_scale is not None:
+            self.embed_scale = torch.tensor(embed_scale, device=build.device).to(build.dtype)
         self.layers = nn.ModuleList(layers)
         self.fused = build.fused_kernels
         self.norm: RMSNorm | None = None
@@ -288,12 +302,19 @@ class DecoderModel(nn.Module):
         if intermediate is None:
             assert self.embed_tokens is not None, "only the first stage embeds"
             hidden = self.embed_tokens(input_ids)
+            if self.embed_scale is not None:
+                hidden = hidden * self.embed_scale
         else:
             hidden, residual = intermediate.hidden, intermediate.residual
         rope = self.rotary_emb.step(positions, fused=self.fused)  # once, for every layer
+        local_rope = rope
+        if self.local_rotary_emb is not None:
+            local_rope = self.local_rotary_emb.step(positions, fused=self.fused)
+        start = 0 if stage is None else stage.start
         layers = self.layers if stage is None else self.layers[stage.start : stage.end]
-        for layer in layers:
-            hidden, residual = layer(hidden, residual, rope, meta)
+        for index, layer in enumerate(layers, start):
+            layer_rope = local_rope if index in self.local_rope_layers else rope
+            hidden, residual = layer(hidden, residual, layer_rope, meta)
         assert residual is not None, "a stage has at least one layer"
         if self.norm is None:
             return IntermediateTensors(hidden, residual)
@@ -309,10 +330,25 @@ class DecoderForCausalLM(CausalLM):
     """
 
     weight_mapping: ClassVar[WeightMapping] = LLAMA_STYLE_WEIGHTS
+    # Gemma: the embeddings are scaled by sqrt(hidden_size).
+    scales_embeddings: ClassVar[bool] = False
 
     @classmethod
     def switches(cls, config: ModelConfig) -> DecoderSwitches:
         raise NotImplementedError
+
+    def make_layer(
+        self, config: ModelConfig, switches: DecoderSwitches, layer: int, build: BuildContext
+    ) -> nn.Module:
+        """Decoder layer ``layer`` (the pre-norm :class:`DecoderLayer` unless overridden)."""
+        return DecoderLayer(
+            config,
+            switches,
+            self.make_feed_forward(config, layer, build),
+            build,
+            prefix=f"model.layers.{layer}",
+            layer=layer,
+        )
 
     def make_feed_forward(self, config: ModelConfig, layer: int, build: BuildContext) -> nn.Module:
         """The feed-forward block of decoder layer ``layer``."""
@@ -326,6 +362,7 @@ class DecoderForCausalLM(CausalLM):
             fused=build.fused_kernels,
             quantization=config.quantization,
             prefix=f"model.layers.{layer}.mlp",
+            activation=config.hidden_act,
         )
 
     def __init__(self, config: ModelConfig, build: BuildContext) -> None:
@@ -333,20 +370,12 @@ class DecoderForCausalLM(CausalLM):
         switches = self.switches(config)
         stage = self.stage = build.parallel.stage
         held = range(config.num_hidden_layers) if stage is None else stage.layers
-        layers: list[DecoderLayer | AbsentLayer] = [
-            DecoderLayer(
-                config,
-                switches,
-                self.make_feed_forward(config, index, build),
-                build,
-                prefix=f"model.layers.{index}",
-                layer=index,
-            )
-            if index in held
-            else AbsentLayer()
+        layers: list[nn.Module] = [
+            self.make_layer(config, switches, index, build) if index in held else AbsentLayer()
             for index in range(config.num_hidden_layers)
         ]
-        self.model = DecoderModel(config, layers, build, stage)
+        embed_scale = config.hidden_size**0.5 if self.scales_embeddings else None
+        self.model = DecoderModel(config, layers, build, stage, embed_scale=embed_scale)
         self.lm_head: ParallelLMHead | None = None
         if stage is None or stage.is_last:
             self.lm_head = ParallelLMHead(
@@ -378,6 +407,9 @@ class DecoderForCausalLM(CausalLM):
     def compute_logits(self, hidden_rows: torch.Tensor) -> torch.Tensor | None:
         assert self.lm_head is not None, "only the last pipeline stage computes logits"
         logits: torch.Tensor | None = self.lm_head(hidden_rows)
+        cap = self.config.final_logit_softcapping
+        if logits is not None and cap is not None:  # Gemma: cap * tanh(logits / cap)
+            logits = torch.tanh(logits / cap) * cap
         return logits
 
     def is_ignored_weight(self, name: str) -> bool:

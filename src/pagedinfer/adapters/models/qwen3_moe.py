@@ -38,6 +38,11 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
                 f"checkpoint {str(config.path)!r}: Qwen3MoeForCausalLM needs num_experts, "
                 "num_experts_per_tok and moe_intermediate_size in config.json."
             )
+        if config.hidden_act != "silu":
+            raise UnsupportedModelError(
+                f"checkpoint {str(config.path)!r}: hidden_act={config.hidden_act!r} is not "
+                "supported for Qwen3-MoE's experts: expected 'silu'."
+            )
         if config.quantization is not None:
             raise UnsupportedModelError(
                 f"checkpoint {str(config.path)!r}: quantized Qwen3-MoE checkpoints "

@@ -47,7 +47,12 @@ class RandomModelSpec:
     rms_norm_eps: float = 1e-6
     attention_bias: bool = False  # Llama, Qwen3, Qwen3-MoE
     mlp_bias: bool = False  # Llama
-    sliding_window: int | None = None  # Mistral
+    sliding_window: int | None = None  # Mistral, Gemma 3, GPT-OSS
+    # Gemma 3 / GPT-OSS: each layer's attention ("sliding_attention" / "full_attention")
+    layer_types: tuple[str, ...] | None = None
+    query_pre_attn_scalar: int = 32  # Gemma 3
+    rope_local_base_freq: float = 10000.0  # Gemma 3's sliding layers
+    final_logit_softcapping: float | None = None  # Gemma 3
     # Qwen3-MoE
     num_experts: int = 8
     num_experts_per_tok: int = 2
@@ -86,6 +91,15 @@ _MOE_FIELDS = (
 ARCHITECTURE_FIELDS: dict[str, tuple[str, ...]] = {
     "LlamaForCausalLM": (*_COMMON_FIELDS, "attention_bias", "mlp_bias"),
     "MistralForCausalLM": (*_COMMON_FIELDS, "sliding_window"),
+    "Gemma3ForCausalLM": (
+        *_COMMON_FIELDS,
+        "attention_bias",
+        "sliding_window",
+        "layer_types",
+        "query_pre_attn_scalar",
+        "rope_local_base_freq",
+        "final_logit_softcapping",
+    ),
     "Qwen2ForCausalLM": _COMMON_FIELDS,
     "Qwen3ForCausalLM": (*_COMMON_FIELDS, "attention_bias"),
     "Qwen3MoeForCausalLM": (*_COMMON_FIELDS, "attention_bias", *_MOE_FIELDS),
@@ -161,6 +175,8 @@ def build_random_checkpoint(
     fields = {name: getattr(spec, name) for name in ARCHITECTURE_FIELDS[spec.architecture]}
     if "mlp_only_layers" in fields:
         fields["mlp_only_layers"] = list(spec.mlp_only_layers)
+    if fields.get("layer_types") is not None:
+        fields["layer_types"] = list(fields["layer_types"])
     # rope_theta + rope_scaling: transformers >= 5 folds both into rope_parameters.
     config = model_class.config_class(
         **fields,
@@ -182,6 +198,12 @@ def build_random_checkpoint(
                 if name.endswith("norm.weight"):
                     param.fill_(1.0)
                 else:
+                    param.normal_(0.0, spec.initializer_range, generator=generator)
+    if spec.architecture == "Gemma3ForCausalLM":  # norms start at 0 (1 + w): move them off it
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("norm.weight"):
                     param.normal_(0.0, spec.initializer_range, generator=generator)
     model = model.to(dtype)
     model.config.dtype = dtype

@@ -17,6 +17,7 @@ from pagedinfer.adapters.attention.base import AttentionBackend
 from pagedinfer.adapters.distributed.parallel import ParallelContext
 from pagedinfer.adapters.models.base import BuildContext, CausalLM
 from pagedinfer.adapters.models.config import ModelConfig
+from pagedinfer.adapters.models.gemma3 import Gemma3ForCausalLM
 from pagedinfer.adapters.models.llama import LlamaForCausalLM
 from pagedinfer.adapters.models.loader import is_bare_decoder
 from pagedinfer.adapters.models.mistral import MistralForCausalLM
@@ -34,6 +35,7 @@ __all__ = [
 ]
 
 ARCHITECTURES: dict[str, type[CausalLM]] = {
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": MistralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
