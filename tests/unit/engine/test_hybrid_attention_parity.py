@@ -42,6 +42,19 @@ SHAPES: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": False,
         "vocab_size": VOCAB,
     },
+    # GPT-OSS: sinks in every layer, sliding (8) then full layers, YaRN RoPE, biased
+    # attention, the biased router over 4 clamped-SwiGLU experts (top 2).
+    "gpt-oss-sinks-moe": {
+        "architecture": "GptOssForCausalLM",
+        "layer_types": ("sliding_attention", "full_attention"),
+        "sliding_window": 8,
+        "attention_bias": True,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "intermediate_size": 64,
+        "tie_word_embeddings": False,
+        "vocab_size": VOCAB,
+    },
 }
 
 

@@ -97,6 +97,8 @@ class ModelConfig:
     hidden_act: str = "silu"  # the MLP gate's activation (HIDDEN_ACTIVATIONS)
     query_pre_attn_scalar: float | None = None  # attention scale = this ** -0.5 (Gemma)
     final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap)
+    swiglu_alpha: float | None = None  # GPT-OSS experts: gate * sigmoid(alpha * gate)
+    swiglu_limit: float | None = None  # GPT-OSS experts: gate and up clamped to this
 
     def uses_local_rope(self, layer: int) -> bool:
         """True when decoder layer ``layer`` rotates with :attr:`local_rope`."""
@@ -259,6 +261,8 @@ class ModelConfig:
             hidden_act=str(hidden_act),
             query_pre_attn_scalar=reader.optional_number("query_pre_attn_scalar"),
             final_logit_softcapping=reader.optional_number("final_logit_softcapping"),
+            swiglu_alpha=reader.optional_number("swiglu_alpha"),
+            swiglu_limit=reader.optional_number("swiglu_limit"),
         )
 
 
@@ -498,7 +502,10 @@ class _Reader:
         return MoeConfig(
             num_experts=num_experts,
             num_experts_per_tok=top_k,
-            moe_intermediate_size=self.integer("moe_intermediate_size"),
+            # GPT-OSS: every expert has intermediate_size features.
+            moe_intermediate_size=self.integer(
+                "moe_intermediate_size", default=self.raw.get("intermediate_size")
+            ),
             norm_topk_prob=self.flag("norm_topk_prob"),
             decoder_sparse_step=self.integer("decoder_sparse_step", default=1),
             mlp_only_layers=tuple(only_dense),

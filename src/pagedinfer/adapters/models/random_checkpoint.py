@@ -60,6 +60,7 @@ class RandomModelSpec:
     norm_topk_prob: bool = True
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
+    num_local_experts: int = 4  # GPT-OSS (experts of intermediate_size features)
     # Larger than transformers' default 0.02 so that greedy argmax gaps are comfortably
     # above float32 rounding noise in parity tests.
     initializer_range: float = 0.1
@@ -89,6 +90,14 @@ _MOE_FIELDS = (
     "mlp_only_layers",
 )
 ARCHITECTURE_FIELDS: dict[str, tuple[str, ...]] = {
+    "GptOssForCausalLM": (
+        *_COMMON_FIELDS,
+        "attention_bias",
+        "sliding_window",
+        "layer_types",
+        "num_local_experts",
+        "num_experts_per_tok",
+    ),
     "LlamaForCausalLM": (*_COMMON_FIELDS, "attention_bias", "mlp_bias"),
     "MistralForCausalLM": (*_COMMON_FIELDS, "sliding_window"),
     "Gemma3ForCausalLM": (
@@ -199,12 +208,17 @@ def build_random_checkpoint(
                     param.fill_(1.0)
                 else:
                     param.normal_(0.0, spec.initializer_range, generator=generator)
-    if spec.architecture == "Gemma3ForCausalLM":  # norms start at 0 (1 + w): move them off it
+    # Parameters transformers starts at 0 where that would hide them: Gemma's (1 + w) norms,
+    # GPT-OSS's biases; GPT-OSS's sinks at the scale of attention scores.
+    perturbed = {"Gemma3ForCausalLM": ("norm.weight",), "GptOssForCausalLM": ("bias", "sinks")}
+    suffixes = perturbed.get(spec.architecture, ())
+    if suffixes:
         generator = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             for name, param in model.named_parameters():
-                if name.endswith("norm.weight"):
-                    param.normal_(0.0, spec.initializer_range, generator=generator)
+                if name.endswith(suffixes):
+                    std = 1.0 if name.endswith("sinks") else spec.initializer_range
+                    param.normal_(0.0, std, generator=generator)
     model = model.to(dtype)
     model.config.dtype = dtype
     model.save_pretrained(str(target))

@@ -18,6 +18,7 @@ from pagedinfer.adapters.distributed.parallel import ParallelContext
 from pagedinfer.adapters.models.base import BuildContext, CausalLM
 from pagedinfer.adapters.models.config import ModelConfig
 from pagedinfer.adapters.models.gemma3 import Gemma3ForCausalLM
+from pagedinfer.adapters.models.gpt_oss import GptOssForCausalLM
 from pagedinfer.adapters.models.llama import LlamaForCausalLM
 from pagedinfer.adapters.models.loader import is_bare_decoder
 from pagedinfer.adapters.models.mistral import MistralForCausalLM
@@ -36,6 +37,7 @@ __all__ = [
 
 ARCHITECTURES: dict[str, type[CausalLM]] = {
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "GptOssForCausalLM": GptOssForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": MistralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
