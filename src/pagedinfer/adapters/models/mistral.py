@@ -1,9 +1,9 @@
 """Mistral (``MistralForCausalLM``): Llama's decoder without any bias.
 
-Mistral 7B v0.1 declares a 4096-token sliding window, which pagedinfer does not implement:
-such a checkpoint runs with ``max_model_len`` up to the window (where attention is exactly
-full causal attention) and is refused beyond it (:meth:`ModelConfig.check_max_model_len`).
-Later Mistral checkpoints have no window. Checkpoint names are Hugging Face's.
+Mistral 7B v0.1 declares a 4096-token ``sliding_window``: every layer then attends to the last
+4096 positions only (the layers' :class:`~pagedinfer.adapters.attention.base.LayerAttentionKind`),
+at any ``max_model_len``. Later Mistral checkpoints have no window. Checkpoint names are
+Hugging Face's.
 """
 
 from __future__ import annotations

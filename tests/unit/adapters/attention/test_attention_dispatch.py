@@ -22,6 +22,7 @@ class Recording(PagedAttentionBackend):
     def __init__(self, *, split_mixed_steps: bool = True) -> None:
         super().__init__(16, split_mixed_steps=split_mixed_steps)
         self.calls: list[tuple[object, ...]] = []
+        self.layer_kinds: list[tuple[int | None, torch.Tensor | None]] = []  # window, sinks
 
     def _store(
         self,
@@ -52,6 +53,7 @@ class Recording(PagedAttentionBackend):
     ) -> torch.Tensor:
         assert key is not None and key.shape[0] == query.shape[0]
         self.calls.append(("prefill", query.shape[0], meta.cu_seqlens_q.tolist()))
+        self.layer_kinds.append((window, sinks))
         return _filled(query, out, PREFILL_VALUE)
 
     def _decode(
@@ -69,6 +71,7 @@ class Recording(PagedAttentionBackend):
     ) -> torch.Tensor:
         assert not meta.is_prefill
         self.calls.append(("decode", query.shape[0], meta.context_lens.tolist()))
+        self.layer_kinds.append((window, sinks))
         return _filled(query, out, DECODE_VALUE)
 
 
@@ -151,3 +154,19 @@ def test_store_kv_alone_may_see_padding_slots_and_passes_the_scales() -> None:
     scales = torch.ones(4)
     backend.store_kv(key, key, cache, cache, torch.tensor([3, -1]), kv_scales=scales)
     assert backend.calls == [("store", [3, -1], True, scales)]
+
+
+def test_the_layer_window_and_sinks_reach_both_kernels_of_a_mixed_step() -> None:
+    backend = Recording()
+    meta = _meta([1, 3], [5, 3], decode_rows=1)
+    query, key, cache = (
+        torch.zeros(4, HEADS, DIM),
+        torch.zeros(4, 1, DIM),
+        torch.zeros(1, 16, 1, DIM),
+    )
+    sinks = torch.ones(HEADS)
+    backend.forward(query, key, key, cache, cache, meta, 1.0, window=7, sinks=sinks)
+    assert [kind[0] for kind in backend.layer_kinds] == [7, 7]
+    assert all(kind[1] is sinks for kind in backend.layer_kinds)
+    _run(backend, _meta([2], [2]))  # a layer without a window or sinks
+    assert backend.layer_kinds[-1] == (None, None)

@@ -212,6 +212,8 @@ def test_unsupported_architecture_names_what_is_expected(
 
 def test_every_family_is_registered() -> None:
     assert set(SUPPORTED_ARCHITECTURES) == {
+        "Gemma3ForCausalLM",
+        "GptOssForCausalLM",
         "LlamaForCausalLM",
         "MistralForCausalLM",
         "Qwen2ForCausalLM",
@@ -406,3 +408,45 @@ def test_unreadable_generation_config_is_named(tmp_path: Path) -> None:
     (path / "generation_config.json").write_text("{oops")
     with pytest.raises(UnsupportedModelError, match=r"generation_config\.json"):
         ModelConfig.from_pretrained(path)
+
+
+def test_gemma3_fields_and_per_layer_type_rope(tmp_path: Path) -> None:
+    raw = legacy(
+        architectures=["Gemma3ForCausalLM"],
+        hidden_activation="gelu_pytorch_tanh",
+        drop=("hidden_act", "rope_theta"),
+        layer_types=["sliding_attention"] * 27 + ["full_attention"],
+        sliding_window=512,
+        query_pre_attn_scalar=256,
+        final_logit_softcapping=30.0,
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+    )
+    config = ModelConfig.from_pretrained(write_checkpoint(tmp_path / "g", raw))
+    assert config.hidden_act == "gelu_pytorch_tanh"
+    assert (config.rope_theta, config.rope_scaling.rope_type) == (1e6, "linear")
+    assert config.local_rope == (10000.0, RopeScaling())
+    assert [config.uses_local_rope(i) for i in (0, 26, 27)] == [True, True, False]
+    assert config.attention_scale == 256**-0.5
+    assert config.final_logit_softcapping == 30.0
+    older = {**raw, "rope_theta": 1e6, "rope_local_base_freq": 10000.0}
+    del older["rope_parameters"]
+    legacy_config = ModelConfig.from_pretrained(write_checkpoint(tmp_path / "o", older))
+    assert legacy_config.local_rope == (10000.0, RopeScaling())
+
+
+@pytest.mark.parametrize(
+    ("changes", "fragment"),
+    [
+        ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
+        ({"hidden_act": "relu"}, "hidden_act='relu'"),
+        ({"rope_parameters": {"full_attention": {}, "chunked_attention": {}}}, "per-layer-type"),
+    ],
+)
+def test_unsupported_attention_fields_are_refused(
+    tmp_path: Path, changes: dict[str, Any], fragment: str
+) -> None:
+    with pytest.raises(UnsupportedModelError, match=fragment):
+        ModelConfig.from_pretrained(write_checkpoint(tmp_path / "m", legacy(**changes)))
