@@ -1,4 +1,4 @@
-"""Tensor parallelism (TP=2, gloo on the CPU) for the Llama and Qwen3-MoE families.
+"""Tensor parallelism (TP=2, gloo on the CPU) for the Llama, Qwen3-MoE and GPT-OSS families.
 
 Llama: heads, KV heads, MLP and vocabulary split, with every kind of bias (a row-parallel
 bias is added once) and llama3 RoPE. Qwen3-MoE: each expert's intermediate features split
@@ -49,6 +49,18 @@ FAMILIES: dict[str, dict[str, Any]] = {
             "high_freq_factor": 4.0,
             "original_max_position_embeddings": 32,
         },
+    },
+    # Sinks split by heads, sliding (8) and full layers, each expert's interleaved gate/up
+    # columns split by whole pairs, the down bias added once.
+    "gpt-oss-sinks-window": {
+        "architecture": "GptOssForCausalLM",
+        "layer_types": ("sliding_attention", "full_attention"),
+        "sliding_window": 8,
+        "attention_bias": True,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "intermediate_size": 64,
+        "tie_word_embeddings": False,
     },
     "qwen3-moe-mixed-layers": {
         "architecture": "Qwen3MoeForCausalLM",
