@@ -9,6 +9,7 @@ equal transformers' ``generate``.
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -92,3 +93,31 @@ def test_windowed_model_matches_transformers_under_caching_chunking_and_preempti
         assert stats.num_preemptions > 0
         assert stats.prefix_cache_hit_rate > 0
         assert engine.scheduler.stats().num_prefill_steps > 2 * len(prompts)  # chunked
+
+
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="the Triton backend on the CPU needs TRITON_INTERPRET=1 (set by tests/conftest.py "
+    "when CUDA is absent)",
+)
+def test_the_triton_path_matches_transformers(make_checkpoint: Callable[..., Path]) -> None:
+    """The fused RoPE + store kernel, then the window and the sinks in the prefill and decode
+    kernels, through the engine (Triton's interpreter), on GPT-OSS."""
+    checkpoint = make_checkpoint("tiny", **SHAPES["gpt-oss-sinks-moe"])
+    rng = random.Random(3)
+    shared = [rng.randrange(VOCAB) for _ in range(40)]
+    prompts = [[*shared, 7, 8, 9], [*shared, 5]]  # the second hits the first's cached blocks
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    with Engine(
+        checkpoint,
+        device="cpu",
+        attention_backend="triton",
+        kv_block_size=16,
+        max_model_len=128,
+        max_num_batched_tokens=32,
+        num_kv_blocks=16,
+    ) as engine:
+        outputs = [engine.generate([prompt], params, use_tqdm=False)[0] for prompt in prompts]
+    for prompt, output in zip(prompts, outputs, strict=True):
+        assert output.outputs[0].token_ids == hf_greedy(checkpoint, prompt, 4)
+    assert outputs[1].num_cached_tokens >= 32
