@@ -37,6 +37,12 @@ def parse_quantization_config(raw: object, path: Path) -> QuantizationConfig | N
         )
     method = raw.get("quant_method")
     parser = _PARSERS.get(method) if isinstance(method, str) else None
+    if method == "mxfp4":
+        raise UnsupportedModelError(
+            f"checkpoint {str(path)!r}: MXFP4 weights (quant_method='mxfp4', GPT-OSS as "
+            "released) are not supported. Dequantize them to bf16 first: load with "
+            "transformers' Mxfp4Config(dequantize=True), then save_pretrained to a new directory."
+        )
     if parser is None:
         raise UnsupportedModelError(
             f"checkpoint {str(path)!r}: quantization_config quant_method={method!r} is not "
