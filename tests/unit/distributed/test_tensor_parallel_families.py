@@ -35,6 +35,8 @@ SETTINGS: dict[str, Any] = {
     "num_kv_blocks": 12,
     "enable_prefix_caching": True,
 }
+# GPT-OSS holds a table per KV group (full and sliding) and the null block: more blocks.
+FAMILY_SETTINGS: dict[str, dict[str, Any]] = {"gpt-oss-sinks-window": {"num_kv_blocks": 20}}
 FAMILIES: dict[str, dict[str, Any]] = {
     "llama-biases-llama3-rope": {
         "architecture": "LlamaForCausalLM",
@@ -77,7 +79,8 @@ def test_tp2_matches_transformers(make_checkpoint: Callable[..., Path], family: 
     checkpoint = make_checkpoint("tiny", **FAMILIES[family])
     prompts = shared_prefix_prompts(seed=31, count=6)
     assert max(len(prompt) for prompt in prompts) > SETTINGS["max_num_batched_tokens"]
-    with Engine(checkpoint, tensor_parallel_size=2, **SETTINGS) as engine:
+    settings = {**SETTINGS, **FAMILY_SETTINGS.get(family, {})}
+    with Engine(checkpoint, tensor_parallel_size=2, **settings) as engine:
         outputs = engine.generate(prompts, GREEDY, use_tqdm=False)
         again = engine.generate(prompts[:2], GREEDY, use_tqdm=False)  # warm prefix cache
         preemptions = engine.stats().num_preemptions
