@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from pagedinfer.domain.beam_search import BeamSearchParams
 from pagedinfer.domain.grammar_limits import GrammarLimits
+from pagedinfer.domain.lora import LoRARequest
 from pagedinfer.domain.sampling import SamplingParams
 from pagedinfer.domain.sequence import FinishReason
 from pagedinfer.domain.structured import GuidedDecodingParams, StructuredOutputsParams
@@ -56,6 +57,7 @@ __all__ = [
     "FinishReason",
     "GrammarLimits",
     "GuidedDecodingParams",
+    "LoRARequest",
     "Logprob",
     "PoolerConfig",
     "PoolingParams",

@@ -16,6 +16,7 @@ __all__ = [
     "ConfigurationError",
     "EngineClosedError",
     "EngineDeadError",
+    "InvalidLoRAAdapterError",
     "InvalidRequestError",
     "InvalidSamplingParamsError",
     "InvalidStructuredOutputError",
@@ -56,6 +57,11 @@ class InvalidRequestError(PagedInferError, ValueError):
 class InvalidStructuredOutputError(InvalidRequestError):
     """A structured-output constraint (``StructuredOutputsParams``) is malformed, or its JSON
     schema, regex or grammar does not compile; the message names the problem."""
+
+
+class InvalidLoRAAdapterError(InvalidRequestError):
+    """A LoRA adapter cannot be served: missing files, a rank above ``max_lora_rank``, a
+    target module the engine does not adapt, tensors whose shapes do not fit the model."""
 
 
 class ConfigurationError(PagedInferError, ValueError):

@@ -89,7 +89,6 @@ def test_a_typical_vllm_serve_command_line_runs_unchanged(
         ("--quantization fp8", ["--quantization fp8", "unquantized checkpoint"]),
         ("--no-enable-chunked-prefill", ["--no-enable-chunked-prefill", "chunks"]),
         ("--revision main", ["--revision main", "never downloads"]),
-        ("--enable-lora", ["--enable-lora", "LoRA"]),
         (
             "--no-such-flag 3",
             ["unrecognized arguments: --no-such-flag 3", "pagedinfer serve --help"],

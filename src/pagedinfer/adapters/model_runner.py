@@ -42,6 +42,7 @@ from pagedinfer.adapters.kv_calibration import cache_amax, calibration_plan, fp8
 from pagedinfer.adapters.kv_groups import runner_kv_layout
 from pagedinfer.adapters.kv_sizing import cuda_block_budget, kv_cache_blocks, warm_up_plan
 from pagedinfer.adapters.layers.linear import divide
+from pagedinfer.adapters.lora.create import create_lora_runtime
 from pagedinfer.adapters.models.base import CausalLM
 from pagedinfer.adapters.models.loader import load_weights
 from pagedinfer.adapters.models.registry import build_model, read_model_config
@@ -117,6 +118,7 @@ class ModelRunner:
         # table, every layer in every block, as for any model without a window).
         self.kv_layout = runner_kv_layout(self.model.attention_layers(), config)
         self.kv_groups = () if self.kv_layout is None else self.kv_layout.groups
+        self.lora = create_lora_runtime(self.model, model_config, config, parallel)
         # Speculative decoding with a draft model: its cache shares the target's block ids.
         self.drafter: DraftModelProposer | None = None
         if config.draft_model_path is not None:
@@ -272,6 +274,8 @@ class ModelRunner:
         delta = sampling.begin(plan) if sampling is not None else None
         graphs = self.graph_runner
         bucket = graphs.bucket_for(plan) if graphs is not None else None
+        if self.lora is not None:  # each row's adapter, in its device slot
+            self.lora.begin(plan, plan.num_tokens if bucket is None else bucket)
         if bucket is not None:  # straight into the graph's static inputs
             return self.packer.pack_graph_decode(plan, bucket, delta)
         return self.packer.pack(plan, delta)
@@ -592,6 +596,8 @@ class ModelRunner:
             block_size=config.block_size,
         )
         static = self.packer.attach_graph_inputs(layout.largest, layout.table_width, max_running)
+        if self.lora is not None:  # the graphs hold the adapters' matmuls
+            self.lora.capture_all()
         return capture_decode_graphs(
             self.model, self.backend, layout=layout, static=static, device=self.device
         )

@@ -50,6 +50,10 @@ class RunnerConfig:
     pooling_type: str | None = None
     # Fixed reduction splits, whatever shares the batch (adapters/batch_invariant.py).
     batch_invariant: bool = False
+    # LoRA (adapters/lora): device slots (0: LoRA off), the largest rank, host copies kept.
+    max_loras: int = 0
+    max_lora_rank: int = 16
+    max_cpu_loras: int = 0
 
     @property
     def max_running(self) -> int:

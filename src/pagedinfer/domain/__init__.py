@@ -16,6 +16,7 @@ from pagedinfer.domain.events import (
 from pagedinfer.domain.executor import Executor
 from pagedinfer.domain.forks import completion_seed, make_forks
 from pagedinfer.domain.hashing import block_hash, chain_hashes, extend_chain
+from pagedinfer.domain.lora import LoRARequest
 from pagedinfer.domain.plan import (
     BLOCK_TABLE_FILLER,
     PADDING_SLOT,
@@ -51,6 +52,7 @@ __all__ = [
     "DecodeBatch",
     "Executor",
     "FinishReason",
+    "LoRARequest",
     "NewRequest",
     "PoolStats",
     "PrefixCacheHit",

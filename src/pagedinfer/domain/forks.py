@@ -25,10 +25,11 @@ def completion_seed(seed: int | None, index: int) -> int | None:
 
 def make_forks(seq: Sequence, *, first_id: int | None = None) -> list[Sequence]:
     """The other ``seq.params.n - 1`` completions of ``seq``'s request, for
-    :meth:`Scheduler.add` ``(seq, forks=...)``: fresh sequences with ``seq``'s prompt and
-    ``extra_key``, ids ``first_id, first_id + 1, ...`` (default: ``seq.seq_id + 1`` on, as
-    the engine numbers them; the ids must be unused), and ``seq.params`` with the seed of
-    their completion index (:func:`completion_seed`; unseeded requests stay unseeded).
+    :meth:`Scheduler.add` ``(seq, forks=...)``: fresh sequences with ``seq``'s prompt,
+    ``extra_key`` and LoRA adapter, ids ``first_id, first_id + 1, ...`` (default:
+    ``seq.seq_id + 1`` on, as the engine numbers them; the ids must be unused), and
+    ``seq.params`` with the seed of their completion index (:func:`completion_seed`;
+    unseeded requests stay unseeded).
     ``[]`` when ``n == 1``. ``seq`` must be fresh (nothing generated yet)."""
     params = seq.params
     start = seq.seq_id + 1 if first_id is None else first_id
@@ -38,5 +39,7 @@ def make_forks(seq: Sequence, *, first_id: int | None = None) -> list[Sequence]:
         child = params
         if params.seed is not None:
             child = dataclasses.replace(params, seed=completion_seed(params.seed, index))
-        forks.append(Sequence(start + index - 1, prompt, child, extra_key=seq.extra_key))
+        fork = Sequence(start + index - 1, prompt, child, extra_key=seq.extra_key)
+        fork.lora = seq.lora  # extra_key has the adapter in it already
+        forks.append(fork)
     return forks

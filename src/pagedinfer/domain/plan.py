@@ -128,6 +128,7 @@ from bisect import bisect_right
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field
 
+from pagedinfer.domain.lora import LoRARequest
 from pagedinfer.domain.sampling import SamplingParams
 from pagedinfer.domain.sequence import Sequence
 
@@ -168,7 +169,8 @@ class ScheduledChunk:
 
 @dataclass(frozen=True, slots=True)
 class NewRequest:
-    """A request the sampling executor has not seen: install ``params`` at ``slot``.
+    """A request the sampling executor has not seen: install ``params`` (and ``lora``) at
+    ``slot``.
 
     ``prompt_token_ids`` is the prompt when the executor needs it (repetition penalty, prompt
     logprobs: :func:`needs_prompt_tokens`), else empty, so plans stay small.
@@ -179,6 +181,9 @@ class NewRequest:
     params: SamplingParams
     num_prompt_tokens: int
     prompt_token_ids: tuple[int, ...] = ()
+    # The LoRA adapter its rows run with (None: the base model): the executor maps the
+    # request's rows to the adapter's device slot until the request's slot is released.
+    lora: LoRARequest | None = None
 
 
 def needs_prompt_tokens(params: SamplingParams) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence as SequenceABC
 
+from pagedinfer.domain.lora import LoRARequest, adapter_extra_key
 from pagedinfer.domain.sampling import SamplingParams
 
 __all__ = ["FinishReason", "Sequence", "SequenceStatus"]
@@ -66,6 +67,7 @@ class Sequence:
         "extra_key",
         "finish_reason",
         "group_block_tables",
+        "lora",
         "num_cached_tokens",
         "num_preemptions",
         "num_prompt_tokens",
@@ -85,12 +87,15 @@ class Sequence:
         params: SamplingParams | None = None,
         *,
         extra_key: int | None = None,
+        lora: LoRARequest | None = None,
     ) -> None:
         self.seq_id = seq_id
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(self.token_ids)
         self.params = params if params is not None else SamplingParams()
-        self.extra_key = extra_key
+        # The LoRA adapter it runs with (None: the base model); it keys its prefix cache.
+        self.lora = lora
+        self.extra_key = adapter_extra_key(extra_key, lora)
         self.status = SequenceStatus.WAITING
         self.finish_reason: FinishReason | None = None
         self.num_cached_tokens = 0

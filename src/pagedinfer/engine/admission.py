@@ -24,6 +24,7 @@ from typing import Any
 from pagedinfer.adapters.sampling.grammar import GrammarCompiler
 from pagedinfer.domain.forks import make_forks
 from pagedinfer.domain.limits import RequestLimits
+from pagedinfer.domain.lora import LoRARequest
 from pagedinfer.domain.sampling import SamplingParams
 from pagedinfer.domain.scheduler import Scheduler
 from pagedinfer.domain.sequence import Sequence as DomainSequence
@@ -190,14 +191,16 @@ class Admission:
         sink: OutputSink,
         *,
         streamed: bool = False,
+        lora: LoRARequest | None = None,
     ) -> RequestState:
-        """Queue one request (``params`` checked by :meth:`check`); under the engine's lock.
-        The scheduler validates it first: if it refuses, nothing is kept."""
+        """Queue one request (``params`` checked by :meth:`check`, ``lora`` by the engine's
+        LoRA registry); under the engine's lock. The scheduler validates it first: if it
+        refuses, nothing is kept."""
         token_ids = prompt.token_ids
         request_id = self._next_request_id
         # One sequence per completion; the first shares the request's id and prefills the
         # prompt, the others fork from it (completion i is seeded completion_seed(seed, i)).
-        seqs = [DomainSequence(request_id, token_ids, params)]
+        seqs = [DomainSequence(request_id, token_ids, params, lora=lora)]
         seqs += make_forks(seqs[0])
         scheduler.add(seqs[0], forks=seqs[1:])  # validates; raises before anything is kept
         self._next_request_id += params.n
@@ -226,14 +229,18 @@ class Admission:
         params: Sequence[SamplingParams],
         sink: OutputSink,
         abort: Callable[[int], object],
+        loras: Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestState]:
         """Queue a checked batch: all of it, or (if the scheduler refuses one) none (the
-        ones queued before are ended with ``abort``)."""
+        ones queued before are ended with ``abort``). ``loras``: each prompt's adapter."""
         requests: list[RequestState] = []
+        adapters = [None] * len(prompts) if loras is None else loras
         try:
-            for prompt, request_params in zip(prompts, params, strict=True):
+            for prompt, request_params, lora in zip(prompts, params, adapters, strict=True):
                 requests.append(
-                    self.enqueue(table, scheduler, tokenizer, prompt, request_params, sink)
+                    self.enqueue(
+                        table, scheduler, tokenizer, prompt, request_params, sink, lora=lora
+                    )
                 )
         except BaseException:
             for request in requests:

@@ -49,6 +49,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 from pagedinfer.domain.limits import RequestLimits
+from pagedinfer.domain.lora import LoRARequest
 from pagedinfer.domain.sampling import SamplingParams
 from pagedinfer.engine.engine import Engine, EngineStats, Prompt
 from pagedinfer.engine.outputs import RequestOutput
@@ -80,9 +81,11 @@ class _EngineLink:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    def add(self, prompt: TokenizedPrompt, params: SamplingParams) -> str:
+    def add(
+        self, prompt: TokenizedPrompt, params: SamplingParams, lora: LoRARequest | None = None
+    ) -> str:
         # stream=True: the Engine tracks the text every step, so outputs carry it.
-        return self.engine.add_request(prompt, params, stream=True)
+        return self.engine.add_request(prompt, params, stream=True, lora_request=lora)
 
     def abort(self, engine_id: str) -> bool:
         return self.engine.abort(engine_id)
@@ -278,6 +281,7 @@ class AsyncEngine:
         prompt: Prompt,
         sampling_params: SamplingParams | None = None,
         request_id: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncRequestStream:
         """Queue one request; ``async for`` over the result yields its outputs as tokens arrive.
 
@@ -286,11 +290,13 @@ class AsyncEngine:
         :meth:`tokenize` first for long ones). ``request_id`` names the request for
         :meth:`abort` (default: a fresh id); an id still in use raises ``ValueError``. Bad
         input raises here (``ValueError``), before anything is queued. Must be called from a
-        running event loop.
+        running event loop. ``lora_request``: a LoRA adapter (``enable_lora``; docs/lora.md),
+        checked here (its files' header is read once per adapter).
         """
         loop = asyncio.get_running_loop()
         self._check_serving()
         params = self.engine.check_sampling_params(sampling_params)
+        lora = self.engine.loras.check(lora_request)
         # Before any lock: a text prompt is tokenized here, on the event loop. For long
         # texts, ``await tokenize(prompt)`` first (a worker thread) and pass its result.
         tokenized = self.engine.tokenize(prompt)
@@ -302,7 +308,7 @@ class AsyncEngine:
                 )
             # Registered under the lock, so the step thread cannot deliver an output for
             # this request before its stream exists.
-            engine_id = self._link.add(tokenized, params)
+            engine_id = self._link.add(tokenized, params, lora)
             name = request_id if request_id is not None else f"req-{next(self._names)}"
             stream = AsyncRequestStream(self, engine_id, name, loop)
             self._streams[engine_id] = stream
@@ -319,6 +325,7 @@ class AsyncEngine:
         chat_template_kwargs: Mapping[str, Any] | None = None,
         add_generation_prompt: bool = True,
         request_id: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncRequestStream:
         """:meth:`generate` for one conversation, rendered by the tokenizer's chat template.
 
@@ -332,7 +339,7 @@ class AsyncEngine:
             chat_template_kwargs=chat_template_kwargs,
             add_generation_prompt=add_generation_prompt,
         )
-        return self.generate(prompt, sampling_params, request_id)
+        return self.generate(prompt, sampling_params, request_id, lora_request)
 
     def render_chat(
         self,

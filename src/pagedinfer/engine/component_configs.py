@@ -12,6 +12,7 @@ from pagedinfer.adapters.runner_config import RunnerConfig
 from pagedinfer.domain.kv_groups import KVGroupSpec, min_blocks_for_one_sequence
 from pagedinfer.domain.scheduler import SchedulerConfig
 from pagedinfer.engine.config import EngineConfig
+from pagedinfer.engine.lora_options import cpu_lora_slots
 
 __all__ = ["runner_config", "scheduler_config"]
 
@@ -59,6 +60,9 @@ def runner_config(
         logprobs_mode=config.logprobs_mode,
         pooling_type=pooling_type,
         batch_invariant=config.batch_invariant,
+        max_loras=config.max_loras if config.enable_lora else 0,
+        max_lora_rank=config.max_lora_rank,
+        max_cpu_loras=cpu_lora_slots(config.max_loras, config.max_cpu_loras),
     )
 
 
@@ -96,4 +100,5 @@ def scheduler_config(
             runner.num_speculative_tokens if runner.draft_model_path is not None else 0
         ),
         kv_groups=kv_groups,
+        max_loras=runner.max_loras,
     )

@@ -52,6 +52,7 @@ from pagedinfer.engine.generation_config import (
     generation_defaults,
     parse_override_generation_config,
 )
+from pagedinfer.engine.lora_options import LORA_OPTION_NAMES, check_lora_options, lora_flag
 from pagedinfer.engine.pooling_setup import (
     POOLER_HELP,
     RUNNER_HELP,
@@ -387,6 +388,11 @@ class EngineConfig:
         default=None,
         metadata={CLI_FLAG: CliFlag(POOLER_HELP, metavar="JSON", parse=parse_pooler_config)},
     )
+    # LoRA (docs/lora.md; flags and checks in engine/lora_options.py).
+    enable_lora: bool = field(default=False, metadata={CLI_FLAG: lora_flag("enable_lora")})
+    max_loras: int = field(default=1, metadata={CLI_FLAG: lora_flag("max_loras")})
+    max_lora_rank: int = field(default=16, metadata={CLI_FLAG: lora_flag("max_lora_rank")})
+    max_cpu_loras: int | None = field(default=None, metadata={CLI_FLAG: lora_flag("max_cpu_loras")})
     # Structured outputs: what one constraint may cost (domain/grammar_limits.py); one
     # --grammar-<name> flag per limit.
     grammar_limits: GrammarLimits = field(
@@ -484,6 +490,7 @@ class EngineConfig:
         _positive_int("max_consecutive_failed_steps", self.max_consecutive_failed_steps)
         validate_weight_check(self.weight_check)
         validate_logprobs_mode(self.logprobs_mode)
+        check_lora_options(**{name: getattr(self, name) for name in LORA_OPTION_NAMES})
         self.request_limits  # noqa: B018 (validates the limits: ConfigurationError)
         if not isinstance(self.grammar_limits, GrammarLimits):
             raise ConfigurationError(
@@ -618,6 +625,10 @@ class EngineOptions(TypedDict, total=False):
     logprobs_mode: LogprobsMode
     runner: str
     pooler_config: PoolerConfig | Mapping[str, object] | None
+    enable_lora: bool
+    max_loras: int
+    max_lora_rank: int
+    max_cpu_loras: int | None
     grammar_limits: GrammarLimits
 
 

@@ -42,6 +42,7 @@ from pagedinfer.adapters.kv_cache import kv_cache_dtype_name, resolve_kv_cache_d
 from pagedinfer.adapters.models.registry import read_model_config
 from pagedinfer.adapters.sampling.grammar import GrammarCompiler
 from pagedinfer.domain.forks import completion_seed
+from pagedinfer.domain.lora import Lora, LoRARequest
 from pagedinfer.domain.plan import BatchPlan
 from pagedinfer.domain.sampling import SamplingParams
 from pagedinfer.domain.scheduler import Scheduler
@@ -67,6 +68,7 @@ from pagedinfer.engine.failures import (
     is_fatal,
 )
 from pagedinfer.engine.in_flight import InFlight
+from pagedinfer.engine.lora import LoRARegistry
 from pagedinfer.engine.output_processor import OutputProcessor
 from pagedinfer.engine.outputs import RequestOutput
 from pagedinfer.engine.pooling_setup import pooling_engine_config, pooling_setup
@@ -230,6 +232,7 @@ class Engine(SleepAndPause, WeightSync):
             pooling=self.pooling is not None,
         )
         self.request_limits = self._admission.limits  # resolved (-1, n against max_running)
+        self.loras = LoRARegistry.for_engine(config, self.model_config)
         self._executor = executor
         self._table = RequestTable()  # the unfinished requests
         self._outputs = OutputProcessor(self.scheduler, self.tokenizer, self._table)
@@ -302,7 +305,12 @@ class Engine(SleepAndPause, WeightSync):
         return self._admission.check(params)
 
     def add_request(
-        self, prompt: Prompt, params: SamplingParams | None = None, *, stream: bool = False
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        *,
+        stream: bool = False,
+        lora_request: Lora = None,
     ) -> str:
         """Queue one request and return its id (a string, as ``RequestOutput.request_id``);
         :meth:`step` returns its outputs.
@@ -315,11 +323,12 @@ class Engine(SleepAndPause, WeightSync):
         nothing). The prompt is tokenized before the engine's lock is taken.
         """
         checked = self._admission.check(params)
+        lora = self.loras.check(lora_request)
         tokenized = self._prompts.encode(prompt)
         with self._guard.held():
             self._check_open()
-            request = self._enqueue(tokenized, checked, self._step_sink, streamed=stream)
-            return request.name
+            sink = self._step_sink
+            return self._enqueue(tokenized, checked, sink, streamed=stream, lora=lora).name
 
     def abort(self, request_id: str) -> bool:
         """Finish a request now with ``finish_reason="abort"`` and free its KV blocks.
@@ -518,6 +527,7 @@ class Engine(SleepAndPause, WeightSync):
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        lora_request: Lora | Sequence[Lora] = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in input order.
 
@@ -528,9 +538,9 @@ class Engine(SleepAndPause, WeightSync):
         as these requests are done (requests aborted meanwhile come back with
         ``finish_reason="abort"``); if it raises (Ctrl-C; ``StepFailedError`` when a step
         that held some of them failed; ``EngineDeadError``), its unfinished requests are
-        aborted.
+        aborted. ``lora_request``: an adapter for all prompts or one each (docs/lora.md).
         """
-        return self._generate(parse_prompts(prompts), sampling_params, use_tqdm)
+        return self._generate(parse_prompts(prompts), sampling_params, use_tqdm, lora_request)
 
     def chat(
         self,
@@ -541,6 +551,7 @@ class Engine(SleepAndPause, WeightSync):
         chat_template_kwargs: Mapping[str, Any] | None = None,
         add_generation_prompt: bool = True,
         use_tqdm: bool = True,
+        lora_request: Lora | Sequence[Lora] = None,
     ) -> list[RequestOutput]:
         """:meth:`generate` for one conversation or a list of them, rendered by the
         tokenizer's chat template (or ``chat_template``).
@@ -558,16 +569,18 @@ class Engine(SleepAndPause, WeightSync):
             add_generation_prompt=add_generation_prompt,
             model_path=self.config.model_path,
         )
-        return self._generate(list(rendered), sampling_params, use_tqdm)
+        return self._generate(list(rendered), sampling_params, use_tqdm, lora_request)
 
     def _generate(
         self,
         batch: list[PromptInput | TokenizedPrompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None,
         use_tqdm: bool,
+        lora_request: object = None,
     ) -> list[RequestOutput]:
         # Parameters first (cheap refusals), then every prompt, all before the lock.
         params = self._admission.check_all(len(batch), sampling_params)
+        loras = self.loras.per_prompt(lora_request, len(batch))
         prompts = [self._prompts.encode(prompt) for prompt in batch]
         sink = OutputSink(wants_progress=False)
         with self._guard.held():
@@ -581,6 +594,7 @@ class Engine(SleepAndPause, WeightSync):
                 params,
                 sink,
                 abort=self._outputs.abort,
+                loras=loras,
             )
             progress = ProgressBar(
                 total=len(requests),
@@ -603,7 +617,9 @@ class Engine(SleepAndPause, WeightSync):
             self._guard.surface_interrupt()  # a held-back Ctrl-C, before delivery
             return [request.output() for request in requests]
 
-    def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> RequestStream:
+    def stream(
+        self, prompt: Prompt, params: SamplingParams | None = None, *, lora_request: Lora = None
+    ) -> RequestStream:
         """Queue one request and return an iterator over its deltas.
 
         Each delta is a :class:`RequestOutput` holding only what is new since the previous
@@ -615,11 +631,12 @@ class Engine(SleepAndPause, WeightSync):
         request. If a step the request was in fails, iterating raises ``StepFailedError``.
         """
         checked = self._admission.check(params)
+        lora = self.loras.check(lora_request)
         tokenized = self._prompts.encode(prompt)
         with self._guard.held():
             self._check_open()
             sink = OutputSink(wants_progress=True)
-            request = self._enqueue(tokenized, checked, sink, streamed=True)
+            request = self._enqueue(tokenized, checked, sink, streamed=True, lora=lora)
             return RequestStream(self, request)
 
     def _next_stream_delta(self, request: RequestState) -> RequestOutput:
@@ -769,10 +786,12 @@ class Engine(SleepAndPause, WeightSync):
         sink: OutputSink,
         *,
         streamed: bool = False,
+        lora: LoRARequest | None = None,
     ) -> RequestState:
         self._check_accepting()
+        table, scheduler, tokenizer = self._table, self.scheduler, self.tokenizer
         return self._admission.enqueue(
-            self._table, self.scheduler, self.tokenizer, prompt, params, sink, streamed=streamed
+            table, scheduler, tokenizer, prompt, params, sink, streamed=streamed, lora=lora
         )
 
 

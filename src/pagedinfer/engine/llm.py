@@ -7,7 +7,7 @@ A vLLM script runs with ``from pagedinfer import LLM, SamplingParams`` in place 
 * those that map onto the Engine are passed on (``dtype``, ``max_model_len``,
   ``tensor_parallel_size``, ``block_size`` as ``kv_block_size``, ``speculative_config``, ...),
   and so are the Engine's own (``num_threads``, ``attention_backend``, ...);
-* those that select something pagedinfer does not have (quantization, LoRA, multimodal
+* those that select something pagedinfer does not have (quantization, multimodal
   inputs, downloads, ...) are accepted at the value that means "off"
   and raise :class:`~pagedinfer.errors.ConfigurationError` naming the argument and why
   otherwise;
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from pagedinfer.domain.beam_search import BeamSearchParams
+from pagedinfer.domain.lora import LoRARequest
 from pagedinfer.domain.sampling import SamplingParams
 from pagedinfer.engine.beam_search import BeamSearchOutput, beam_search, tokenize_prompts
 from pagedinfer.engine.config import ENGINE_OPTIONS
@@ -120,8 +121,6 @@ VLLM_ARGUMENTS: dict[str, _VllmArgument] = {
     "disable_sliding_window": _VllmArgument(
         _flag, "sliding-window layers always attend within their window"
     ),
-    "max_lora_rank": _VllmArgument(_anything, "LoRA is not supported (enable_lora)"),
-    "max_loras": _VllmArgument(_anything, "LoRA is not supported (enable_lora)"),
     # Accepted only at the value that means "off".
     "allowed_local_media_path": _VllmArgument(_is(""), _TEXT_ONLY),
     "allowed_media_domains": _VllmArgument(_empty, _TEXT_ONLY),
@@ -167,7 +166,6 @@ VLLM_ARGUMENTS: dict[str, _VllmArgument] = {
         "the one grammar engine is llguidance ('guidance'); constrain each request with "
         "SamplingParams(structured_outputs=...)",
     ),
-    "enable_lora": _VllmArgument(_is(False), "LoRA adapters are not supported"),
     "enable_sleep_mode": _VllmArgument(
         _flag, "sleep() and wake_up() are always available (docs/sleep_mode.md)"
     ),
@@ -262,13 +260,14 @@ class LLM(Engine):
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
-        lora_request: object = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
         priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
-        """vLLM's ``LLM.generate``: outputs in input order. ``lora_request`` must be None;
-        ``priority`` None or all 0 (requests are served first come, first served)."""
-        _check_request_options(lora_request=lora_request, priority=priority)
-        return super().generate(prompts, sampling_params, use_tqdm)
+        """vLLM's ``LLM.generate``: outputs in input order. ``lora_request``: a LoRA adapter
+        for every prompt or one per prompt (``enable_lora``; docs/lora.md); ``priority``
+        None or all 0 (requests are served first come, first served)."""
+        _check_request_options(priority=priority)
+        return super().generate(prompts, sampling_params, use_tqdm, lora_request)
 
     # ------------------------------------------------------------------ pooling
     def embed(
@@ -365,7 +364,7 @@ class LLM(Engine):
         messages: Sequence[Mapping[str, Any]] | Sequence[Sequence[Mapping[str, Any]]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
-        lora_request: object = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
         chat_template: str | None = None,
         chat_template_content_format: str = "auto",
         add_generation_prompt: bool = True,
@@ -375,11 +374,10 @@ class LLM(Engine):
         mm_processor_kwargs: Mapping[str, Any] | None = None,
     ) -> list[RequestOutput]:
         """vLLM's ``LLM.chat`` (its positional order): one conversation or a list of them,
-        rendered by the chat template. ``lora_request``, ``tools`` and
+        rendered by the chat template (``lora_request`` as :meth:`generate`'s). ``tools`` and
         ``mm_processor_kwargs`` must be None, ``continue_final_message`` False and
         ``chat_template_content_format`` ``"auto"`` or ``"string"``: anything else raises
         ``InvalidRequestError`` naming the argument."""
-        _check_request_options(lora_request=lora_request)
         refused = {
             "continue_final_message": (
                 continue_final_message is not False,
@@ -402,6 +400,7 @@ class LLM(Engine):
             chat_template_kwargs=chat_template_kwargs,
             add_generation_prompt=add_generation_prompt,
             use_tqdm=use_tqdm,
+            lora_request=lora_request,
         )
 
 
@@ -439,7 +438,9 @@ def _engine_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def _check_request_options(*, lora_request: object = None, priority: object = None) -> None:
     if lora_request is not None:
-        raise InvalidRequestError("lora_request is not supported: LoRA adapters are not.")
+        raise InvalidRequestError(
+            "lora_request is not supported by beam_search (generate and chat take one)."
+        )
     if priority is not None and (
         not isinstance(priority, Sequence) or any(p != 0 for p in priority)
     ):

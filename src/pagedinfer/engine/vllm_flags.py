@@ -64,7 +64,6 @@ VLLM_FLAGS: dict[str, VllmFlag] = {
     "hf_token": _llm("hf_token", metavar="TOKEN"),
     "revision": _llm("revision", metavar="REV"),
     "download_dir": _llm("download_dir", metavar="DIR"),
-    "enable_lora": _llm("enable_lora", switch=True),
 }
 """The ``vllm serve`` flags ``pagedinfer serve`` accepts without an engine option (by name
 with underscores; the flag is ``--`` and the name with dashes)."""

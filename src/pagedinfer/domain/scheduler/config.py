@@ -34,6 +34,8 @@ class SchedulerConfig:
     # Hybrid attention: the model's KV groups (pagedinfer.domain.kv_groups). Empty, or one
     # full-attention group: one block table per sequence.
     kv_groups: tuple[KVGroupSpec, ...] = ()
+    # LoRA: the distinct adapters one step may hold (the executor's device slots; 0: none).
+    max_loras: int = 0
 
     def __post_init__(self) -> None:
         if self.scheduling_policy not in SCHEDULING_POLICIES:
@@ -51,7 +53,7 @@ class SchedulerConfig:
                 f"max_model_len={self.max_model_len!r} is invalid: expected an integer >= 2 "
                 "(one prompt token plus one generated token)."
             )
-        for name in ("num_speculative_tokens", "num_lookahead_tokens"):
+        for name in ("num_speculative_tokens", "num_lookahead_tokens", "max_loras"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigurationError(f"{name}={value!r} is invalid: expected an integer >= 0.")

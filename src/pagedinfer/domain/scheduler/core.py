@@ -26,6 +26,7 @@ from pagedinfer.domain.plan import (
     build_batch_plan,
     mixed_batch_plan,
 )
+from pagedinfer.domain.scheduler.adapter_limit import AdapterLimit, running_adapters
 from pagedinfer.domain.scheduler.ahead import restore_chunks
 from pagedinfer.domain.scheduler.allocator import BlockAllocator
 from pagedinfer.domain.scheduler.config import SchedulerConfig, SchedulerStats
@@ -127,6 +128,8 @@ class Scheduler:
         self._num_decode_steps = 0
         self._num_mixed_steps = 0
         self._mixed = config.scheduling_policy == "mixed"
+        # LoRA: at most max_loras adapters among the running sequences (adapter_limit.py).
+        self._lora = config.max_loras > 0
         # Plans issued, and the number of the latest plan recorded (BatchPlan.step_id).
         self._step_id = 0
         self._recorded_step_id = 0
@@ -175,6 +178,11 @@ class Scheduler:
             )
         if seq.seq_id in self._seqs:
             raise InvalidRequestError(f"request id {seq.seq_id} is already queued or running.")
+        if seq.lora is not None and not self._lora:
+            raise InvalidRequestError(
+                f"the request asks for LoRA adapter {seq.lora.lora_name!r}, but this scheduler "
+                "serves no adapters (max_loras=0): enable LoRA (enable_lora=True, max_loras)."
+            )
         if seq.status is not SequenceStatus.WAITING or seq.block_table or seq.slot >= 0:
             raise InvalidRequestError(f"{seq!r} is not a fresh request.")
         if forks:
@@ -391,6 +399,7 @@ class Scheduler:
             known=self._seqs,
             awaiting=self._awaiting,
             ahead=self._ahead is not None,
+            adapters=running_adapters(self._running) if self._lora else None,
         )
         for seq in decision.admitted:
             self._waiting.popleft()
@@ -757,3 +766,5 @@ class Scheduler:
         in_flight = self._in_flight is not None or self._ahead is not None
         self._forks.check(self._seqs, plan_in_flight=in_flight)
         self._rows.check(running)
+        if self._lora:
+            AdapterLimit(self.config.max_loras).check(running)

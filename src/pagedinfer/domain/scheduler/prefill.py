@@ -25,6 +25,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from pagedinfer.domain.plan import PENDING_TOKEN, ScheduledChunk
+from pagedinfer.domain.scheduler.adapter_limit import AdapterLimit
 from pagedinfer.domain.scheduler.allocator import BlockAllocator
 from pagedinfer.domain.scheduler.config import SchedulerConfig
 from pagedinfer.domain.scheduler.fork_table import ForkTable
@@ -48,7 +49,7 @@ class PrefillPlanner:
     """Prefill chunks of one scheduler: blocks from ``allocator``, forks from ``forks``,
     sampling slots for new requests from ``slots``."""
 
-    __slots__ = ("_allocator", "_forks", "_lookahead", "_max_running", "_slots")
+    __slots__ = ("_adapters", "_allocator", "_forks", "_lookahead", "_max_running", "_slots")
 
     def __init__(
         self,
@@ -62,6 +63,7 @@ class PrefillPlanner:
         self._slots = slots
         self._lookahead = config.num_lookahead_tokens
         self._max_running = config.max_running
+        self._adapters = AdapterLimit(config.max_loras)
 
     def plan(
         self,
@@ -74,11 +76,13 @@ class PrefillPlanner:
         known: dict[int, Sequence],
         awaiting: Collection[int],
         ahead: bool,
+        adapters: set[int] | None = None,
     ) -> PrefillDecision:
         """Chunks for ``prefilling`` (in order), then (``admit``) for the head of
         ``waiting``, in ``budget`` tokens. ``num_running``: the running sequences now;
         ``known``: the unfinished ones by id; ``awaiting`` (planning ``ahead``): the
-        sequences whose chunk in the plan in flight samples."""
+        sequences whose chunk in the plan in flight samples; ``adapters``: the running
+        sequences' LoRA adapters (None: no limit to keep), which admissions extend."""
         decision = PrefillDecision()
         chunks = decision.chunks
         for seq in prefilling:
@@ -98,10 +102,14 @@ class PrefillPlanner:
                 break
             if ahead and (seq.seq_id in awaiting or seq.token_ids[-1] == PENDING_TOKEN):
                 break  # preempted with its token in flight: readmitted once it is recorded
+            if adapters is not None and not self._adapters.admits(seq, adapters):
+                break  # every adapter slot is taken (domain/scheduler/adapter_limit.py)
             num_tokens = self._admit(seq, budget)
             if num_tokens == 0:
                 break
             admitted.append(seq)
+            if adapters is not None and seq.lora is not None:
+                adapters.add(seq.lora.lora_int_id)
             forking = seq.seq_id in self._forks.pending and seq.num_uncomputed_tokens == num_tokens
             forks = self._forks.fork(seq, self._slots) if forking else ()
             chunks.append(ScheduledChunk(seq, num_tokens, forks))

@@ -34,7 +34,7 @@ class SlotTable:
             self.num_slots += 1
         prompt = tuple(seq.prompt_token_ids) if needs_prompt_tokens(seq.params) else ()
         self.new_requests.append(
-            NewRequest(seq.seq_id, seq.slot, seq.params, seq.num_prompt_tokens, prompt)
+            NewRequest(seq.seq_id, seq.slot, seq.params, seq.num_prompt_tokens, prompt, seq.lora)
         )
 
     def release(self, seq: Sequence) -> None:
