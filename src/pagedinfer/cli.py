@@ -325,9 +325,11 @@ def _resolve_model(args: argparse.Namespace) -> None:
 
 def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     from pagedinfer.serving.arguments import add_serve_arguments
+    from pagedinfer.serving.lora import add_lora_arguments
 
     _model_arguments(serve)
     add_serve_arguments(serve)
+    add_lora_arguments(serve)
 
 
 def _checked_engine_kwargs(args: argparse.Namespace, model: str) -> dict[str, object]:
@@ -513,6 +515,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         )
         return EXIT_USER_ERROR
     from pagedinfer.errors import ConfigurationError, EngineDeadError
+    from pagedinfer.serving.lora import runtime_lora_updating
     from pagedinfer.serving.options import API_KEY_ENV, ServingOptions, load_chat_template
 
     api_key = args.api_key
@@ -539,6 +542,10 @@ def _run_serve(args: argparse.Namespace) -> int:
         reasoning_parser=args.reasoning_parser,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         enable_sleep_mode=args.enable_sleep_mode,
+        lora_modules=tuple(args.lora_modules),
+        allow_runtime_lora_updating=runtime_lora_updating(
+            args.allow_runtime_lora_updating, dict(os.environ)
+        ),
     )
     try:
         run_server(

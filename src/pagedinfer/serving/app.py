@@ -4,7 +4,8 @@ Routes: ``GET /health``, ``GET /metrics``, ``GET /version``, ``GET /v1/models`` 
 ``/v1/models/{id}``), ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST
 /v1/responses`` (and ``GET /v1/responses/{id}``), ``POST /v1/messages`` (Anthropic's),
 ``POST /invocations`` (SageMaker's), ``POST /tokenize``, ``POST /detokenize``; a pooling
-model's ``POST /v1/embeddings``, ``/score`` and ``/rerank`` (docs/pooling.md);
+model's ``POST /v1/embeddings``, ``/score`` and ``/rerank`` (docs/pooling.md); with
+``allow_runtime_lora_updating`` ``POST /v1/load_lora_adapter``, ``/v1/unload_lora_adapter``;
 behind a :class:`~pagedinfer.serving.guard.RequestGuard` (Host check, API key, bounded
 body). A request is validated and queued before the response starts, so bad input gets a
 4xx (OpenAI's error JSON) and never a half-sent stream; the checks run cheapest first: the
@@ -32,6 +33,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from pagedinfer.engine.async_engine import AsyncEngine
+from pagedinfer.errors import ConfigurationError, InvalidRequestError
 from pagedinfer.serving.errors import install_error_handlers
 from pagedinfer.serving.guard import RequestGuard
 from pagedinfer.serving.options import ServingOptions
@@ -40,6 +42,7 @@ from pagedinfer.serving.routes import (
     completions,
     info,
     invocations,
+    lora_admin,
     messages,
     pooling,
     responses,
@@ -95,4 +98,22 @@ def build_app(
         app.post(path)(pooling.score)
     for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
         app.post(path)(pooling.rerank)
+    serve_lora_modules(state, options.lora_modules)
+    if options.allow_runtime_lora_updating:
+        app.post("/v1/load_lora_adapter", response_model=None)(lora_admin.load_adapter)
+        app.post("/v1/unload_lora_adapter", response_model=None)(lora_admin.unload_adapter)
     return app
+
+
+def serve_lora_modules(state: ServingState, modules: tuple[tuple[str, str], ...]) -> None:
+    """Check and serve the ``--lora-modules`` adapters (``ConfigurationError`` naming the
+    first that cannot be served)."""
+    for name, path in modules:
+        if name == state.served_model_name or state.loras.get(name) is not None:
+            raise ConfigurationError(f"--lora-modules: the model name {name!r} is taken.")
+        lora = state.loras.new(name, path)
+        try:
+            state.engine.engine.add_lora(lora)
+        except InvalidRequestError as error:
+            raise ConfigurationError(f"--lora-modules {name}={path}: {error}") from None
+        state.loras.publish(lora)

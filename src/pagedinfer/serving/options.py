@@ -101,6 +101,9 @@ class ServingOptions:
     enable_prompt_tokens_details: bool = False
     # POST /sleep, /wake_up, /pause, /resume; GET /is_sleeping, /is_paused (routes/sleep.py).
     enable_sleep_mode: bool = False
+    # LoRA (docs/lora.md): adapters served under their names, and the load/unload routes.
+    lora_modules: tuple[tuple[str, str], ...] = ()
+    allow_runtime_lora_updating: bool = False
 
     def __post_init__(self) -> None:
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:

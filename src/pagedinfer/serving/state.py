@@ -29,6 +29,7 @@ from pagedinfer.errors import InvalidStructuredOutputError
 from pagedinfer.serving.errors import OpenAIError
 from pagedinfer.serving.fields import FieldPolicy
 from pagedinfer.serving.generation_defaults import apply_generation_defaults, request_defaults
+from pagedinfer.serving.lora import ServedLoRAs
 from pagedinfer.serving.metrics import ServerMetrics
 from pagedinfer.serving.options import ServingOptions
 from pagedinfer.serving.prompts import ChatRendering
@@ -68,6 +69,7 @@ class ServingState:
     reasoning: ReasoningParser | None = None  # --reasoning-parser
     reasoning_end: ReasoningEnd | None = None  # its end marker's token
     responses: ResponseStore = field(default_factory=ResponseStore)  # /v1/responses kept
+    loras: ServedLoRAs = field(default_factory=ServedLoRAs)  # adapters, by model name
 
     @classmethod
     def build(
@@ -101,14 +103,19 @@ class ServingState:
         self.metrics.requests_rejected.labels(status=str(status)).inc()
 
     def check_model(self, name: str | None) -> None:
-        if name is not None and name != self.served_model_name:
+        if name is not None and name != self.served_model_name and self.loras.get(name) is None:
             raise OpenAIError(
                 404,
                 f"The model `{name}` does not exist: this server serves "
-                f"`{self.served_model_name}` (GET /v1/models).",
+                f"`{self.served_model_name}` and its adapters (GET /v1/models).",
                 param="model",
                 code="model_not_found",
             )
+
+    def response_model(self, name: str | None) -> str:
+        """The ``model`` a response names: the adapter asked for, else the served name."""
+        lora = self.loras.get(name)
+        return self.served_model_name if lora is None else lora.lora_name
 
     def admit(self, body: BaseModel) -> None:
         """The checks every body passes first: its fields, its model."""
@@ -143,9 +150,11 @@ class ServingState:
         prompt: TokenizedPrompt,
         params: SamplingParams,
         structured: StructuredRequest | None,
+        model: str | None = None,
     ) -> AsyncRequestStream:
+        """Queue one prompt, with the LoRA adapter served as ``model`` (if one is)."""
         try:
-            return self.engine.generate(prompt, params)
+            return self.engine.generate(prompt, params, lora_request=self.loras.get(model))
         except InvalidStructuredOutputError as error:
             if structured is None:
                 raise
@@ -160,7 +169,7 @@ class ServingState:
     ) -> ResponseContext:
         return ResponseContext(
             response_id=f"{prefix}-{body.request_id or uuid.uuid4().hex}",
-            model=self.served_model_name,
+            model=self.response_model(body.model),
             created=int(time.time()),
             token_text=self.token_text,
             num_logprobs=params.logprobs,

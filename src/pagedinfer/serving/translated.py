@@ -106,7 +106,7 @@ async def submit_chat(chat: ChatCompletionRequest, state: ServingState) -> Submi
     )
     if structured is not None:
         params = reasoning.gated(params, structured.field)
-    stream = state.submit(prompt, params, structured)
+    stream = state.submit(prompt, params, structured, chat.model)
     end_texts = tools.calls.end_texts if tools.calls is not None else ()
     return SubmittedChat(
         stream,

@@ -35,4 +35,5 @@ def create_lora_runtime(
         max_tokens=config.max_num_batched_tokens,
         device=config.device,
         dtype=config.dtype,
+        use_kernels=config.device.type == "cuda",
     )

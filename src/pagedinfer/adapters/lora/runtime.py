@@ -64,6 +64,16 @@ class _Part:
     size: int
 
 
+class _TritonLoRA:
+    """The Triton shrink/expand, imported only where they run (Triton is a CUDA extra)."""
+
+    def __init__(self) -> None:
+        from pagedinfer.adapters.kernels.lora import lora_expand_triton, lora_shrink_triton
+
+        self.shrink = lora_shrink_triton
+        self.expand = lora_expand_triton
+
+
 class LoRALayer:
     """The slots of one projection: ``a`` ``[S, parts * r, in]`` (the parts' ``A`` stacked,
     one shrink for all) and one ``b`` ``[S, r, out_part]`` per part."""
@@ -110,9 +120,18 @@ class LoRALayer:
         if not runtime.active:
             return out
         x = inputs[0]
+        rank = self.rank
+        kernels = runtime.kernels
+        if kernels is not None:  # Triton: each token reads its own adapter only
+            slots = runtime.token_slots[: x.shape[0]]
+            shrunk = kernels.shrink(x.contiguous(), self.a, slots)
+            for index, part in enumerate(self.parts):
+                own = shrunk[:, index * rank : (index + 1) * rank]
+                columns = out[:, part.start : part.start + part.size]
+                kernels.expand(columns, own, self.b[index], slots)
+            return out
         mask = runtime.mask(x.shape[0], x.dtype)
         shrunk = lora_shrink(x, self.a, mask)
-        rank = self.rank
         for index, part in enumerate(self.parts):
             own = shrunk[:, index * rank : (index + 1) * rank]
             lora_expand(out[:, part.start : part.start + part.size], own, self.b[index], mask)
@@ -134,8 +153,11 @@ class LoRARuntime:
         max_tokens: int,
         device: torch.device,
         dtype: torch.dtype,
+        use_kernels: bool = False,
     ) -> None:
         self.config = config
+        # The Triton pair on CUDA (adapters/kernels/lora.py), else the torch twins.
+        self.kernels = _TritonLoRA() if use_kernels else None
         self.max_lora_rank = max_lora_rank
         self.dtype = dtype
         self.num_slots = max_loras

@@ -73,7 +73,9 @@ async def completions(body: CompletionRequest, request: Request, state: State) -
             for prompt in completion_prompts(body)
         )
     )
-    streams = _submit_all(lambda prompt: state.submit(prompt, params, structured), prompts)
+    streams = _submit_all(
+        lambda prompt: state.submit(prompt, params, structured, body.model), prompts
+    )
     ctx = state.context("cmpl", params, body, echo=body.echo, echo_only=echoes_prompt_only(body))
     timers = [state.metrics.timer() for _ in streams]
     if body.stream:

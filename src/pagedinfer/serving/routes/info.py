@@ -38,24 +38,27 @@ async def version() -> dict[str, str]:
 
 
 async def models(state: State) -> dict[str, Any]:
-    return {"object": "list", "data": [model_card(state)]}
+    adapters = [model_card(state, lora.lora_name) for lora in state.loras.all()]
+    return {"object": "list", "data": [model_card(state), *adapters]}
 
 
 async def model(model_id: str, state: State) -> dict[str, Any]:
     state.check_model(model_id)
-    return model_card(state)
+    return model_card(state, model_id)
 
 
-def model_card(state: ServingState) -> dict[str, Any]:
-    """The served model as OpenAI's ``/v1/models`` lists it (with vLLM's fields)."""
+def model_card(state: ServingState, model_id: str | None = None) -> dict[str, Any]:
+    """The served model (or its LoRA adapter ``model_id``, whose ``parent`` is the base
+    model's name and ``root`` its path, as vLLM's) as OpenAI's ``/v1/models`` lists it."""
     name, created = state.served_model_name, state.created
+    lora = state.loras.get(model_id)
     return {
-        "id": name,
+        "id": name if lora is None else lora.lora_name,
         "object": "model",
         "created": created,
         "owned_by": "pagedinfer",
-        "root": name,
-        "parent": None,
+        "root": name if lora is None else lora.lora_path,
+        "parent": None if lora is None else name,
         "max_model_len": state.engine.max_model_len,
         "permission": [
             {

@@ -112,6 +112,8 @@ def _model_calls(model: ModelShape, dtype: torch.dtype, target: KernelTarget) ->
         for block_size in BLOCK_SIZES:
             yield from _attention(model, dtype, kv_dtype or dtype, block_size, target)
     yield from _gemms(model, dtype, target)
+    if dtype != torch.float32:  # LoRA runs in the model's 16-bit dtype on CUDA
+        yield from _lora(model, dtype)
     if model.num_experts:
         yield from _moe(model, dtype)
     yield from _sampling(model, dtype)
@@ -128,6 +130,31 @@ def _norm_and_activation(model: ModelShape, dtype: torch.dtype) -> Iterator[Call
         yield partial(add_rms_norm, x, x.clone(), weight, 1e-6)
         if model.intermediate:
             yield partial(silu_and_mul, _empty(rows, 2 * model.intermediate, dtype=dtype))
+
+
+def _lora(model: ModelShape, dtype: torch.dtype) -> Iterator[Call]:
+    """The batched LoRA pair (adapters/kernels/lora.py) on each adapted projection: ranks 16
+    and 64 (the packed q/k/v and gate/up shrink stacks theirs), 4 slots."""
+    from pagedinfer.adapters.kernels.lora import lora_expand_triton, lora_shrink_triton
+
+    q_out = model.num_heads * model.head_dim
+    kv_out = model.num_kv_heads * model.head_dim
+    projections = [(model.hidden, 3, (q_out, kv_out)), (q_out, 1, (model.hidden,))]
+    if model.intermediate:
+        projections += [(model.hidden, 2, (model.intermediate,))]
+        projections += [(model.intermediate, 1, (model.hidden,))]
+    for rows in (*DECODE_ROWS, PREFILL_ROWS):
+        slots = torch.empty(rows, dtype=torch.int64, device=_META)
+        for rank in (16, 64):
+            for in_features, parts, outs in projections:
+                x = _empty(rows, in_features, dtype=dtype)
+                a = _empty(4, parts * rank, in_features, dtype=dtype)
+                yield partial(lora_shrink_triton, x, a, slots)
+                s = _empty(rows, rank, dtype=dtype)
+                for out_features in outs:
+                    b = _empty(4, rank, out_features, dtype=dtype)
+                    y = _empty(rows, out_features, dtype=dtype)
+                    yield partial(lora_expand_triton, y, s, b, slots)
 
 
 def _attention(
