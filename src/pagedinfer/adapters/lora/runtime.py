@@ -130,11 +130,14 @@ class LoRALayer:
                 columns = out[:, part.start : part.start + part.size]
                 kernels.expand(columns, own, self.b[index], slots)
             return out
+        # The twins compute every slot up to the step's highest (slots fill from 0).
+        used = runtime.slot_limit
         mask = runtime.mask(x.shape[0], x.dtype)
-        shrunk = lora_shrink(x, self.a, mask)
+        shrunk = lora_shrink(x, self.a[:used], mask)
         for index, part in enumerate(self.parts):
             own = shrunk[:, index * rank : (index + 1) * rank]
-            lora_expand(out[:, part.start : part.start + part.size], own, self.b[index], mask)
+            columns = out[:, part.start : part.start + part.size]
+            lora_expand(columns, own, self.b[index][:used], mask)
         return out
 
 
@@ -161,6 +164,7 @@ class LoRARuntime:
         self.max_lora_rank = max_lora_rank
         self.dtype = dtype
         self.num_slots = max_loras
+        self.slot_limit = max_loras  # this step's highest slot + 1 (the twins' work)
         self.token_slots = torch.full((max_tokens,), -1, dtype=torch.int64, device=device)
         # Eager steps of base rows only skip the hooks; warm-up and capture run them.
         self.active = True
@@ -208,13 +212,14 @@ class LoRARuntime:
         """Before a warm-up or a graph capture: run the hooks (every token base)."""
         self.token_slots.fill_(-1)
         self.active = True
+        self.slot_limit = self.num_slots
 
     def mask(self, num_tokens: int, dtype: torch.dtype) -> torch.Tensor:
         """``[num_tokens, S]``: the step's token -> slot one-hot, made once per forward."""
         cached = self._mask_cache
         if cached is not None and cached[0] == num_tokens and cached[1] == dtype:
             return cached[2]
-        mask = slot_mask(self.token_slots[:num_tokens], self.num_slots, dtype)
+        mask = slot_mask(self.token_slots[:num_tokens], self.slot_limit, dtype)
         self._mask_cache = (num_tokens, dtype, mask)
         return mask
 
@@ -244,6 +249,7 @@ class LoRARuntime:
             self.token_slots[:num_tokens].fill_(-1)
             return
         slot_of, loads = self._slots.assign(needed)
+        self.slot_limit = max(slot_of.values()) + 1
         for slot, adapter_id in loads:
             self._write_slot(slot, adapter_id)
         per_token: list[int] = []
