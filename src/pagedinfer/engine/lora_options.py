@@ -19,7 +19,6 @@ LORA_OPTION_NAMES = (
     "max_loras",
     "max_lora_rank",
     "max_cpu_loras",
-    "tensor_parallel_size",
     "pipeline_parallel_size",
 )
 """The ``EngineConfig`` fields :func:`check_lora_options` reads."""
@@ -47,7 +46,6 @@ def check_lora_options(
     max_loras: object,
     max_lora_rank: object,
     max_cpu_loras: object,
-    tensor_parallel_size: int,
     pipeline_parallel_size: int,
 ) -> None:
     """Raise :class:`ConfigurationError` naming the option that is invalid."""
@@ -67,10 +65,10 @@ def check_lora_options(
                 f"max_cpu_loras={max_cpu_loras} is below max_loras={max_loras}: the host keeps "
                 "at least the adapters on the device. Raise max_cpu_loras (or leave it None)."
             )
-    if enable_lora and (tensor_parallel_size > 1 or pipeline_parallel_size > 1):
+    if enable_lora and pipeline_parallel_size > 1:
         raise ConfigurationError(
-            "enable_lora runs with tensor_parallel_size=1 and pipeline_parallel_size=1 only "
-            "(sharding adapters like their base layers is not implemented): use one rank."
+            "enable_lora runs with pipeline_parallel_size=1 only (splitting adapters across "
+            "stages is not implemented); tensor parallelism is supported."
         )
 
 

@@ -11,7 +11,14 @@ from pagedinfer.adapters.distributed.messages import (
     SAMPLER_ONLY_FIELDS,
     execute_message,
 )
-from pagedinfer.domain import BatchPlan, SamplingParams, Scheduler, SchedulerConfig, Sequence
+from pagedinfer.domain import (
+    BatchPlan,
+    LoRARequest,
+    SamplingParams,
+    Scheduler,
+    SchedulerConfig,
+    Sequence,
+)
 
 BLOCK = 16
 
@@ -44,7 +51,7 @@ def test_workers_get_every_model_field_and_no_sampler_field() -> None:
     assert command == EXECUTE
     for field in dataclasses.fields(BatchPlan):
         if field.name in SAMPLER_ONLY_FIELDS:
-            assert not getattr(sent, field.name)
+            assert not getattr(sent, field.name), field.name
         else:
             assert getattr(sent, field.name) == getattr(plan, field.name), field.name
     assert sent.num_samples == plan.num_samples  # workers compute logits for these rows
@@ -72,3 +79,17 @@ def test_a_decode_message_does_not_grow_with_the_token_history() -> None:
     # carries ~10 ints plus its block-table row (1024 / 16 = 64 blocks here).
     assert long < 64 * (10 + 66) * 5 + 2048
     assert long - short < 64 * 64 * 5
+
+
+def test_a_lora_request_crosses_as_its_adapter_only() -> None:
+    config = SchedulerConfig(num_blocks=8, block_size=BLOCK, max_model_len=64, max_loras=1)
+    scheduler = Scheduler(config)
+    lora = LoRARequest("sql", 3, "/adapters/sql")
+    scheduler.add(Sequence(0, [1, 2, 3], SamplingParams(temperature=0.7), lora=lora))
+    scheduler.add(Sequence(1, [4, 5], SamplingParams(temperature=0.5)))
+    plan = scheduler.schedule()
+    assert plan is not None
+    _, sent = execute_message(plan)
+    assert [(r.seq_id, r.slot, r.lora, r.params) for r in sent.new_requests] == [
+        (0, 0, lora, SamplingParams())
+    ]

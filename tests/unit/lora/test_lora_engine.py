@@ -14,8 +14,7 @@ import pytest
 
 from pagedinfer import Engine, LoRARequest, SamplingParams
 from pagedinfer.errors import InvalidLoRAAdapterError, InvalidRequestError
-
-from .peft_adapters import ATTENTION, MLP, make_adapter, merged_greedy
+from peft_reference import ATTENTION, MLP, make_adapter, merged_greedy
 
 MAX_TOKENS = 8
 PARAMS = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)

@@ -18,8 +18,7 @@ from pagedinfer.errors import ConfigurationError
 from pagedinfer.serving import build_app
 from pagedinfer.serving.lora import parse_lora_module, runtime_lora_updating
 from pagedinfer.serving.options import ServingOptions
-
-from .peft_adapters import ATTENTION, MLP, make_adapter
+from peft_reference import ATTENTION, MLP, make_adapter
 
 pytest.importorskip("fastapi")
 

@@ -25,7 +25,8 @@ from array import array
 from dataclasses import replace
 from typing import Any, Final
 
-from pagedinfer.domain.plan import BatchPlan
+from pagedinfer.domain.plan import BatchPlan, NewRequest
+from pagedinfer.domain.sampling import SamplingParams
 
 __all__ = [
     "EXECUTE",
@@ -63,20 +64,33 @@ SAMPLER_ONLY_FIELDS: Final = (
     "forks",
     "prompt_logprob_targets",
 )
-"""``BatchPlan`` fields only rank 0's sampler reads; they never cross the channel."""
+"""``BatchPlan`` fields only rank 0's sampler reads; they never cross the channel, but for
+LoRA's share of the deltas (:func:`execute_message`)."""
 
 
 def execute_message(plan: BatchPlan) -> tuple[str, BatchPlan]:
-    """The worker's copy of ``plan``: everything the model reads, nothing the sampler reads."""
+    """The worker's copy of ``plan``: everything the model reads, nothing the sampler reads.
+
+    LoRA is the model's business: new requests that run with an adapter cross as their
+    adapter only (default parameters, no prompt), and with them the released slots, so that
+    each rank maps the same rows to the same adapters (:mod:`pagedinfer.adapters.lora`)."""
+    adapters = tuple(
+        NewRequest(request.seq_id, request.slot, _NO_PARAMS, 0, lora=request.lora)
+        for request in plan.new_requests
+        if request.lora is not None
+    )
     empty: dict[str, Any] = {
         "sample_slots": array("i"),
-        "released_slots": (),
-        "new_requests": (),
+        "released_slots": plan.released_slots,  # a few ints: where adapters' rows end
+        "new_requests": adapters,
         "forks": (),
         "prompt_logprob_targets": array("q"),
     }
     assert set(empty) == set(SAMPLER_ONLY_FIELDS)
     return (EXECUTE, replace(plan, **empty))
+
+
+_NO_PARAMS = SamplingParams()
 
 
 def shutdown_message() -> tuple[str]:

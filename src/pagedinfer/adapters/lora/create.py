@@ -20,11 +20,10 @@ def create_lora_runtime(
     """The adapters' hooks and slots on ``model`` (``config.max_loras`` slots), or None."""
     if config.max_loras == 0:
         return None
-    if parallel.world_size > 1 or parallel.stage is not None:
+    if parallel.stage is not None:
         raise ConfigurationError(
-            "LoRA adapters run on one rank only (tensor_parallel_size=1, "
-            "pipeline_parallel_size=1): sharding adapters like their base layers is not "
-            "implemented. Serve with one rank, or without enable_lora."
+            "LoRA adapters run without pipeline parallelism (pipeline_parallel_size=1): "
+            "splitting adapters across stages is not implemented."
         )
     return LoRARuntime(
         model,
@@ -36,4 +35,5 @@ def create_lora_runtime(
         device=config.device,
         dtype=config.dtype,
         use_kernels=config.device.type == "cuda",
+        parallel=parallel,
     )

@@ -13,7 +13,10 @@ it runs eagerly.
 kept by sequence id until the request's sampling slot is released), the adapter of each row,
 slots for the step's adapters (:class:`~pagedinfer.adapters.lora.slots.SlotAssignment`; the
 tensors of a newly placed adapter come from the host cache, or its files), then the token ->
-slot buffer. One rank only (tensor and pipeline parallelism are refused).
+slot buffer. With tensor parallelism each rank holds its shard of every adapter, split as
+its base layer: ``B``'s rows for the column-parallel projections, ``A``'s columns for the
+row-parallel ones (whose partial shrinks are summed over the ranks). Pipeline parallelism is
+refused.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from pagedinfer.adapters.distributed.parallel import SINGLE_PROCESS, ParallelContext
 from pagedinfer.adapters.lora.ops import lora_expand, lora_shrink, slot_mask
 from pagedinfer.adapters.lora.peft import AdapterWeights, load_adapter, target_shapes
 from pagedinfer.adapters.lora.slots import HostCache, SlotAssignment
@@ -52,6 +56,7 @@ _PARTS: dict[str, tuple[str, ...]] = {
     "mlp.gate_up_proj": ("gate_proj", "up_proj"),
     "mlp.down_proj": ("down_proj",),
 }
+_ROW_PARALLEL = frozenset({"self_attn.o_proj", "mlp.down_proj"})
 _MODULE = re.compile(
     r"^model\.layers\.(\d+)\.(self_attn\.(?:qkv|o)_proj|mlp\.(?:gate_up|down)_proj)$"
 )
@@ -88,10 +93,15 @@ class LoRALayer:
         rank: int,
         device: torch.device,
         dtype: torch.dtype,
+        row_parallel: bool = False,
     ) -> None:
         self.runtime = runtime
         self.parts = tuple(parts)
         self.rank = rank
+        # Row-parallel (o_proj, down_proj) over ranks: each rank's A holds its slice of the
+        # input features, so the shrink is a partial sum, summed over the ranks before the
+        # expand (B whole); column-parallel projections hold their rows of B, A whole.
+        self.reduce_shrink = row_parallel and runtime.parallel.world_size > 1
         self.a = torch.zeros(num_slots, len(parts) * rank, in_features, device=device, dtype=dtype)
         self.b = [
             torch.zeros(num_slots, rank, part.size, device=device, dtype=dtype) for part in parts
@@ -125,6 +135,8 @@ class LoRALayer:
         if kernels is not None:  # Triton: each token reads its own adapter only
             slots = runtime.token_slots[: x.shape[0]]
             shrunk = kernels.shrink(x.contiguous(), self.a, slots)
+            if self.reduce_shrink:
+                shrunk = runtime.parallel.all_reduce(shrunk)
             for index, part in enumerate(self.parts):
                 own = shrunk[:, index * rank : (index + 1) * rank]
                 columns = out[:, part.start : part.start + part.size]
@@ -134,6 +146,8 @@ class LoRALayer:
         used = runtime.slot_limit
         mask = runtime.mask(x.shape[0], x.dtype)
         shrunk = lora_shrink(x, self.a[:used], mask)
+        if self.reduce_shrink:
+            shrunk = runtime.parallel.all_reduce(shrunk)
         for index, part in enumerate(self.parts):
             own = shrunk[:, index * rank : (index + 1) * rank]
             columns = out[:, part.start : part.start + part.size]
@@ -157,8 +171,10 @@ class LoRARuntime:
         device: torch.device,
         dtype: torch.dtype,
         use_kernels: bool = False,
+        parallel: ParallelContext = SINGLE_PROCESS,
     ) -> None:
         self.config = config
+        self.parallel = parallel
         # The Triton pair on CUDA (adapters/kernels/lora.py), else the torch twins.
         self.kernels = _TritonLoRA() if use_kernels else None
         self.max_lora_rank = max_lora_rank
@@ -183,13 +199,15 @@ class LoRARuntime:
             match = _MODULE.match(name)
             if match is None or any(target not in shapes for target in _PARTS[match[2]]):
                 continue
+            row_parallel = match[2] in _ROW_PARALLEL
+            world = parallel.world_size
             parts: list[_Part] = []
             start = 0
             for target in _PARTS[match[2]]:
-                size = shapes[target][1]
+                size = shapes[target][1] // (1 if row_parallel else world)  # this rank's
                 parts.append(_Part(target, start, size))
                 start += size
-            in_features = shapes[_PARTS[match[2]][0]][0]
+            in_features = shapes[_PARTS[match[2]][0]][0] // (world if row_parallel else 1)
             layer = LoRALayer(
                 self,
                 parts,
@@ -198,6 +216,7 @@ class LoRARuntime:
                 rank=max_lora_rank,
                 device=device,
                 dtype=dtype,
+                row_parallel=row_parallel,
             )
             self.layers[int(match[1]), match[2]] = layer
             self._handles.append(module.register_forward_hook(layer))
@@ -276,10 +295,17 @@ class LoRARuntime:
         model's dtype, on the host."""
         weights: AdapterWeights = load_adapter(request.lora_path, self.config, self.max_lora_rank)
         scaling = weights.header.scaling
-        return {
-            key: (a.to(self.dtype), (b.t() * scaling).to(self.dtype).contiguous())
-            for key, (a, b) in weights.tensors.items()
-        }
+        rank, world = self.parallel.rank, self.parallel.world_size
+        tensors = {}
+        for key, (a, b) in weights.tensors.items():
+            b_t = b.t() * scaling  # [r, out]
+            if world > 1:  # this rank's shard, as its base layer's
+                if PACKED_TARGETS[key[1]][0] in _ROW_PARALLEL:
+                    a = a.chunk(world, dim=1)[rank]
+                else:
+                    b_t = b_t.chunk(world, dim=1)[rank]
+            tensors[key] = (a.to(self.dtype).contiguous(), b_t.to(self.dtype).contiguous())
+        return tensors
 
     def forget(self, adapter_id: int) -> None:
         """Drop an unloaded adapter's slot and host copy (its sequences must be gone)."""
