@@ -276,7 +276,9 @@ class LoRARuntime:
             per_token.extend([slot_of[adapter_id] if adapter_id else -1] * length)
         per_token.extend([-1] * (num_tokens - len(per_token)))
         host = torch.tensor(per_token, dtype=torch.int64)
-        self.token_slots[:num_tokens].copy_(host, non_blocking=False)
+        if self.token_slots.is_cuda:  # pinned: the copy queues behind the step in flight
+            host = host.pin_memory()
+        self.token_slots[:num_tokens].copy_(host, non_blocking=True)
 
     def _write_slot(self, slot: int, adapter_id: int) -> None:
         request = self._known[adapter_id]
