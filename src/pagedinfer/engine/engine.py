@@ -68,7 +68,7 @@ from pagedinfer.engine.failures import (
     is_fatal,
 )
 from pagedinfer.engine.in_flight import InFlight
-from pagedinfer.engine.lora import LoRARegistry
+from pagedinfer.engine.lora import LoRAMethods, LoRARegistry
 from pagedinfer.engine.output_processor import OutputProcessor
 from pagedinfer.engine.outputs import RequestOutput
 from pagedinfer.engine.pooling_setup import pooling_engine_config, pooling_setup
@@ -102,7 +102,7 @@ __all__ = ["Engine", "EngineStats", "Prompt", "TokenizedPrompt", "completion_see
 _logger = logging.getLogger(__name__)
 
 
-class Engine(SleepAndPause, WeightSync):
+class Engine(SleepAndPause, WeightSync, LoRAMethods):
     """Offline LLM inference on a paged KV cache.
 
     ``Engine(model)`` (vLLM's keyword: ``Engine(model=DIR)``) loads a local Hugging Face
