@@ -40,6 +40,11 @@ class ModelExecutor(Executor, Protocol):
     kv_groups: tuple[KVGroupSpec, ...]
 
     @property
+    def num_host_kv_blocks(self) -> int:
+        """The host KV tier's slots (0: no tier; ``kv_offloading_size``)."""
+        ...
+
+    @property
     def reads_carried_tokens(self) -> bool:
         """Whether :meth:`launch` writes a plan's carried rows (``plan.carried_rows``: the
         tokens the previous step samples) itself, from its device. If not, the engine fills

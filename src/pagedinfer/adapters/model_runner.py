@@ -30,6 +30,7 @@ from pagedinfer.adapters.attention import create_backend
 from pagedinfer.adapters.batch_invariant import make_batch_invariant
 from pagedinfer.adapters.collective_rpc import RpcMethod, call_on_runner
 from pagedinfer.adapters.distributed.parallel import SINGLE_PROCESS, ParallelContext
+from pagedinfer.adapters.host_kv_tier import host_kv_tier
 from pagedinfer.adapters.host_transfers import HostUploads, Readbacks
 from pagedinfer.adapters.kv_cache import (
     CALIBRATION_TOKENS,
@@ -202,6 +203,8 @@ class ModelRunner:
         # of the weights (on CUDA).
         self._sleep = SleepState()
         self._host_weights: HostCopy | None = None
+        # Host KV tier: blocks evicted from the prefix cache live on in host memory.
+        self.host_tier = host_kv_tier(self.kv_cache, config.kv_offloading_bytes)
 
     def _load_model(self) -> CausalLM:
         """This rank's model, built on the device and loaded from the checkpoint."""
@@ -223,6 +226,11 @@ class ModelRunner:
             make_batch_invariant(model)
         return model
 
+    @property
+    def num_host_kv_blocks(self) -> int:
+        """The host KV tier's slots (0: no tier)."""
+        return self.host_tier.num_slots if self.host_tier is not None else 0
+
     # ------------------------------------------------------------------ steps
     def execute(self, plan: BatchPlan) -> StepOutput:
         """Run one step; return a token per sampled row, and the logprobs asked for (rank 0;
@@ -242,6 +250,8 @@ class ModelRunner:
             raise EngineClosedError("the model runner was used after close()")
         if self._sleep.sleeping:
             raise RuntimeError("the model runner was asked to run a step while asleep")
+        if plan.num_seqs == 0:  # only copies between the KV tiers (scheduler/tier.py)
+            return self._move_between_tiers(plan)
         inputs = self.prepare(plan)
         sampling = self.sampling
         with torch.inference_mode():
@@ -249,6 +259,8 @@ class ModelRunner:
                 inputs = self._carry_tokens(plan, inputs)
             if sampling is not None and inputs.table_rows is not None:
                 sampling.table.write_rows(*inputs.table_rows)
+            if self.host_tier is not None:  # before a fork's copy may overwrite an evicted block
+                self._move_between_tiers(plan)
             if plan.block_copies:  # forks' copies of a prompt's last block, before they run
                 self._copy_blocks(plan.block_copies)
             hidden = self._run_model(inputs)
@@ -364,6 +376,16 @@ class ModelRunner:
         requests = self.sampling.logprobs_requests
         return requests.prompt_chunks(result(), plan.prompt_logprob_rows, plan.positions)
 
+    def _move_between_tiers(self, plan: BatchPlan) -> Callable[[], StepOutput]:
+        """A plan's copies between the device cache and the host KV tier (never a host sync)."""
+        tier = self.host_tier
+        assert tier is not None, "a plan with KV tier copies needs kv_offloading_size"
+        tier.before_step()
+        if plan.kv_copies_out or plan.kv_copies_in:
+            with torch.inference_mode():
+                tier.transfer(self.kv_cache, plan.kv_copies_out, plan.kv_copies_in)
+        return _ready(EMPTY_STEP_OUTPUT)
+
     def _copy_blocks(self, copies: tuple[tuple[int, int], ...]) -> None:
         """Copy whole KV blocks (every layer, K and V): ``(source, destination)`` pairs."""
         flat = [block for pair in copies for block in pair]
@@ -471,6 +493,8 @@ class ModelRunner:
         if hasattr(self, "model"):
             self._unbind_kv_cache()
             del self.model
+        if self.host_tier is not None:
+            self.host_tier.close()
         del self.kv_cache
         self._host_weights = None
         if self.drafter is not None:

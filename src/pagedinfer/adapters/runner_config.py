@@ -54,6 +54,8 @@ class RunnerConfig:
     max_loras: int = 0
     max_lora_rank: int = 16
     max_cpu_loras: int = 0
+    # Host KV tier (adapters/host_kv_tier.py): its bytes of host memory; 0: none.
+    kv_offloading_bytes: int = 0
 
     @property
     def max_running(self) -> int:

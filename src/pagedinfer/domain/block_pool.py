@@ -21,7 +21,11 @@ from dataclasses import dataclass
 
 from pagedinfer.errors import BlockPoolError
 
-__all__ = ["Block", "BlockPool", "PoolStats", "cdiv"]
+__all__ = ["Block", "BlockPool", "EvictedBlock", "PoolStats", "cdiv"]
+
+# A block that left the prefix cache: (block id, hash, parent hash, token ids). Its K/V are
+# still in the physical block until the step that reuses it writes there.
+EvictedBlock = tuple[int, int, int | None, tuple[int, ...]]
 
 
 def cdiv(numerator: int, denominator: int) -> int:
@@ -87,6 +91,7 @@ class BlockPool:
         self._num_indexed = 0  # blocks in the index, all copies counted: stats() stays O(1)
         self._prefix_query_tokens = 0
         self._prefix_hit_tokens = 0
+        self._evicted: list[EvictedBlock] | None = None  # kept only for a host tier
 
     # ----------------------------------------------------------------- queries
     @property
@@ -243,6 +248,20 @@ class BlockPool:
         self._index.setdefault(digest, {})[block_id] = block
         self._num_indexed += 1
 
+    def record_evictions(self) -> None:
+        """From now on, keep the blocks evicted from the prefix cache for
+        :meth:`drain_evictions` (a host tier copies them out before they are overwritten)."""
+        if self._evicted is None:
+            self._evicted = []
+
+    def drain_evictions(self) -> list[EvictedBlock]:
+        """The blocks evicted since the last call, oldest first (empty unless recorded)."""
+        evicted = self._evicted
+        if not evicted:
+            return []
+        self._evicted = []
+        return evicted
+
     def record_prefix_lookup(self, query_tokens: int, hit_tokens: int) -> None:
         self._prefix_query_tokens += query_tokens
         self._prefix_hit_tokens += hit_tokens
@@ -310,6 +329,8 @@ class BlockPool:
         self._num_indexed -= 1
         if not copies:
             del self._index[block.hash]
+        if self._evicted is not None:
+            self._evicted.append((block.block_id, block.hash, block.parent_hash, block.token_ids))
         block.hash = None
         block.parent_hash = None
         block.token_ids = ()

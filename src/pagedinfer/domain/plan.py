@@ -243,6 +243,11 @@ class BatchPlan:
     # KV groups 1, 2, ... (hybrid attention; group 0's are block_tables and slot_mapping).
     group_block_tables: tuple[array[int], ...] = ()
     group_slot_mappings: tuple[array[int], ...] = ()
+    # Host KV tier (pagedinfer.domain.scheduler.tier): (device block, host slot) pairs to copy
+    # out and (host slot, device block) pairs to copy in, every layer, K and V, before the
+    # step's forward, copies out first. A plan with no rows may carry only these.
+    kv_copies_out: tuple[tuple[int, int], ...] = ()
+    kv_copies_in: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.is_prefill:  # a decode step: every row is a decode row

@@ -12,6 +12,7 @@ from pagedinfer.adapters.runner_config import RunnerConfig
 from pagedinfer.domain.kv_groups import KVGroupSpec, min_blocks_for_one_sequence
 from pagedinfer.domain.scheduler import SchedulerConfig
 from pagedinfer.engine.config import EngineConfig
+from pagedinfer.engine.kv_offloading import kv_offloading_bytes
 from pagedinfer.engine.lora_options import cpu_lora_slots
 
 __all__ = ["runner_config", "scheduler_config"]
@@ -63,6 +64,7 @@ def runner_config(
         max_loras=config.max_loras if config.enable_lora else 0,
         max_lora_rank=config.max_lora_rank,
         max_cpu_loras=cpu_lora_slots(config.max_loras, config.max_cpu_loras),
+        kv_offloading_bytes=kv_offloading_bytes(config),
     )
 
 
@@ -73,6 +75,7 @@ def scheduler_config(
     num_blocks: int,
     eos_token_ids: Collection[int],
     kv_groups: tuple[KVGroupSpec, ...] = (),
+    num_host_blocks: int = 0,
 ) -> SchedulerConfig:
     """What the scheduler needs: ``config`` with the executor's KV cache (``num_blocks``),
     its KV groups and the runner's resolved sizes and drafts.
@@ -101,4 +104,5 @@ def scheduler_config(
         ),
         kv_groups=kv_groups,
         max_loras=runner.max_loras,
+        num_host_blocks=num_host_blocks,
     )

@@ -52,6 +52,7 @@ from pagedinfer.engine.generation_config import (
     generation_defaults,
     parse_override_generation_config,
 )
+from pagedinfer.engine.kv_offloading import check_kv_offloading
 from pagedinfer.engine.lora_options import LORA_OPTION_NAMES, check_lora_options, lora_flag
 from pagedinfer.engine.pooling_setup import (
     POOLER_HELP,
@@ -393,6 +394,18 @@ class EngineConfig:
     max_loras: int = field(default=1, metadata={CLI_FLAG: lora_flag("max_loras")})
     max_lora_rank: int = field(default=16, metadata={CLI_FLAG: lora_flag("max_lora_rank")})
     max_cpu_loras: int | None = field(default=None, metadata={CLI_FLAG: lora_flag("max_cpu_loras")})
+    kv_offloading_size: float | None = field(
+        default=None,
+        metadata={
+            CLI_FLAG: CliFlag("host KV tier in GiB (default: none)", metavar="GIB", parse=float)
+        },
+    )
+    kv_offloading_backend: str | None = field(
+        default=None,
+        metadata={
+            CLI_FLAG: CliFlag("host KV tier kind (default: native)", choices=("native",), parse=str)
+        },
+    )
     # Structured outputs: what one constraint may cost (domain/grammar_limits.py); one
     # --grammar-<name> flag per limit.
     grammar_limits: GrammarLimits = field(
@@ -491,6 +504,7 @@ class EngineConfig:
         validate_weight_check(self.weight_check)
         validate_logprobs_mode(self.logprobs_mode)
         check_lora_options(**{name: getattr(self, name) for name in LORA_OPTION_NAMES})
+        check_kv_offloading(self)
         self.request_limits  # noqa: B018 (validates the limits: ConfigurationError)
         if not isinstance(self.grammar_limits, GrammarLimits):
             raise ConfigurationError(
@@ -629,6 +643,8 @@ class EngineOptions(TypedDict, total=False):
     max_loras: int
     max_lora_rank: int
     max_cpu_loras: int | None
+    kv_offloading_size: float | None
+    kv_offloading_backend: str | None
     grammar_limits: GrammarLimits
 
 

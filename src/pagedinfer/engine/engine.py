@@ -83,7 +83,7 @@ from pagedinfer.engine.prompts import (
 from pagedinfer.engine.request_table import RequestTable
 from pagedinfer.engine.requests import OutputSink, RequestState, request_key
 from pagedinfer.engine.sleep_pause import GenerationControls, SleepAndPause
-from pagedinfer.engine.stats import EngineStats
+from pagedinfer.engine.stats import EngineStats, host_tier_stats
 from pagedinfer.engine.streams import RequestStream
 from pagedinfer.engine.tokenizer import tokenizer_for
 from pagedinfer.engine.weight_sync import WeightSync
@@ -199,8 +199,7 @@ class Engine(SleepAndPause, WeightSync, LoRAMethods):
             max_model_len=self.max_model_len,
             model_path=config.model_path,
         )
-        # Structured outputs: grammars compile (and are probed) at submission
-        # (check_sampling_params) under the grammar limits; each request carries its own.
+        # Structured outputs: grammars compile (and are probed) at submission, within limits.
         self._grammars = GrammarCompiler(
             self.tokenizer,
             vocab_size,
@@ -214,6 +213,7 @@ class Engine(SleepAndPause, WeightSync, LoRAMethods):
                     config,
                     runner,
                     num_blocks=executor.num_kv_blocks,
+                    num_host_blocks=executor.num_host_kv_blocks,
                     eos_token_ids=self.model_config.eos_token_ids,
                     kv_groups=executor.kv_groups,
                 )
@@ -731,13 +731,14 @@ class Engine(SleepAndPause, WeightSync, LoRAMethods):
                 spec_decode_num_accepted_tokens=scheduler.num_accepted_tokens,
                 spec_decode_num_accepted_tokens_per_pos=scheduler.accepted_per_position,
                 kv_groups=self.scheduler.kv_group_usage(),
+                host_tier=host_tier_stats(self.scheduler, self.model_config, self.kv_cache_dtype),
             )
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block (blocks in use stay allocated)."""
         with self._guard.held():
             self._check_open()
-            self.scheduler.pool.reset_prefix_cache()
+            self.scheduler.reset_prefix_cache()  # the host KV tier's too
 
     # -------------------------------------------------------------------- close
     def close(self) -> None:

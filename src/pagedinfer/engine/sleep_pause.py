@@ -101,7 +101,7 @@ class SleepAndPause:
                     "unfinished: wait for them or abort them, then call sleep()."
                 )
             executor = self._running_executor()
-            self.scheduler.pool.reset_prefix_cache()  # the cached blocks' contents go
+            self.scheduler.reset_prefix_cache()  # the cached blocks' contents go
             executor.sleep(level)
 
     def wake_up(self, tags: Iterable[str] | None = None) -> None:
@@ -116,7 +116,7 @@ class SleepAndPause:
             executor = self._running_executor()
             executor.wake_up(wake)
             if not executor.is_sleeping:
-                self.scheduler.pool.reset_prefix_cache()
+                self.scheduler.reset_prefix_cache()
 
     def is_sleeping(self) -> bool:
         """Whether any part of the engine (weights or KV cache) is asleep."""

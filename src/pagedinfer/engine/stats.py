@@ -4,11 +4,35 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from pagedinfer.adapters.kv_cache import kv_block_bytes
 from pagedinfer.domain.plan import BatchPlan
 from pagedinfer.domain.scheduler.group_allocator import KVGroupUsage
 
-__all__ = ["EngineStats", "StepAccounting"]
+if TYPE_CHECKING:
+    import torch
+
+    from pagedinfer.adapters.models.config import ModelConfig
+    from pagedinfer.domain.scheduler import Scheduler
+
+__all__ = ["EngineStats", "HostTierStats", "StepAccounting", "host_tier_stats"]
+
+
+@dataclass(frozen=True, slots=True)
+class HostTierStats:
+    """The host KV tier (``kv_offloading_size``): its size and use now, counters since the
+    start. A block copied in is a prefix hit that was not recomputed."""
+
+    num_blocks: int  # slots
+    block_bytes: int
+    bytes_used: int  # resident and in-flight blocks
+    hit_tokens: int  # prompt tokens found in the tier after a device miss (then copied in)
+    lookup_tokens: int  # prompt tokens looked up there
+    blocks_copied_out: int
+    blocks_copied_in: int
+    evictions: int  # resident blocks dropped to make room (LRU)
+    load_wait_steps: int  # steps requests spent waiting for their copies in (summed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +61,7 @@ class EngineStats:
     # Hybrid attention: each KV group's window, layers, blocks held now and the most one
     # sequence holds (sliding groups); empty with one group (every model without a window).
     kv_groups: tuple[KVGroupUsage, ...] = ()
+    host_tier: HostTierStats | None = None  # kv_offloading_size; None without a tier
 
     @property
     def spec_decode_acceptance_rate(self) -> float:
@@ -97,3 +122,33 @@ class StepAccounting:
 
 def _rate(tokens: int, seconds: float) -> float:
     return tokens / seconds if seconds > 0 else 0.0
+
+
+def host_tier_stats(
+    scheduler: Scheduler, model: ModelConfig, dtype: torch.dtype
+) -> HostTierStats | None:
+    """:class:`HostTierStats` of the ``scheduler``'s host KV tier (``None`` without one), for
+    a ``model`` whose KV cache holds ``dtype`` (one rank: the tier runs with one only)."""
+    tier = scheduler.host_tier
+    if tier is None:
+        return None
+    stats = tier.stats()
+    size = tier.block_size
+    block_bytes = kv_block_bytes(
+        num_layers=model.num_hidden_layers,
+        block_size=size,
+        num_kv_heads=model.num_key_value_heads,
+        head_dim=model.head_dim,
+        dtype=dtype,
+    )
+    return HostTierStats(
+        num_blocks=stats.num_slots,
+        block_bytes=block_bytes,
+        bytes_used=stats.num_used_slots * block_bytes,
+        hit_tokens=stats.hit_blocks * size,
+        lookup_tokens=stats.lookup_blocks * size,
+        blocks_copied_out=stats.blocks_copied_out,
+        blocks_copied_in=stats.blocks_copied_in,
+        evictions=stats.evictions,
+        load_wait_steps=stats.load_wait_steps,
+    )

@@ -108,7 +108,7 @@ class WeightSync:
                 for chunk in _chunks(items, remote=self._remote):
                     executor.collective_rpc(write_update, args=(chunk,))
             finally:
-                self.scheduler.pool.reset_prefix_cache()
+                self.scheduler.reset_prefix_cache()
 
     def update_weights_from_path(self, path: str | Path) -> None:
         """:meth:`update_weights` from the ``*.safetensors`` files of checkpoint directory
@@ -120,7 +120,7 @@ class WeightSync:
             try:
                 executor.collective_rpc(write_update_from_path, args=(str(path),))
             finally:
-                self.scheduler.pool.reset_prefix_cache()
+                self.scheduler.reset_prefix_cache()
 
     def collective_rpc(
         self,

@@ -21,6 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from pagedinfer.engine.engine import EngineStats
+from pagedinfer.engine.stats import HostTierStats
 
 __all__ = ["CONTENT_TYPE", "RequestTimer", "ServerMetrics"]
 
@@ -79,6 +80,37 @@ class _EngineStatsCollector(Collector):
         )
         if self.speculative:
             yield from _spec_decode_metrics(stats)
+        if stats.host_tier is not None:
+            yield from _host_tier_metrics(stats.host_tier)
+
+
+def _host_tier_metrics(tier: HostTierStats) -> Iterator[Metric]:
+    """The host KV tier (``--kv-offloading-size``): size, use, hits, copies, waits."""
+    yield _gauge("host_kv_blocks", "Blocks the host KV tier holds at most.", tier.num_blocks)
+    yield _gauge("host_kv_bytes_used", "Bytes of the host KV tier in use.", tier.bytes_used)
+    yield _counter(
+        "host_kv_hit_tokens", "Prompt tokens found in the host KV tier.", tier.hit_tokens
+    )
+    yield _counter(
+        "host_kv_lookup_tokens",
+        "Prompt tokens looked up in the host KV tier after a device miss.",
+        tier.lookup_tokens,
+    )
+    yield _counter(
+        "host_kv_blocks_copied_out",
+        "KV blocks copied from the device to the host tier.",
+        tier.blocks_copied_out,
+    )
+    yield _counter(
+        "host_kv_blocks_copied_in",
+        "KV blocks copied from the host tier back to the device.",
+        tier.blocks_copied_in,
+    )
+    yield _counter(
+        "host_kv_load_wait_steps",
+        "Steps requests waited for their blocks from the host tier (summed over requests).",
+        tier.load_wait_steps,
+    )
 
 
 def _spec_decode_metrics(stats: EngineStats) -> Iterator[Metric]:

@@ -168,6 +168,7 @@ class TensorParallelExecutor:
 
     num_kv_blocks: int
     kv_groups: tuple[KVGroupSpec, ...] = ()
+    num_host_kv_blocks = 0  # no host KV tier with several ranks (engine/kv_offloading.py)
     # Runs each step to its end before the next: the engine fills in carried tokens.
     reads_carried_tokens = False
 

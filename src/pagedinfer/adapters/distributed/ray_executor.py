@@ -160,6 +160,7 @@ class RayExecutor:
 
     num_kv_blocks: int
     kv_groups: tuple[KVGroupSpec, ...] = ()  # (KV groups are not wired through Ray)
+    num_host_kv_blocks = 0  # no host KV tier with several ranks (engine/kv_offloading.py)
     # Runs each step to its end before the next: the engine fills in carried tokens.
     reads_carried_tokens = False
 

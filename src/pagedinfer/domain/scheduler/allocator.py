@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pagedinfer.domain.block_pool import BlockPool, cdiv
+from pagedinfer.domain.block_pool import Block, BlockPool, cdiv
 from pagedinfer.domain.hashing import extend_chain
+from pagedinfer.domain.host_tier import TierEntry
+from pagedinfer.domain.scheduler.tier import TierLink
 from pagedinfer.domain.sequence import Sequence
 
 __all__ = ["Admission", "BlockAllocator"]
@@ -20,20 +22,24 @@ __all__ = ["Admission", "BlockAllocator"]
 @dataclass(frozen=True, slots=True)
 class Admission:
     """A first chunk's allocation: ``num_cached`` tokens found in the prefix cache,
-    ``num_tokens`` to compute now (both from the start of the sequence)."""
+    ``num_tokens`` to compute now (both from the start of the sequence). With a host tier,
+    ``num_loading`` tokens after the cached ones are copied in first (then ``num_tokens`` is
+    0: the request computes nothing before they land)."""
 
     num_cached: int
     num_tokens: int
+    num_loading: int = 0
 
 
 class BlockAllocator:
     """Blocks for the sequences of one scheduler, from ``pool``."""
 
-    __slots__ = ("block_size", "pool")
+    __slots__ = ("block_size", "pool", "tier")
 
-    def __init__(self, pool: BlockPool) -> None:
+    def __init__(self, pool: BlockPool, tier: TierLink | None = None) -> None:
         self.pool = pool
         self.block_size = pool.block_size
+        self.tier = tier
 
     @property
     def num_free_blocks(self) -> int:
@@ -103,6 +109,10 @@ class BlockAllocator:
             max_hit_blocks = (seq.num_tokens - 1) // size
             extend_chain(seq.block_hashes, seq.token_ids, size, max_hit_blocks, seq.extra_key)
             hits = pool.find_cached_prefix(seq.block_hashes[:max_hit_blocks], seq.token_ids)
+            if self.tier is not None:
+                loads = self.tier.find(seq, len(hits), max_hit_blocks)
+                if loads:
+                    return self._admit_loading(seq, hits, loads)
         num_cached = len(hits) * size
         num_tokens = min(seq.num_tokens - num_cached, budget)
         num_new_blocks = cdiv(num_cached + num_tokens, size) - len(hits)
@@ -116,7 +126,32 @@ class BlockAllocator:
         seq.num_registered_blocks = len(hits)
         if use_cache:
             pool.record_prefix_lookup(seq.num_tokens, num_cached)
+            if self.tier is not None:  # looked up there too, found nothing
+                self.tier.tier.record_lookup(max(max_hit_blocks - len(hits), 0), 0)
         return Admission(num_cached, num_tokens)
+
+    def _admit_loading(
+        self, seq: Sequence, hits: list[Block], loads: list[TierEntry]
+    ) -> Admission | None:
+        """Admit ``seq`` with its device ``hits`` and fresh blocks for the ``loads`` found in
+        the host tier after them; it computes nothing until they are copied in."""
+        pool = self.pool
+        tier = self.tier
+        assert tier is not None
+        if len(loads) + pool.cost_of_acquiring(hits) > pool.num_free_blocks:
+            return None
+        pool.acquire(hits)
+        tier.pin(loads)  # before allocating: evictions into the tier must not evict them
+        fresh = [block.block_id for block in pool.allocate(len(loads))]
+        seq.block_table = [block.block_id for block in hits]
+        seq.block_table.extend(fresh)
+        seq.num_registered_blocks = len(hits)
+        tier.start_load(seq, loads, fresh)
+        size = self.block_size
+        pool.record_prefix_lookup(seq.num_tokens, len(hits) * size)
+        max_hit_blocks = (seq.num_tokens - 1) // size
+        tier.tier.record_lookup(max_hit_blocks - len(hits), len(loads))
+        return Admission(len(hits) * size, 0, num_loading=len(loads) * size)
 
     def append_block(self, seq: Sequence) -> int | None:
         """One more block at the end of ``seq``'s table, or ``None`` if none is free."""
@@ -170,7 +205,10 @@ class BlockAllocator:
             del seq.block_table[keep:]
 
     def free(self, seq: Sequence) -> None:
-        """Release every block ``seq`` holds (newest first: evicted last)."""
+        """Release every block ``seq`` holds (newest first: evicted last); a load from the
+        host tier that has not landed is cancelled."""
+        if self.tier is not None:
+            self.tier.release(seq)
         self.pool.free(seq.block_table[::-1])
         seq.block_table = []
         seq.num_registered_blocks = 0

@@ -36,6 +36,8 @@ class SchedulerConfig:
     kv_groups: tuple[KVGroupSpec, ...] = ()
     # LoRA: the distinct adapters one step may hold (the executor's device slots; 0: none).
     max_loras: int = 0
+    # Host KV tier (pagedinfer.domain.host_tier): its slots (blocks); 0: no tier.
+    num_host_blocks: int = 0
 
     def __post_init__(self) -> None:
         if self.scheduling_policy not in SCHEDULING_POLICIES:
@@ -53,7 +55,12 @@ class SchedulerConfig:
                 f"max_model_len={self.max_model_len!r} is invalid: expected an integer >= 2 "
                 "(one prompt token plus one generated token)."
             )
-        for name in ("num_speculative_tokens", "num_lookahead_tokens", "max_loras"):
+        for name in (
+            "num_speculative_tokens",
+            "num_lookahead_tokens",
+            "max_loras",
+            "num_host_blocks",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigurationError(f"{name}={value!r} is invalid: expected an integer >= 0.")

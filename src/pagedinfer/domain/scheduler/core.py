@@ -36,6 +36,7 @@ from pagedinfer.domain.scheduler.prefill import PrefillPlanner
 from pagedinfer.domain.scheduler.rows import DecodeRows
 from pagedinfer.domain.scheduler.slots import SlotTable
 from pagedinfer.domain.scheduler.stop_rules import StopRules
+from pagedinfer.domain.scheduler.tier import HostTierViews, host_tier_link
 from pagedinfer.domain.scheduler.verify import VerifyStats, decoding_policy, verified_rows
 from pagedinfer.domain.sequence import FinishReason, Sequence, SequenceStatus
 from pagedinfer.errors import ConfigurationError, InvalidRequestError
@@ -54,7 +55,7 @@ class _Header(TypedDict):
     carried_samples: array[int]
 
 
-class Scheduler:
+class Scheduler(HostTierViews):
     """Turns queued sequences into :class:`BatchPlan` s and sampled tokens into progress.
 
     Call :meth:`schedule` for a plan, run it, then hand the sampled token ids (one per
@@ -97,8 +98,10 @@ class Scheduler:
         )
         if self.pool.block_size != config.block_size or self.pool.num_blocks != config.num_blocks:
             raise ConfigurationError("the block pool does not match the scheduler config")
+        # Host KV tier (scheduler/tier.py): evicted blocks copied out, found, copied back in.
+        self._tier = host_tier_link(config, self.pool)
         self._allocator = (
-            BlockAllocator(self.pool)
+            BlockAllocator(self.pool, self._tier)
             if config.is_plain
             else GroupedBlockAllocator(self.pool, config.kv_groups)
         )
@@ -246,6 +249,8 @@ class Scheduler:
             self._roll_back()  # neither plan in flight was recorded: as if none had run
         if self._forks.forking:
             self._undo_forks()  # the step that forked them never ran (or was not recorded)
+        if self._tier is not None:
+            self._tier.forget()  # its copies out are lost, its copies in go again
         self._in_flight = None
 
     def _roll_back(self) -> None:
@@ -309,16 +314,28 @@ class Scheduler:
             if plan is not None:
                 if self._num_groups > 1:  # hybrid attention: every KV group's tables
                     plan = with_group_tables(plan, self._seqs, self._num_groups)
-                self._step_id = plan.step_id
-                self._in_flight = plan
                 self._rows.planned()
-                return plan
-            if any(seq.seq_id not in self._awaiting for seq in self._running):
+                return self._issue(plan)
+            blocked = self._blocked()
+            if any(seq.seq_id not in blocked for seq in self._running):
                 # Only stuck partial prefills are left: free the newest so the others move.
                 self._preempt(self._running[-1])
             elif not self._waiting or self._ahead is not None:
                 break  # (planning ahead: what waits may wait for the record)
-        return None
+        tier = self._tier  # nothing computes, but blocks may move between the KV tiers
+        plan = tier.copy_plan(self._step_id, self._recorded_step_id, self._ahead) if tier else None
+        return self._issue(plan) if plan is not None else None
+
+    def _issue(self, plan: BatchPlan) -> BatchPlan:
+        plan = self._tier.attach(plan) if self._tier is not None else plan  # and tier copies
+        self._step_id = plan.step_id
+        self._in_flight = plan
+        return plan
+
+    def _blocked(self) -> set[int]:
+        """Running sequences whose chunk in the plan in flight samples, or that load blocks."""
+        loading = self._tier.loading_ids if self._tier is not None else None
+        return self._awaiting | loading if loading else self._awaiting
 
     def _plan_prefill_first(self) -> BatchPlan | None:
         """Prefill chunks if any can run, else one token for every decoding sequence."""
@@ -397,7 +414,7 @@ class Scheduler:
             admit=admit,
             num_running=len(self._running),
             known=self._seqs,
-            awaiting=self._awaiting,
+            awaiting=self._blocked(),
             ahead=self._ahead is not None,
             adapters=running_adapters(self._running) if self._lora else None,
         )
@@ -523,6 +540,9 @@ class Scheduler:
                 self._finish(seq, finishing[seq])
         if num_rows < plan.num_seqs:
             updated += self._record_chunks(plan, tokens, num_rows, awaiting, filled=filled)
+        if self._tier is not None:  # blocks copied in from the host tier are computed now
+            for seq in self._tier.land(plan.step_id, self._allocator, self._events):
+                self._maybe_start_decoding(seq)
         return updated
 
     def _record_chunks(
@@ -712,7 +732,7 @@ class Scheduler:
         # A fork's pending copy targets one of these blocks: it must not run once they are
         # free (finished, preempted or undone; a preempted fork recomputes instead).
         self._forks.drop_copy(seq.seq_id)
-        self._allocator.free(seq)
+        self._allocator.free(seq)  # (a load from the host tier not landed is cancelled)
 
     # ------------------------------------------------------------------ stats
     def stats(self) -> SchedulerStats:
@@ -768,3 +788,5 @@ class Scheduler:
         self._rows.check(running)
         if self._lora:
             AdapterLimit(self.config.max_loras).check(running)
+        if self._tier is not None:
+            self._tier.check()

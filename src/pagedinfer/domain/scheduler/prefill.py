@@ -105,11 +105,13 @@ class PrefillPlanner:
             if adapters is not None and not self._adapters.admits(seq, adapters):
                 break  # every adapter slot is taken (domain/scheduler/adapter_limit.py)
             num_tokens = self._admit(seq, budget)
-            if num_tokens == 0:
+            if num_tokens is None:
                 break
             admitted.append(seq)
             if adapters is not None and seq.lora is not None:
                 adapters.add(seq.lora.lora_int_id)
+            if num_tokens == 0:
+                continue  # blocks from the host tier are copied in first (scheduler/tier.py)
             forking = seq.seq_id in self._forks.pending and seq.num_uncomputed_tokens == num_tokens
             forks = self._forks.fork(seq, self._slots) if forking else ()
             chunks.append(ScheduledChunk(seq, num_tokens, forks))
@@ -144,13 +146,14 @@ class PrefillPlanner:
         # Forks of admitted requests will run: they count from admission on.
         return num_running + self._forks.num_committed(known, seq.seq_id) < self._max_running
 
-    def _admit(self, seq: Sequence, budget: int) -> int:
+    def _admit(self, seq: Sequence, budget: int) -> int | None:
         """Give ``seq`` its cached prefix and blocks for its first chunk, mark it running;
-        0 (changing nothing) if they don't fit."""
+        ``None`` (changing nothing) if they don't fit; 0 when it waits for blocks copied in
+        from the host tier (its first chunk comes after they land)."""
         reserve = self._forks.extra_blocks(seq)  # the chunk forks if whole: copies too
         admission = self._allocator.admit(seq, budget, reserve_if_whole=reserve)
         if admission is None:
-            return 0
+            return None
         num_cached = admission.num_cached
         if seq.num_preemptions == 0:
             # Re-admitted after preemption, a request finds its own earlier blocks: those hits
