@@ -24,7 +24,7 @@ VENV ?= .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CORE_STAMP := $(VENV)/.installed-core
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=40
 MODEL ?=
 GPU_REPORT ?= gpu-report.md
 GPU_REPORT_ARGS ?=

@@ -569,7 +569,7 @@ class Scheduler(HostTierViews):
             running = seq.status is SequenceStatus.RUNNING
             if seq_id not in awaiting:
                 if running:
-                    self._allocator.register_full_blocks(seq)  # counted when moved on
+                    self._register_full_blocks(seq)  # counted when moved on
                 continue
             if not running and filled:
                 continue
@@ -584,7 +584,7 @@ class Scheduler(HostTierViews):
             if seq.spec_token_ids:
                 seq.spec_token_ids = []  # guesses after the previous last token
             if running:
-                self._allocator.register_full_blocks(seq)
+                self._register_full_blocks(seq)
             updated.append(seq)
             for child in self._forks.forking.pop(seq_id, ()):  # completions sampled here too
                 self._start_fork(child, sampled[child.seq_id], updated)
@@ -595,6 +595,13 @@ class Scheduler(HostTierViews):
                 self._maybe_start_decoding(seq)
         return updated
 
+    def _register_full_blocks(self, seq: Sequence) -> None:
+        """Offer ``seq``'s full blocks to the prefix cache; a sliding window may free its
+        first blocks in place, so a decode row planned ahead for it is refreshed."""
+        self._allocator.register_full_blocks(seq)
+        if self._allocator.frees_in_place:
+            self._rows.refresh(seq)
+
     def _start_fork(self, child: Sequence, token: int, updated: list[Sequence]) -> None:
         """The forking step ran: ``child`` has its first token and runs on its own."""
         self._forks.started(child)
@@ -604,7 +611,7 @@ class Scheduler(HostTierViews):
             self._rows.join(child)
         else:  # speculating: a chunk of its last token and drafts per step
             self._prefilling.append(child)
-        self._allocator.register_full_blocks(child)
+        self._register_full_blocks(child)
         updated.append(child)
         reason = self._stops.finish_reason(child, token)
         if reason is not None:
@@ -653,7 +660,7 @@ class Scheduler(HostTierViews):
                 self._finish(seq, reason)
                 return True
         seq.num_computed_tokens = computed
-        self._allocator.register_full_blocks(seq)
+        self._register_full_blocks(seq)
         return True
 
     # -------------------------------------------------------- finish, preempt

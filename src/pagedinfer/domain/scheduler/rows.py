@@ -288,6 +288,12 @@ class DecodeRows:
             if seq.num_tokens >= length_limit(seq):
                 self._length_due.append(seq)
 
+    def refresh(self, seq: Sequence) -> None:
+        """``seq``'s table changed in place (a sliding window freed blocks): its decode row,
+        if it has one, copies it again."""
+        if seq in self.batch.seqs:
+            self.batch.refresh_table(seq)
+
     def record(
         self,
         plan: BatchPlan,
