@@ -255,7 +255,9 @@ class ModelConfig:
             moe=reader.moe(num_layers),
             dtype=reader.dtype(),
             eos_token_ids=eos or _token_ids(raw.get("eos_token_id")),
-            quantization=parse_quantization_config(raw.get("quantization_config"), path),
+            quantization=parse_quantization_config(
+                raw.get("quantization_config"), path, architecture
+            ),
             layer_windows=layer_windows,
             local_rope=local_rope,
             hidden_act=str(hidden_act),

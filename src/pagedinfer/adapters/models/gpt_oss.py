@@ -11,8 +11,9 @@ What sets it apart from the shared decoder (transformers' ``modeling_gpt_oss``):
   per token, clamped SwiGLU experts (``swiglu_alpha`` 1.702, ``swiglu_limit`` 7.0) with biases.
 
 MXFP4 checkpoints (``quantization_config.quant_method == "mxfp4"``, the released weights) are
-refused: dequantize them to bf16 first (transformers' ``Mxfp4Config(dequantize=True)`` and
-``save_pretrained``).
+dequantized at load into the model's dtype on the CPU (``adapters/quantization/mxfp4.py``);
+on CUDA they are refused (no MXFP4 kernel): dequantize them first, or run on the CPU. Other
+quantization methods are refused (the experts have no quantized path).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from pagedinfer.adapters.layers.gpt_oss_moe import GptOssMoeBlock
 from pagedinfer.adapters.models.base import BuildContext
 from pagedinfer.adapters.models.config import ModelConfig
 from pagedinfer.adapters.models.decoder import DecoderForCausalLM, DecoderSwitches
-from pagedinfer.errors import UnsupportedModelError
+from pagedinfer.adapters.quantization.mxfp4 import Mxfp4Config
+from pagedinfer.errors import ConfigurationError, UnsupportedModelError
 
 __all__ = ["GptOssForCausalLM"]
 
@@ -49,7 +51,7 @@ class GptOssForCausalLM(DecoderForCausalLM):
                 f"checkpoint {str(config.path)!r}: GptOssForCausalLM needs num_local_experts "
                 "and num_experts_per_tok in config.json."
             )
-        if config.quantization is not None:
+        if config.quantization is not None and not isinstance(config.quantization, Mxfp4Config):
             raise UnsupportedModelError(
                 f"checkpoint {str(config.path)!r}: quantized GPT-OSS checkpoints "
                 f"({config.quantization.describe()}) are not supported: the experts have no "
@@ -58,6 +60,14 @@ class GptOssForCausalLM(DecoderForCausalLM):
             )
 
     def __init__(self, config: ModelConfig, build: BuildContext) -> None:
+        if isinstance(config.quantization, Mxfp4Config) and build.device.type != "cpu":
+            raise ConfigurationError(
+                f"checkpoint {str(config.path)!r}: MXFP4 expert weights (quant_method "
+                f"'mxfp4') are dequantized at load on the CPU only, not on {build.device}: "
+                "run with device='cpu', or dequantize the checkpoint first (transformers: "
+                "load it with Mxfp4Config(dequantize=True), then save_pretrained) and serve "
+                "the bf16 copy."
+            )
         super().__init__(dataclasses.replace(config, attention_sinks=True), build)
 
     def make_feed_forward(self, config: ModelConfig, layer: int, build: BuildContext) -> nn.Module:

@@ -28,6 +28,10 @@ parameters: they go to the layer's
 :meth:`~pagedinfer.adapters.layers.attention.PagedAttention.set_kv_scales`, and the runner
 uses them when the KV cache is FP8.
 
+An MXFP4 checkpoint (GPT-OSS) stores each expert projection as ``<name>_blocks`` and
+``<name>_scales``: once both halves are read they are dequantized into the dense tensor
+``<name>`` (``adapters/quantization/mxfp4.py``), which then goes through the steps above.
+
 Then the parameter's ``weight_loader`` copies this rank's shard, converted to the
 parameter's dtype. Finally every parameter (and every shard of a packed one) must have been
 filled (a quantized format's optional tensors, GPTQ's ``g_idx``, may be absent), and each
@@ -62,6 +66,14 @@ from pagedinfer.adapters.layers.linear import (
 )
 from pagedinfer.adapters.models.base import CausalLM
 from pagedinfer.adapters.models.finite import WeightCheck, check_finite, checks_tensor
+from pagedinfer.adapters.quantization.mxfp4 import (
+    BLOCKS_SUFFIX,
+    GROUP_SIZE,
+    SCALES_SUFFIX,
+    Mxfp4Config,
+    dequantize_mxfp4,
+    packed_tensor_name,
+)
 from pagedinfer.errors import PagedInferError, UnsupportedModelError
 
 __all__ = [
@@ -204,6 +216,9 @@ class TensorLoader:
         self.params: dict[str, nn.Parameter] = dict(model.named_parameters())
         self.seen: dict[str, Path | None] = {}  # tensor name -> the file it came from
         self.filled: dict[tuple[str, ShardId], str] = {}  # (param, shard) -> tensor name
+        self.mxfp4 = isinstance(model.config.quantization, Mxfp4Config)
+        # MXFP4 halves read, waiting for their partner: tensor name -> (tensor, file).
+        self.pending: dict[str, tuple[torch.Tensor, Path]] = {}
 
     def fail(self, name: str, file: Path | None, problem: str) -> PagedInferError:
         where = "" if file is None else f" in {file.name}"
@@ -218,6 +233,10 @@ class TensorLoader:
                 self.load_tensor(handle, name, file)
 
     def load_tensor(self, handle: Any, name: str, file: Path) -> None:
+        packed = packed_tensor_name(name) if self.mxfp4 else None
+        if packed is not None:
+            self.load_mxfp4_half(handle, name, file, *packed)
+            return
         target = self.resolve(name, file, lambda: self.read_header(handle, name, file))
         if target is None:
             return
@@ -226,6 +245,41 @@ class TensorLoader:
             self.set_kv_scale(tensor, name, file, target)
         else:
             self.write(target, name, file, tensor)
+
+    def load_mxfp4_half(self, handle: Any, name: str, file: Path, base: str, suffix: str) -> None:
+        """Read one half of an MXFP4 pair; once both are read, dequantize them into the
+        parameter the dense tensor ``base`` fills (``adapters/quantization/mxfp4.py``)."""
+        self.mark_seen(name, file)
+        dtype, _ = self.read_header(handle, name, file)
+        if dtype != "U8":
+            raise self.fail(name, file, f"dtype {dtype} does not fit MXFP4: expected U8")
+        partner = base + (SCALES_SUFFIX if suffix == BLOCKS_SUFFIX else BLOCKS_SUFFIX)
+        tensor = self.read_tensor(handle, name, file)
+        if partner not in self.pending:
+            self.pending[name] = (tensor, file)
+            return
+        other, _ = self.pending.pop(partner)
+        blocks, scales = (tensor, other) if suffix == BLOCKS_SUFFIX else (other, tensor)
+        if (
+            blocks.dim() != 4
+            or blocks.shape[-1] != GROUP_SIZE // 2
+            or (blocks.shape[:-1] != scales.shape)
+        ):
+            raise self.fail(
+                base + BLOCKS_SUFFIX,
+                file,
+                f"shape {list(blocks.shape)} does not fit its scales' {list(scales.shape)}: "
+                f"expected blocks [experts, rows, groups, {GROUP_SIZE // 2}] and scales "
+                "[experts, rows, groups]",
+            )
+        experts, rows, groups, _ = blocks.shape
+        shape = (experts, groups * GROUP_SIZE, rows)
+        target = self.resolve(base, file, lambda: ("F32", shape))
+        if not isinstance(target, TensorTarget):  # a tensor the model ignores
+            return
+        dense = dequantize_mxfp4(blocks, scales, target.param.dtype)
+        del blocks, scales, tensor, other
+        self.write(target, base, file, dense)
 
     def read_header(self, handle: Any, name: str, file: Path) -> tuple[str, tuple[int, ...]]:
         try:
@@ -247,17 +301,7 @@ class TensorLoader:
         """Check tensor ``name`` (steps 1 to 4 of the module docstring) before its data is
         read: where it goes (a parameter shard, or a KV-cache scale's match), or None for a
         tensor the model ignores. Raises ``self.error`` naming what is wrong."""
-        if name in self.seen:
-            first = self.seen[name]
-            if first is None or file is None:
-                raise self.fail(name, file, "is given twice: expected each tensor once")
-            where = "twice in that file" if first == file else f"also in {file.name}"
-            raise self.error(
-                f"{self.origin}: tensor {name!r} is stored in "
-                f"{first.name} and {where}: expected each tensor once (remove the "
-                "duplicate file, or keep only the files model.safetensors.index.json lists)."
-            )
-        self.seen[name] = file
+        self.mark_seen(name, file)
         if self.model.is_ignored_weight(bare_decoder_name(name)):
             return None
         kv_scale = _KV_SCALE.match(name)
@@ -307,6 +351,20 @@ class TensorLoader:
             )
         self.filled[key] = name
         return TensorTarget(param_name, shard_id, param)
+
+    def mark_seen(self, name: str, file: Path | None) -> None:
+        """Step 1: refuse a tensor given twice."""
+        if name in self.seen:
+            first = self.seen[name]
+            if first is None or file is None:
+                raise self.fail(name, file, "is given twice: expected each tensor once")
+            where = "twice in that file" if first == file else f"also in {file.name}"
+            raise self.error(
+                f"{self.origin}: tensor {name!r} is stored in "
+                f"{first.name} and {where}: expected each tensor once (remove the "
+                "duplicate file, or keep only the files model.safetensors.index.json lists)."
+            )
+        self.seen[name] = file
 
     def check_values(self, name: str, file: Path | None, tensor: torch.Tensor) -> None:
         """Step 5: no NaN or infinity in the tensors ``check`` names."""
@@ -386,6 +444,13 @@ class TensorLoader:
         )
 
     def check_complete(self) -> None:
+        for name, (_, file) in self.pending.items():
+            raise self.fail(
+                name,
+                file,
+                "is one half of an MXFP4 pair whose other half (_blocks with _scales) is "
+                "missing: expected both",
+            )
         missing = [
             self.mapping.to_checkpoint(param_name, shard_id)
             for param_name, param in self.params.items()

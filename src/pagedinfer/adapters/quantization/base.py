@@ -149,6 +149,8 @@ class QuantizationConfig(ABC):
 
     method: ClassVar[str]  # quant_method as config.json spells it
     ignore: tuple[str, ...]  # modules left unquantized: names, or "re:<regex>"
+    # The only architectures the method has a path for (None: any decoder).
+    architectures: ClassVar[frozenset[str] | None] = None
 
     @abstractmethod
     def describe(self) -> str:

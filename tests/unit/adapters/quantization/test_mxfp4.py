@@ -1,0 +1,204 @@
+"""GPT-OSS MXFP4 checkpoints: expert weights dequantized at load, as transformers does.
+
+A tiny random GPT-OSS has its expert projections quantized here (nearest FP4 E2M1 value per
+group of 32 input features, a power-of-two E8M0 scale per group) and saved as the released
+checkpoints store them (``<proj>_blocks`` / ``<proj>_scales`` and ``quantization_config``
+``{"quant_method": "mxfp4", ...}``). The dequantizer must equal transformers'
+``convert_moe_packed_tensors`` bit for bit, and the engine on the MXFP4 checkpoint must
+generate transformers' greedy tokens on the same model with the dequantized experts.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from hf_reference import hf_greedy
+from pagedinfer import Engine, SamplingParams
+from pagedinfer.adapters.attention import create_backend
+from pagedinfer.adapters.distributed.parallel import ParallelContext
+from pagedinfer.adapters.models.base import BuildContext
+from pagedinfer.adapters.models.config import ModelConfig
+from pagedinfer.adapters.models.gpt_oss import GptOssForCausalLM
+from pagedinfer.adapters.models.loader import load_weights
+from pagedinfer.adapters.models.registry import build_model, read_model_config
+from pagedinfer.adapters.quantization.mxfp4 import FP4_E2M1_VALUES, dequantize_mxfp4
+from pagedinfer.errors import ConfigurationError, UnsupportedModelError
+
+GPT_OSS: dict[str, Any] = {
+    "architecture": "GptOssForCausalLM",
+    "layer_types": ("sliding_attention", "full_attention"),
+    "sliding_window": 8,
+    "attention_bias": True,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "intermediate_size": 64,
+    "tie_word_embeddings": False,
+    "vocab_size": 256,
+}
+MXFP4_CONFIG = {
+    "quant_method": "mxfp4",
+    "modules_to_not_convert": [
+        "model.layers.*.self_attn",
+        "model.layers.*.mlp.router",
+        "model.embed_tokens",
+        "lm_head",
+    ],
+}
+PROJECTIONS = ("gate_up_proj", "down_proj")
+
+
+def quantize_mxfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense ``[E, K, N]`` -> ``blocks [E, N, K / 32, 16]``, ``scales [E, N, K / 32]``."""
+    experts, features, rows = weight.shape
+    groups = weight.float().transpose(1, 2).reshape(experts, rows, features // 32, 32)
+    amax = groups.abs().amax(dim=-1).clamp(min=2.0**-126)
+    exponent = torch.ceil(torch.log2(amax / 6.0)).clamp(-127, 127)
+    scaled = groups / torch.pow(2.0, exponent).unsqueeze(-1)
+    table = torch.tensor(FP4_E2M1_VALUES[:8])
+    nearest = (scaled.abs().unsqueeze(-1) - table).abs().argmin(dim=-1)
+    codes = (nearest | ((scaled < 0).long() << 3)).to(torch.uint8)
+    blocks = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return blocks.contiguous(), (exponent + 127).to(torch.uint8)
+
+
+def write_mxfp4_pair(dense: Path, mxfp4: Path, reference: Path) -> None:
+    """``mxfp4``: ``dense`` with quantized experts; ``reference``: ``dense`` with the experts
+    replaced by their dequantized values (transformers' dequantizer)."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    for target in (mxfp4, reference):
+        shutil.copytree(dense, target)
+    [file] = sorted(dense.glob("*.safetensors"))
+    tensors = load_file(str(file))
+    quantized, dequantized = dict(tensors), dict(tensors)
+    for name, tensor in tensors.items():
+        if name.rsplit(".", 1)[-1] in PROJECTIONS:
+            blocks, scales = quantize_mxfp4(tensor)
+            del quantized[name]
+            quantized[f"{name}_blocks"], quantized[f"{name}_scales"] = blocks, scales
+            dequantized[name] = convert_moe_packed_tensors(blocks, scales, dtype=tensor.dtype)
+    save_file(quantized, str(mxfp4 / file.name), metadata={"format": "pt"})
+    save_file(dequantized, str(reference / file.name), metadata={"format": "pt"})
+    config = json.loads((dense / "config.json").read_text())
+    config["quantization_config"] = MXFP4_CONFIG
+    (mxfp4 / "config.json").write_text(json.dumps(config))
+
+
+@pytest.fixture(scope="module")
+def checkpoints(
+    make_checkpoint: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, Path]:
+    """(the MXFP4 checkpoint, the dense one with its dequantized experts)."""
+    root = tmp_path_factory.mktemp("mxfp4")
+    write_mxfp4_pair(make_checkpoint("tiny", **GPT_OSS), root / "mxfp4", root / "reference")
+    return root / "mxfp4", root / "reference"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dequantizer_equals_transformers(dtype: torch.dtype) -> None:
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    generator = torch.Generator().manual_seed(0)
+    blocks = torch.randint(0, 256, (3, 10, 4, 16), dtype=torch.uint8, generator=generator)
+    scales = torch.randint(100, 140, (3, 10, 4), dtype=torch.uint8, generator=generator)
+    ours = dequantize_mxfp4(blocks, scales, dtype)
+    theirs = convert_moe_packed_tensors(blocks, scales, dtype=dtype)
+    assert ours.shape == (3, 128, 10) and ours.dtype == dtype
+    assert torch.equal(ours, theirs)
+
+
+def test_quantizer_round_trips_fp4_values() -> None:
+    values = torch.tensor(FP4_E2M1_VALUES).repeat(4)[:64] * 0.25  # a 2**-2 scale per group
+    weight = values.reshape(1, 64, 1)
+    blocks, scales = quantize_mxfp4(weight)
+    assert torch.equal(dequantize_mxfp4(blocks, scales, torch.float32), weight)
+
+
+def test_engine_on_mxfp4_matches_transformers_on_the_dequantized_model(
+    checkpoints: tuple[Path, Path],
+) -> None:
+    mxfp4, reference = checkpoints
+    prompts = [[(7 * i + 3 * j) % 256 for j in range(20 + 5 * i)] for i in range(3)]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    with Engine(mxfp4, device="cpu", dtype="float32", kv_block_size=16) as engine:
+        assert "mxfp4" in engine.describe()
+        outputs = engine.generate(prompts, params, use_tqdm=False)
+    for prompt, output in zip(prompts, outputs, strict=True):
+        assert output.outputs[0].token_ids == hf_greedy(reference, prompt, 8)
+
+
+class OneRank(ParallelContext):
+    """A rank of an N-way group, built alone (no process group)."""
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_each_rank_holds_its_slice_of_the_dequantized_experts(
+    checkpoints: tuple[Path, Path], world_size: int
+) -> None:
+    """The dequantized experts go through the parameters' weight loaders: every rank's model
+    built from the MXFP4 checkpoint holds exactly what it holds from the dequantized one."""
+
+    def load(path: Path, rank: int) -> dict[str, torch.Tensor]:
+        model = build_model(
+            read_model_config(path),
+            parallel=OneRank(rank=rank, world_size=world_size),
+            backend=create_backend("torch", 16),
+            device=torch.device("cpu"),
+            dtype=torch.float32,
+        )
+        load_weights(model, path)
+        return dict(model.named_parameters())
+
+    for rank in range(world_size):
+        ours, theirs = (load(path, rank) for path in checkpoints)
+        assert ours.keys() == theirs.keys()
+        for name, param in ours.items():
+            assert torch.equal(param, theirs[name]), name
+
+
+def test_mxfp4_is_refused_off_the_cpu(checkpoints: tuple[Path, Path]) -> None:
+    config = ModelConfig.from_pretrained(checkpoints[0])
+    build = BuildContext(
+        parallel=cast(Any, None),
+        backend=cast(Any, None),
+        dtype=torch.bfloat16,
+        device=torch.device("meta"),
+    )
+    with pytest.raises(ConfigurationError, match="dequantize the checkpoint first"):
+        GptOssForCausalLM(config, build)
+
+
+def test_mxfp4_is_refused_for_other_architectures(
+    make_checkpoint: Callable[..., Path], tmp_path: Path
+) -> None:
+    target = tmp_path / "llama"
+    shutil.copytree(make_checkpoint("tiny"), target)
+    config = json.loads((target / "config.json").read_text())
+    config["quantization_config"] = MXFP4_CONFIG
+    (target / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedModelError, match="only for GptOssForCausalLM"):
+        ModelConfig.from_pretrained(target)
+
+
+def test_a_blocks_tensor_without_its_scales_is_refused(
+    checkpoints: tuple[Path, Path], tmp_path: Path
+) -> None:
+    target = tmp_path / "half"
+    shutil.copytree(checkpoints[0], target)
+    [file] = sorted(target.glob("*.safetensors"))
+    tensors = load_file(str(file))
+    del tensors["model.layers.1.mlp.experts.down_proj_scales"]
+    save_file(tensors, str(file), metadata={"format": "pt"})
+    with pytest.raises(UnsupportedModelError, match=r"down_proj_blocks.*other half"):
+        Engine(target, device="cpu", dtype="float32", kv_block_size=16)
