@@ -116,6 +116,7 @@ def measure(checkout: Path, cache_dir: Path, *, quick: bool, device: str) -> dic
 
         num_kv_blocks = runner.num_kv_blocks
         reads_carried_tokens = False
+        is_sleeping = False
 
         def execute(self, plan: Any) -> Any:
             began = clock()

@@ -110,6 +110,7 @@ class ScriptedExecutor:
     """Samples a fixed script of tokens (the model is not run)."""
 
     reads_carried_tokens = False
+    is_sleeping = False
 
     def __init__(self, engine: Engine, script: list[int]) -> None:
         self.engine = engine
