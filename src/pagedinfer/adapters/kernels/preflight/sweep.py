@@ -37,8 +37,16 @@ MAX_MODEL_LEN = 8192
 INT4_GROUP = 128
 FP8_WEIGHT_BLOCKS = ((128, 128), None)  # DeepSeek-style blocks, per-channel scales
 # Attention layer kinds (window, sinks): full causal, a sliding window (Mistral, Gemma 3),
-# a sliding window with sinks (GPT-OSS); every model shape is swept with each.
+# a sliding window with sinks (GPT-OSS). Every model shape is swept with each, in
+# VARIANT_DTYPE only: a window or sinks add the same code to every dtype's kernel, and the
+# sweep's time grows with every variant (each dtype, KV format and tile compiles apart).
 LAYER_KINDS = ((None, False), (128, False), (128, True))
+# The dtype that variants which do not depend on the dtype (windows, sinks, LoRA) are swept in.
+VARIANT_DTYPE = torch.bfloat16
+
+
+def _layer_kinds(dtype: torch.dtype) -> tuple[tuple[int | None, bool], ...]:
+    return LAYER_KINDS if dtype == VARIANT_DTYPE else LAYER_KINDS[:1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +120,7 @@ def _model_calls(model: ModelShape, dtype: torch.dtype, target: KernelTarget) ->
         for block_size in BLOCK_SIZES:
             yield from _attention(model, dtype, kv_dtype or dtype, block_size, target)
     yield from _gemms(model, dtype, target)
-    if dtype != torch.float32:  # LoRA runs in the model's 16-bit dtype on CUDA
+    if dtype == VARIANT_DTYPE:  # LoRA runs in the model's 16-bit dtype on CUDA
         yield from _lora(model, dtype)
     if model.num_experts:
         yield from _moe(model, dtype)
@@ -211,7 +219,7 @@ def _attention(
             if splits > 1
             else None
         )
-        for window, sinks in LAYER_KINDS:
+        for window, sinks in _layer_kinds(dtype):
             yield partial(
                 paged_decode_attention, _empty(num_seqs, heads, head_dim, dtype=dtype), k_cache,
                 v_cache, context_lens=_empty(num_seqs, dtype=torch.int32),
@@ -222,7 +230,7 @@ def _attention(
 
     num_seqs = 4
     for max_seqlen_q in PREFILL_QUERY_LENS:
-        for window, sinks in LAYER_KINDS:
+        for window, sinks in _layer_kinds(dtype):
             yield partial(
                 paged_prefill_attention, _empty(PREFILL_ROWS, heads, head_dim, dtype=dtype),
                 k_cache, v_cache, cu_seqlens_q=_empty(num_seqs + 1, dtype=torch.int32),
