@@ -38,7 +38,7 @@ import torch
 
 from pagedinfer.adapters.attention import resolve_backend_name
 from pagedinfer.adapters.executor import ModelExecutor, create_executor
-from pagedinfer.adapters.kv_cache import kv_cache_dtype_name, resolve_kv_cache_dtype
+from pagedinfer.adapters.kv_cache import resolve_kv_cache_dtype
 from pagedinfer.adapters.models.registry import read_model_config
 from pagedinfer.adapters.sampling.grammar import GrammarCompiler
 from pagedinfer.domain.forks import completion_seed
@@ -80,10 +80,11 @@ from pagedinfer.engine.prompts import (
     TokenizedPrompt,
     parse_prompts,
 )
+from pagedinfer.engine.reports import EngineReports
 from pagedinfer.engine.request_table import RequestTable
 from pagedinfer.engine.requests import OutputSink, RequestState, request_key
 from pagedinfer.engine.sleep_pause import GenerationControls, SleepAndPause
-from pagedinfer.engine.stats import EngineStats, host_tier_stats
+from pagedinfer.engine.stats import EngineStats
 from pagedinfer.engine.streams import RequestStream
 from pagedinfer.engine.tokenizer import tokenizer_for
 from pagedinfer.engine.weight_sync import WeightSync
@@ -102,7 +103,7 @@ __all__ = ["Engine", "EngineStats", "Prompt", "TokenizedPrompt", "completion_see
 _logger = logging.getLogger(__name__)
 
 
-class Engine(SleepAndPause, WeightSync, LoRAMethods):
+class Engine(EngineReports, SleepAndPause, WeightSync, LoRAMethods):
     """Offline LLM inference on a paged KV cache.
 
     ``Engine(model)`` (vLLM's keyword: ``Engine(model=DIR)``) loads a local Hugging Face
@@ -685,54 +686,6 @@ class Engine(SleepAndPause, WeightSync, LoRAMethods):
                     "the engine has nothing left to run but a caller still waits for a "
                     "request: this is a bug in pagedinfer, please report it."
                 )
-
-    # -------------------------------------------------------------------- stats
-    def describe(self) -> str:
-        """One line for a start-up log: the model and how it runs (device, dtype, attention
-        backend, KV cache and its dtype when FP8, ``max_model_len``). Takes no lock (everything
-        in it is fixed)."""
-        scheduler = self.scheduler.config
-        tp = self.config.tensor_parallel_size
-        kv_dtype = ""
-        if self.kv_cache_dtype != self.dtype:
-            kv_dtype = f" ({kv_cache_dtype_name(self.kv_cache_dtype)})"
-        return (
-            f"model {self.config.model_path} ({self.model_config.architecture}): device "
-            f"{self.device}, dtype {str(self.dtype).removeprefix('torch.')}, attention "
-            f"{self.attention_backend}, {scheduler.num_blocks} KV blocks of "
-            f"{scheduler.block_size} tokens{kv_dtype}, max_model_len {self.max_model_len}"
-            + (f", tensor_parallel_size {tp}" if tp > 1 else "")
-            + (f", quantization {q.describe()}" if (q := self.model_config.quantization) else "")
-        )
-
-    def stats(self) -> EngineStats:
-        """The counters; also on a dead engine (what it did before it died)."""
-        with self._guard.held():
-            if self._closed:
-                raise EngineClosedError("the engine is closed; create a new Engine.")
-            self._catch_up()
-            pool = self.scheduler.pool.stats()
-            scheduler = self.scheduler.stats()
-            counts = self._outputs.accounting
-            return EngineStats(
-                num_requests_finished=self._table.num_finished,
-                num_waiting=scheduler.num_waiting,
-                num_running=scheduler.num_running,
-                num_prompt_tokens=counts.prompt_tokens,
-                num_generated_tokens=counts.generated_tokens,
-                prefill_throughput=counts.prefill_throughput,
-                decode_throughput=counts.decode_throughput,
-                prefix_cache_hit_rate=pool.prefix_hit_rate,
-                kv_cache_usage=pool.usage,
-                num_kv_blocks=pool.num_blocks,
-                num_preemptions=scheduler.num_preemptions,
-                spec_decode_num_drafts=scheduler.num_spec_verify_rows,
-                spec_decode_num_draft_tokens=scheduler.num_draft_tokens,
-                spec_decode_num_accepted_tokens=scheduler.num_accepted_tokens,
-                spec_decode_num_accepted_tokens_per_pos=scheduler.accepted_per_position,
-                kv_groups=self.scheduler.kv_group_usage(),
-                host_tier=host_tier_stats(self.scheduler, self.model_config, self.kv_cache_dtype),
-            )
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block (blocks in use stay allocated)."""
