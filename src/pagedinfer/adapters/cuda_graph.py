@@ -66,6 +66,7 @@ __all__ = [
     "capture_decode_graphs",
     "decode_graph_buckets",
     "graph_metadata",
+    "reads_device_values_on_host",
 ]
 
 # Larger decode batches run eagerly: launch overhead is small next to their compute, and each
@@ -157,6 +158,14 @@ def graph_metadata(static: GraphInputs, batch: int, block_size: int) -> Attentio
         group_block_tables=tuple(table[:batch] for table in static.group_block_tables),
         group_slot_mappings=tuple(slots[:batch] for slots in static.group_slot_mappings),
     )
+
+
+def reads_device_values_on_host(model: torch.nn.Module) -> bool:
+    """True when a module of ``model`` reads device values on the host in its forward pass
+    (its class or instance sets ``reads_device_values_on_host = True``: GPT-OSS's experts,
+    which count each expert's tokens on the host). Such a forward cannot be captured: its
+    decode steps run eagerly."""
+    return any(getattr(module, "reads_device_values_on_host", False) for module in model.modules())
 
 
 class Replayable(Protocol):

@@ -609,8 +609,14 @@ class ModelRunner:
             or not self.backend.supports_cuda_graphs
         ):
             return None
-        from pagedinfer.adapters.cuda_graph import DecodeGraphLayout, capture_decode_graphs
+        from pagedinfer.adapters.cuda_graph import (
+            DecodeGraphLayout,
+            capture_decode_graphs,
+            reads_device_values_on_host,
+        )
 
+        if reads_device_values_on_host(self.model):  # not capturable: decode runs eagerly
+            return None
         config = self.config
         max_running = config.max_running
         layout = DecodeGraphLayout.for_limits(

@@ -17,7 +17,11 @@ import torch
 
 from hf_reference import hf_greedy
 from pagedinfer import Engine, SamplingParams
-from pagedinfer.adapters.cuda_graph import DecodeGraphLayout, graph_metadata
+from pagedinfer.adapters.cuda_graph import (
+    DecodeGraphLayout,
+    graph_metadata,
+    reads_device_values_on_host,
+)
 from pagedinfer.adapters.model_runner import ModelRunner
 from pagedinfer.adapters.step_inputs import GraphInputs, StepPacker
 from pagedinfer.domain import BatchPlan, Scheduler, SchedulerConfig, Sequence
@@ -189,3 +193,22 @@ def test_padding_rows_store_nothing_in_any_group(gemma3_checkpoint: Path) -> Non
     assert len(written) == 9  # three sequences, three groups: blocks of their own
     assert changed.nonzero().flatten().tolist() == sorted(written)
     assert graphs.num_replays == 2
+
+
+def test_only_models_that_read_device_values_on_the_host_stay_eager(
+    make_checkpoint: Callable[..., Path], gemma3_checkpoint: Path
+) -> None:
+    """GPT-OSS's experts count their tokens on the host (not capturable): its decode steps run
+    eagerly; Gemma 3's forward reads nothing on the host."""
+    gpt_oss = make_checkpoint(
+        "tiny",
+        architecture="GptOssForCausalLM",
+        layer_types=("sliding_attention", "full_attention"),
+        sliding_window=8,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        intermediate_size=64,
+        vocab_size=VOCAB,
+    )
+    assert reads_device_values_on_host(make_runner(gpt_oss, attention_backend="triton").model)
+    assert not reads_device_values_on_host(make_runner(gemma3_checkpoint).model)
