@@ -19,6 +19,13 @@ A graph replays exactly the kernels, shapes and addresses it was captured with, 
 * **Padding rows** get slot ``-1`` (their K/V are not stored) and context length 0 (attention
   reads no page and returns zeros); their outputs are sliced away. Every layer treats rows
   independently, so padding never changes a real row.
+* **KV groups** (hybrid attention, ``docs/kv-groups.md``): the static inputs hold a block
+  table and a slot mapping per group, all as wide as the captured tables (a sliding group's
+  table has the plan's width too: its entries out of the window are the null block, which the
+  kernels skip by position). Each layer reads its group's views
+  (``AttentionMetadata.for_group``); the packer writes every group's rows, and padding rows
+  get slot ``-1`` in every group. The window and the sinks are arguments of the kernels, the
+  same at every replay. A plan replays only with as many tables as were captured.
 * **One memory pool.** All graphs share one pool, captured largest first: the smaller graphs'
   activations fit in memory the largest one already reserved.
 * **No host values.** The attention metadata of a graph has no ``*_host`` lists, and the
@@ -59,6 +66,7 @@ __all__ = [
     "capture_decode_graphs",
     "decode_graph_buckets",
     "graph_metadata",
+    "reads_device_values_on_host",
 ]
 
 # Larger decode batches run eagerly: launch overhead is small next to their compute, and each
@@ -86,21 +94,24 @@ def decode_graph_buckets(max_num_seqs: int) -> list[int]:
 
 @dataclass(frozen=True, slots=True)
 class DecodeGraphLayout:
-    """What was captured: the batch-size buckets and the block-table width of every graph."""
+    """What was captured: the batch-size buckets, the block-table width of every graph and
+    the number of KV groups (block tables per sequence; 1 without groups)."""
 
     buckets: tuple[int, ...]
     table_width: int
     block_size: int
+    num_groups: int = 1
 
     @classmethod
     def for_limits(
-        cls, *, max_num_seqs: int, max_model_len: int, block_size: int
+        cls, *, max_num_seqs: int, max_model_len: int, block_size: int, num_groups: int = 1
     ) -> DecodeGraphLayout:
         """Buckets for ``max_num_seqs``; tables wide enough for a ``max_model_len`` sequence."""
         return cls(
             buckets=tuple(decode_graph_buckets(max_num_seqs)),
             table_width=-(-max_model_len // block_size),
             block_size=block_size,
+            num_groups=num_groups,
         )
 
     @property
@@ -113,20 +124,23 @@ class DecodeGraphLayout:
         return self.buckets[index] if index < len(self.buckets) else None
 
     def covers(self, plan: BatchPlan) -> bool:
-        """True for a decode step (one token per sequence) that some captured graph fits."""
+        """True for a decode step (one token per sequence) that some captured graph fits,
+        with a block table per captured KV group."""
         return (
             not plan.is_prefill
             and plan.num_seqs > 0
             and plan.num_tokens == plan.num_seqs
             and plan.block_size == self.block_size
             and plan.block_table_width <= self.table_width
+            and len(plan.group_block_tables) == self.num_groups - 1
             and self.bucket_for(plan.num_seqs) is not None
         )
 
 
 def graph_metadata(static: GraphInputs, batch: int, block_size: int) -> AttentionMetadata:
     """Decode metadata over the first ``batch`` rows of the static inputs (views: what the
-    packer writes later shows through). A graph captured over it reads no host values."""
+    packer writes later shows through), every KV group's tables and slots included. A graph
+    captured over it reads no host values."""
     return AttentionMetadata(
         is_prefill=False,
         block_size=block_size,
@@ -141,7 +155,17 @@ def graph_metadata(static: GraphInputs, batch: int, block_size: int) -> Attentio
         has_padding_slots=True,
         query_lens_host=None,  # replays must not depend on host values
         context_lens_host=None,
+        group_block_tables=tuple(table[:batch] for table in static.group_block_tables),
+        group_slot_mappings=tuple(slots[:batch] for slots in static.group_slot_mappings),
     )
+
+
+def reads_device_values_on_host(model: torch.nn.Module) -> bool:
+    """True when a module of ``model`` reads device values on the host in its forward pass
+    (its class or instance sets ``reads_device_values_on_host = True``: GPT-OSS's experts,
+    which count each expert's tokens on the host). Such a forward cannot be captured: its
+    decode steps run eagerly."""
+    return any(getattr(module, "reads_device_values_on_host", False) for module in model.modules())
 
 
 class Replayable(Protocol):
@@ -167,6 +191,7 @@ class CudaGraphDecodeRunner:
     ) -> None:
         assert set(graphs) == set(outputs) == set(layout.buckets), (graphs, layout)
         assert static.rows >= layout.largest and static.table_width == layout.table_width
+        assert static.num_groups == layout.num_groups, (static.num_groups, layout.num_groups)
         self.layout = layout
         self.static = static
         self._graphs = dict(graphs)

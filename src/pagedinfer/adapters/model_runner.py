@@ -607,19 +607,28 @@ class ModelRunner:
             self.device.type != "cuda"
             or self.config.enforce_eager
             or not self.backend.supports_cuda_graphs
-            or self.kv_groups  # (graphs capture one table per step; KV groups run eagerly)
         ):
             return None
-        from pagedinfer.adapters.cuda_graph import DecodeGraphLayout, capture_decode_graphs
+        from pagedinfer.adapters.cuda_graph import (
+            DecodeGraphLayout,
+            capture_decode_graphs,
+            reads_device_values_on_host,
+        )
 
+        if reads_device_values_on_host(self.model):  # not capturable: decode runs eagerly
+            return None
         config = self.config
         max_running = config.max_running
         layout = DecodeGraphLayout.for_limits(
             max_num_seqs=max_running,
             max_model_len=config.max_model_len,
             block_size=config.block_size,
+            # KV groups: a table per group (one sliding group: the plan's own table).
+            num_groups=max(len(self.kv_groups), 1),
         )
-        static = self.packer.attach_graph_inputs(layout.largest, layout.table_width, max_running)
+        static = self.packer.attach_graph_inputs(
+            layout.largest, layout.table_width, max_running, num_groups=layout.num_groups
+        )
         if self.lora is not None:  # the graphs hold the adapters' matmuls
             self.lora.capture_all()
         return capture_decode_graphs(

@@ -13,8 +13,12 @@
 * **Decode steps a CUDA graph replays** are packed in the graph's fixed layout (sized for the
   largest bucket, block tables ``cdiv(max_model_len, block_size)`` wide) and copied straight
   into the graph's static input buffer (:meth:`StepPacker.attach_graph_inputs`): no second
-  copy on the device. Rows past the step's sequences up to the bucket are padding (slot -1,
-  context length 0); the copy covers only the first ``bucket`` rows of the block tables.
+  copy on the device. Rows past the step's sequences up to the bucket are padding (slot -1 in
+  every KV group, context length 0); the copy covers only the first ``bucket`` rows of the
+  block tables. With KV groups (hybrid attention) row ``i`` of the static tables holds every
+  group's table of sequence ``i`` side by side (each padded to 64 bytes, so every group's
+  table starts aligned), so a bucket's rows of every group are one contiguous prefix (one
+  copy), and group ``g``'s table is a strided view (kernels take the row stride).
 * **CPU** (``zero_copy``): the tensors are views of the plan's own arrays
   (``torch.frombuffer``): nothing is copied at all.
 
@@ -199,7 +203,11 @@ class _HostStaging:
 @dataclass(frozen=True, slots=True)
 class GraphInputs:
     """The static tensors captured decode graphs read: views of one device buffer sized for
-    ``rows`` sequences with ``table_width``-wide block tables. Bucket ``b`` reads rows ``:b``."""
+    ``rows`` sequences with ``table_width``-wide block tables. Bucket ``b`` reads rows ``:b``.
+
+    KV groups 1, 2, ... (hybrid attention) have their own tables and slots (group 0's are
+    ``block_tables`` and ``slot_mapping``); every group's table has the same width (a sliding
+    group's entries out of its window are the null block, as in the plan)."""
 
     input_ids: torch.Tensor  # [rows] int64
     positions: torch.Tensor  # [rows] int64
@@ -208,6 +216,8 @@ class GraphInputs:
     cu_seqlens_q: torch.Tensor  # [rows + 1] int32, always 0..rows (one query per sequence)
     cu_seqlens_k: torch.Tensor  # [rows + 1] int32
     block_tables: torch.Tensor  # [rows, table_width] int32
+    group_block_tables: tuple[torch.Tensor, ...] = ()  # [rows, table_width] int32 each
+    group_slot_mappings: tuple[torch.Tensor, ...] = ()  # [rows] int64 each
 
     @property
     def rows(self) -> int:
@@ -216,6 +226,11 @@ class GraphInputs:
     @property
     def table_width(self) -> int:
         return int(self.block_tables.shape[1])
+
+    @property
+    def num_groups(self) -> int:
+        """KV groups with a table here (1: no groups)."""
+        return 1 + len(self.group_block_tables)
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +245,8 @@ class _FirstRows:
     cu_seqlens_k: torch.Tensor
     block_tables: torch.Tensor
     sample_slots: torch.Tensor
+    group_block_tables: tuple[torch.Tensor, ...]
+    group_slot_mappings: tuple[torch.Tensor, ...]
 
 
 class _GraphRegion:
@@ -240,20 +257,30 @@ class _GraphRegion:
     otherwise make a dozen).
     """
 
-    def __init__(self, device: torch.device, rows: int, table_width: int, num_slots: int):
-        self.rows, self.table_width = rows, table_width
+    def __init__(
+        self, device: torch.device, rows: int, table_width: int, num_slots: int, num_groups: int
+    ):
+        self.rows, self.table_width, self.num_groups = rows, table_width, num_groups
         floats, ints = len(FLOAT_COLUMNS), len(INT_COLUMNS)
+        # Where each group's slots go: group 0's are slot_mapping.
+        self.slot_fields = ("slot_mapping", *(f"group_slots_{g}" for g in range(1, num_groups)))
+        # KV groups: each group's table padded to 64 bytes in a row (Triton specializes on
+        # pointer alignment: every group's table starts aligned, as the eager step's do).
+        self.group_stride = table_width
+        if num_groups > 1:
+            self.group_stride = -(-table_width * 4 // ALIGNMENT) * ALIGNMENT // 4
         self.layout, self.nbytes = pack_layout(
             [
                 ("input_ids", _INT64, rows),
                 ("positions", _INT64, rows),
-                ("slot_mapping", _INT64, rows),
+                *((name, _INT64, rows) for name in self.slot_fields),
                 ("context_lens", _INT32, rows),
                 ("cu_seqlens_q", _INT32, rows + 1),
                 ("cu_seqlens_k", _INT32, rows + 1),
                 ("sample_slots", _INT32, rows),
-                # Block tables after every per-row field: a step copies only its bucket's rows.
-                ("block_tables", _INT32, rows * table_width),
+                # Block tables after every per-row field: a step copies only its bucket's rows
+                # (row i: every group's table of sequence i).
+                ("block_tables", _INT32, rows * num_groups * self.group_stride),
                 ("delta_slots", _INT64, num_slots),
                 ("delta_floats", _FLOAT32, num_slots * floats),
                 ("delta_ints", _INT64, num_slots * ints),
@@ -265,12 +292,14 @@ class _GraphRegion:
         host_buffers = self.staging._buffers
         for buffer in host_buffers:
             buffer.zero_()
-            _memmove(
-                buffer.data_ptr() + self.layout["slot_mapping"].offset,
-                array("q", [PADDING_SLOT]) * rows,
-            )
+            for name in self.slot_fields:
+                _memmove(
+                    buffer.data_ptr() + self.layout[name].offset, array("q", [PADDING_SLOT]) * rows
+                )
             _view(buffer, self.layout["cu_seqlens_q"]).copy_(torch.arange(rows + 1))
         self.staging.copy(0, self.device_buffer, self.nbytes)
+        tables = self.view("block_tables").view(rows, num_groups, self.group_stride)
+        tables = tables[:, :, :table_width]
         self.tensors = GraphInputs(
             input_ids=self.view("input_ids"),
             positions=self.view("positions"),
@@ -278,15 +307,17 @@ class _GraphRegion:
             context_lens=self.view("context_lens"),
             cu_seqlens_q=self.view("cu_seqlens_q"),
             cu_seqlens_k=self.view("cu_seqlens_k"),
-            block_tables=self.view("block_tables").view(rows, table_width),
+            block_tables=tables[:, 0],
+            group_block_tables=tuple(tables[:, g] for g in range(1, num_groups)),
+            group_slot_mappings=tuple(self.view(name) for name in self.slot_fields[1:]),
         )
         self._sample_slots = self.view("sample_slots")
         self._host_tables = [
-            _view(buffer, self.layout["block_tables"]).view(rows, table_width)
+            _view(buffer, self.layout["block_tables"]).view(rows, num_groups, self.group_stride)
             for buffer in host_buffers
         ]
         self._first_rows: dict[int, _FirstRows] = {}
-        self._table_windows: dict[tuple[int, int, int], torch.Tensor] = {}
+        self._table_windows: dict[tuple[int, int, int, int], torch.Tensor] = {}
 
     def view(self, name: str) -> torch.Tensor:
         return _view(self.device_buffer, self.layout[name])
@@ -305,16 +336,21 @@ class _GraphRegion:
                 cu_seqlens_k=static.cu_seqlens_k[: num_seqs + 1],
                 block_tables=static.block_tables[:num_seqs],
                 sample_slots=self._sample_slots[:num_seqs],
+                group_block_tables=tuple(t[:num_seqs] for t in static.group_block_tables),
+                group_slot_mappings=tuple(s[:num_seqs] for s in static.group_slot_mappings),
             )
             self._first_rows[num_seqs] = views
         return views
 
-    def host_table_window(self, index: int, num_seqs: int, width: int) -> torch.Tensor:
-        """Host mirror ``index``'s block tables, first ``num_seqs`` rows and ``width`` columns."""
-        key = (index, num_seqs, width)
+    def host_table_window(
+        self, index: int, num_seqs: int, width: int, group: int = 0
+    ) -> torch.Tensor:
+        """Host mirror ``index``'s block tables of KV group ``group``, first ``num_seqs`` rows
+        and ``width`` columns."""
+        key = (index, num_seqs, width, group)
         window = self._table_windows.get(key)
         if window is None:
-            window = self._host_tables[index][:num_seqs, :width]
+            window = self._host_tables[index][:num_seqs, group, :width]
             self._table_windows[key] = window
         return window
 
@@ -403,11 +439,14 @@ class StepPacker:
         )
 
     # ------------------------------------------------------------------ graph steps
-    def attach_graph_inputs(self, rows: int, table_width: int, num_slots: int) -> GraphInputs:
-        """Allocate the static inputs of captured decode graphs (once; they never move)."""
+    def attach_graph_inputs(
+        self, rows: int, table_width: int, num_slots: int, *, num_groups: int = 1
+    ) -> GraphInputs:
+        """Allocate the static inputs of captured decode graphs (once; they never move):
+        ``num_groups`` block tables and slot mappings (KV groups; 1: the plan's own)."""
         assert self._graph is None, "graph inputs are allocated once"
-        assert not self.zero_copy
-        self._graph = _GraphRegion(self.device, rows, table_width, num_slots)
+        assert not self.zero_copy and num_groups >= 1
+        self._graph = _GraphRegion(self.device, rows, table_width, num_slots, num_groups)
         return self._graph.tensors
 
     def pack_graph_decode(
@@ -415,44 +454,48 @@ class StepPacker:
     ) -> StepInputs:
         """Write a decode step of ``n <= bucket`` sequences into the graph's static inputs:
         rows ``:n`` from the plan, rows ``n:bucket`` padding, rows past the bucket untouched
-        (its graph does not read them)."""
+        (its graph does not read them). With KV groups, every group's table and slots."""
         graph = self._graph
         assert graph is not None, "attach_graph_inputs() first"
         num_seqs = plan.num_seqs
         width = plan.block_table_width
         assert 0 < num_seqs == plan.num_tokens <= bucket <= graph.rows, (num_seqs, bucket)
         assert 0 < width <= graph.table_width, (width, graph.table_width)
+        assert len(plan.group_block_tables) == graph.num_groups - 1, "a table per KV group"
         layout = graph.layout
         index, host = graph.staging.acquire(graph.nbytes)
         base = host.data_ptr()
         _memmove(base + layout["input_ids"].offset, plan.input_ids)
         _memmove(base + layout["positions"].offset, plan.positions)
-        _memmove(base + layout["slot_mapping"].offset, plan.slot_mapping)
+        group_slots = (plan.slot_mapping, *plan.group_slot_mappings)
+        for name, slots in zip(graph.slot_fields, group_slots, strict=True):
+            _memmove(base + layout[name].offset, slots)
         _memmove(base + layout["context_lens"].offset, plan.context_lens)
         _memmove(base + layout["cu_seqlens_k"].offset, plan.cu_seqlens_k)
         if self.sampled:
             _memmove(base + layout["sample_slots"].offset, plan.sample_slots)
         tables = layout["block_tables"]
-        if width == graph.table_width:
+        if width == graph.table_width and graph.num_groups == 1:
             _memmove(base + tables.offset, plan.block_tables)
         else:  # narrower rows go into the left columns; stale columns are never read
-            graph.host_table_window(index, num_seqs, width).copy_(
-                _from_array(plan.block_tables, _INT32).view(num_seqs, width)
-            )
+            for group, table in enumerate((plan.block_tables, *plan.group_block_tables)):
+                graph.host_table_window(index, num_seqs, width, group).copy_(
+                    _from_array(table, _INT32).view(num_seqs, width)
+                )
         if num_seqs < bucket:
-            # Padding rows: no K/V store, no keys, an empty key range. Their ids, positions
-            # and table rows are valid leftovers of earlier steps.
+            # Padding rows: no K/V store (in any group), no keys, an empty key range. Their
+            # ids, positions and table rows are valid leftovers of earlier steps.
             padding = bucket - num_seqs
-            _memmove(
-                base + layout["slot_mapping"].offset + num_seqs * 8,
-                array("q", [PADDING_SLOT]) * padding,
-            )
+            for name in graph.slot_fields:
+                _memmove(
+                    base + layout[name].offset + num_seqs * 8, array("q", [PADDING_SLOT]) * padding
+                )
             _memmove(base + layout["context_lens"].offset + num_seqs * 4, array("i", [0]) * padding)
             _memmove(
                 base + layout["cu_seqlens_k"].offset + (num_seqs + 1) * 4,
                 array("i", [plan.cu_seqlens_k[num_seqs]]) * padding,
             )
-        nbytes = tables.offset + bucket * graph.table_width * 4
+        nbytes = tables.offset + bucket * graph.num_groups * graph.group_stride * 4
         table_rows = None
         if delta is not None:
             for name, values in (
@@ -482,6 +525,8 @@ class StepPacker:
             max_seqlen_k=plan.max_seqlen_k,
             has_cached_prefix=True,
             has_padding_slots=False,
+            group_block_tables=rows.group_block_tables,
+            group_slot_mappings=rows.group_slot_mappings,
         )
         return StepInputs(
             input_ids=rows.input_ids,

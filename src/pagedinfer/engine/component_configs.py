@@ -4,6 +4,7 @@ and what was resolved from the checkpoint and the machine: the executor's
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection
 
 import torch
@@ -12,10 +13,13 @@ from pagedinfer.adapters.runner_config import RunnerConfig
 from pagedinfer.domain.kv_groups import KVGroupSpec, min_blocks_for_one_sequence
 from pagedinfer.domain.scheduler import SchedulerConfig
 from pagedinfer.engine.config import EngineConfig
+from pagedinfer.engine.kv_capacity import log_kv_capacity
 from pagedinfer.engine.kv_offloading import kv_offloading_bytes
 from pagedinfer.engine.lora_options import cpu_lora_slots
 
 __all__ = ["runner_config", "scheduler_config"]
+
+_logger = logging.getLogger("pagedinfer.engine.kv_capacity")
 
 
 def runner_config(
@@ -78,7 +82,8 @@ def scheduler_config(
     num_host_blocks: int = 0,
 ) -> SchedulerConfig:
     """What the scheduler needs: ``config`` with the executor's KV cache (``num_blocks``),
-    its KV groups and the runner's resolved sizes and drafts.
+    its KV groups and the runner's resolved sizes and drafts. Logs the KV cache's capacity,
+    per KV group (:mod:`~pagedinfer.engine.kv_capacity`).
 
     One sliding group (every layer with the same window) uses the plain cache layout: when the
     pool is too small for the null block and the window's slack
@@ -87,8 +92,13 @@ def scheduler_config(
     if len(kv_groups) == 1 and num_blocks < min_blocks_for_one_sequence(
         kv_groups, config.kv_block_size, runner.max_model_len, config.max_num_batched_tokens
     ):
+        _logger.info(
+            "every layer slides (window %s) but the KV pool is too small for the null block and "
+            "the window's slack: one plain table per sequence (nothing freed by the window)",
+            kv_groups[0].window,
+        )
         kv_groups = ()
-    return SchedulerConfig(
+    scheduler = SchedulerConfig(
         num_blocks=num_blocks,
         block_size=config.kv_block_size,
         max_num_seqs=config.max_num_seqs,
@@ -106,3 +116,5 @@ def scheduler_config(
         max_loras=runner.max_loras,
         num_host_blocks=num_host_blocks,
     )
+    log_kv_capacity(scheduler)
+    return scheduler

@@ -276,10 +276,15 @@ def install_stand_in(runner: ModelRunner, max_num_seqs: int) -> CudaGraphDecodeR
     config = runner.config
     assert config.block_size == 16
     layout = DecodeGraphLayout.for_limits(
-        max_num_seqs=max_num_seqs, max_model_len=config.max_model_len, block_size=config.block_size
+        max_num_seqs=max_num_seqs,
+        max_model_len=config.max_model_len,
+        block_size=config.block_size,
+        num_groups=max(len(runner.kv_groups), 1),  # KV groups: a table each
     )
     runner.packer = StepPacker(runner.device, sampled=True, zero_copy=False)
-    static = runner.packer.attach_graph_inputs(layout.largest, layout.table_width, max_num_seqs)
+    static = runner.packer.attach_graph_inputs(
+        layout.largest, layout.table_width, max_num_seqs, num_groups=layout.num_groups
+    )
     hidden_size = runner.model_config.hidden_size
     outputs = {b: torch.full((b, hidden_size), float("nan")) for b in layout.buckets}
     graphs: dict[int, Replayable] = {

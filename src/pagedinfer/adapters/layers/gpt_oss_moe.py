@@ -64,6 +64,12 @@ class GptOssRouter(nn.Module):
 class GptOssExperts(nn.Module):
     """Every expert's projections and biases, this rank's slice of the intermediate features."""
 
+    # The forward reads each expert's token count on the host (a sync), so CUDA graphs
+    # cannot capture it: decode steps of a model with these experts run eagerly
+    # (adapters/cuda_graph.py, reads_device_values_on_host). A forward without host reads
+    # sets this to False.
+    reads_device_values_on_host = True
+
     def __init__(
         self,
         num_experts: int,
