@@ -14,6 +14,11 @@ can run inside a CUDA graph):
 4. grouped GEMM ``[P, I] x w2[e]^T -> [P, H]``, each row scaled by its routing weight; then the
    ``k`` rows of each token are summed.
 
+GPT-OSS (:func:`fused_gpt_oss_moe`) runs the same steps on its checkpoint layouts (the
+grouped GEMM reads ``[E, K, N]`` weights through strides), adds each expert's biases in the
+GEMMs' epilogues (the down bias before the routing weight) and applies its clamped SwiGLU to
+the interleaved gate/up columns in step 3.
+
 Accumulation is float32; float32 models multiply in IEEE float32 (no TF32). The grid covers
 the largest padded size ``P + min(E, P) * (BLOCK_M - 1)``; blocks past the actual padded size
 (read from the device) return at once.
@@ -25,10 +30,11 @@ import torch
 import triton
 import triton.language as tl
 
+from pagedinfer.adapters.kernels.clamped_swiglu import clamped_swiglu
 from pagedinfer.adapters.kernels.launch import launch
 from pagedinfer.adapters.kernels.silu_and_mul import silu_and_mul
 
-__all__ = ["align_by_expert", "fused_moe", "grouped_gemm"]
+__all__ = ["align_by_expert", "fused_gpt_oss_moe", "fused_moe", "grouped_gemm"]
 
 
 @triton.jit  # type: ignore[untyped-decorator]
@@ -36,6 +42,7 @@ def _grouped_gemm_kernel(  # type: ignore[no-untyped-def]
     a_ptr,
     b_ptr,
     c_ptr,
+    bias_ptr,
     weights_ptr,
     sorted_ids_ptr,
     expert_ids_ptr,
@@ -46,8 +53,11 @@ def _grouped_gemm_kernel(  # type: ignore[no-untyped-def]
     stride_am,
     stride_be,
     stride_bn,
+    stride_bk,
+    stride_bias,
     stride_cm,
     TOP_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
     MUL_WEIGHT: tl.constexpr,
     IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -67,8 +77,14 @@ def _grouped_gemm_kernel(  # type: ignore[no-untyped-def]
     n_mask = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :]
-    # b is [E, N, K] (a linear weight per expert); the tile read is W^T: [BLOCK_K, BLOCK_N].
-    b_ptrs = b_ptr + expert * stride_be + offs_n[None, :].to(tl.int64) * stride_bn + offs_k[:, None]
+    # b is [E, N, K] (a linear weight per expert, or a strided view of [E, K, N]); the tile
+    # read is W^T: [BLOCK_K, BLOCK_N].
+    b_ptrs = (
+        b_ptr
+        + expert * stride_be
+        + offs_n[None, :].to(tl.int64) * stride_bn
+        + offs_k[:, None].to(tl.int64) * stride_bk
+    )
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k_mask = offs_k < K - k0
@@ -79,7 +95,10 @@ def _grouped_gemm_kernel(  # type: ignore[no-untyped-def]
         else:
             acc += tl.dot(a, b)
         a_ptrs += BLOCK_K
-        b_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K * stride_bk
+    if HAS_BIAS:  # the expert's bias, before the routing weight (GPT-OSS)
+        bias = tl.load(bias_ptr + expert * stride_bias + offs_n, mask=n_mask, other=0.0)
+        acc += bias.to(tl.float32)[None, :]
     if MUL_WEIGHT:
         weight = tl.load(weights_ptr + pairs, mask=valid, other=0.0)
         acc = acc * weight.to(tl.float32)[:, None]
@@ -130,15 +149,20 @@ def grouped_gemm(
     top_k: int,
     block_m: int,
     weights: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
 ) -> None:
-    """``out[p] = a[p // top_k] @ b[expert(p)]^T`` (times ``weights[p]``) for every pair ``p``.
+    """``out[p] = (a[p // top_k] @ b[expert(p)]^T + bias[expert(p)]) * weights[p]`` for every
+    pair ``p`` (the bias and the weight when given).
 
-    ``a [rows, K]`` and ``b [E, N, K]`` with contiguous last dims; ``out [P, N]``.
+    ``a [rows, K]`` with a contiguous last dim; ``b [E, N, K]`` with its last or its middle
+    dim contiguous (a linear weight per expert, or ``w.transpose(1, 2)`` of ``w [E, K, N]``);
+    ``bias [E, N]`` with a contiguous last dim; ``out [P, N]``.
     """
     num_pairs, n = int(out.shape[0]), int(out.shape[1])
     k = int(a.shape[1])
-    assert a.stride(1) == 1 and b.stride(2) == 1 and out.stride(1) == 1
+    assert a.stride(1) == 1 and out.stride(1) == 1 and 1 in (b.stride(1), b.stride(2))
     assert b.shape[1] == n and b.shape[2] == k, (a.shape, b.shape, out.shape)
+    assert bias is None or (bias.shape == (b.shape[0], n) and bias.stride(1) == 1), bias
     block_n = 64 if n >= 64 else max(16, triton.next_power_of_2(n))
     block_k = 32 if k >= 32 else 16
     grid = (int(expert_ids.shape[0]), triton.cdiv(n, block_n))
@@ -146,6 +170,7 @@ def grouped_gemm(
         a,
         b,
         out,
+        bias if bias is not None else out,  # unused without HAS_BIAS
         weights if weights is not None else out,  # unused without MUL_WEIGHT
         sorted_ids,
         expert_ids,
@@ -156,8 +181,11 @@ def grouped_gemm(
         a.stride(0),
         b.stride(0),
         b.stride(1),
+        b.stride(2),
+        bias.stride(0) if bias is not None else 0,
         out.stride(0),
         TOP_K=top_k,
+        HAS_BIAS=bias is not None,
         MUL_WEIGHT=weights is not None,
         IEEE=a.dtype == torch.float32,
         BLOCK_M=block_m,
@@ -184,8 +212,7 @@ def fused_moe(
     if num_tokens == 0:
         return torch.zeros_like(hidden)
     num_pairs = num_tokens * top_k
-    # Small batches (decode) spread few rows over many experts: small blocks waste less.
-    block_m = 16 if num_pairs <= 4 * num_experts else 64
+    block_m = _block_m(num_pairs, num_experts)
     sorted_ids, expert_ids, num_padded = align_by_expert(topk_ids, num_experts, block_m)
     hidden = hidden.contiguous()
     gate_up = torch.empty(num_pairs, int(w13.shape[1]), dtype=hidden.dtype, device=hidden.device)
@@ -206,3 +233,53 @@ def fused_moe(
         weights=topk_weights.flatten().contiguous(),
     )
     return pair_out.view(num_tokens, top_k, hidden_size).sum(dim=1)
+
+
+def fused_gpt_oss_moe(
+    hidden: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    gate_up_bias: torch.Tensor,
+    down_proj: torch.Tensor,
+    down_bias: torch.Tensor | None,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    alpha: float,
+    limit: float,
+) -> torch.Tensor:
+    """GPT-OSS's experts' weighted sum ``[T, H]``: the steps of :func:`fused_moe` with each
+    expert's biases in the grouped GEMMs' epilogues and the clamped SwiGLU
+    (:func:`~pagedinfer.adapters.kernels.clamped_swiglu.clamped_swiglu`) between them.
+
+    Checkpoint layouts: ``gate_up_proj [E, H, 2I]`` (gate and up interleaved),
+    ``gate_up_bias [E, 2I]``, ``down_proj [E, I, H]``, ``down_bias [E, H]`` (``None``: no
+    down bias, as on tensor-parallel ranks but the first). The same contract as
+    :func:`~pagedinfer.adapters.layers.gpt_oss_moe.gpt_oss_experts_torch`.
+    """
+    num_tokens, top_k = int(topk_ids.shape[0]), int(topk_ids.shape[1])
+    num_experts, hidden_size = int(gate_up_proj.shape[0]), int(hidden.shape[1])
+    if num_tokens == 0:
+        return torch.zeros_like(hidden)
+    num_pairs = num_tokens * top_k
+    block_m = _block_m(num_pairs, num_experts)
+    sorted_ids, expert_ids, num_padded = align_by_expert(topk_ids, num_experts, block_m)
+    hidden = hidden.contiguous()
+    gate_up = torch.empty(
+        num_pairs, int(gate_up_proj.shape[2]), dtype=hidden.dtype, device=hidden.device
+    )
+    grouped_gemm(
+        hidden, gate_up_proj.transpose(1, 2), gate_up, sorted_ids, expert_ids, num_padded,
+        top_k=top_k, block_m=block_m, bias=gate_up_bias,
+    )  # fmt: skip
+    activated = clamped_swiglu(gate_up, alpha, limit)
+    pair_out = torch.empty(num_pairs, hidden_size, dtype=hidden.dtype, device=hidden.device)
+    grouped_gemm(
+        activated, down_proj.transpose(1, 2), pair_out, sorted_ids, expert_ids, num_padded,
+        top_k=1, block_m=block_m, weights=topk_weights.flatten().contiguous(), bias=down_bias,
+    )  # fmt: skip
+    return pair_out.view(num_tokens, top_k, hidden_size).sum(dim=1)
+
+
+def _block_m(num_pairs: int, num_experts: int) -> int:
+    """Small batches (decode) spread few rows over many experts: small blocks waste less."""
+    return 16 if num_pairs <= 4 * num_experts else 64

@@ -7,12 +7,21 @@ interleaved: even columns gate, odd ones up), clamps ``gate <= limit`` and ``-li
 limit``, then ``(up + 1) * gate * sigmoid(alpha * gate)`` and ``@ down_proj + down_proj_bias``.
 Checkpoint layouts are kept (``gate_up_proj [E, H, 2I]``, ``down_proj [E, I, H]``).
 
+The experts run either in :func:`gpt_oss_experts_torch` (the reference, a loop over the
+experts that received tokens: the CPU path) or, with ``fused`` (the Triton and flash paths),
+in :func:`~pagedinfer.adapters.kernels.moe.fused_gpt_oss_moe`: tokens sorted by expert, one
+grouped GEMM per projection with the biases in its epilogue, the clamped SwiGLU between
+them; no host synchronisation, so it runs inside CUDA graphs.
+
 Tensor parallelism splits every expert's intermediate features: a rank keeps a contiguous
 slice of the interleaved ``2I`` columns (whole gate/up pairs) and the matching rows of
 ``down_proj``; the down bias is added on rank 0 only, before the all-reduce.
 """
 
 from __future__ import annotations
+
+import importlib
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -26,7 +35,34 @@ from pagedinfer.adapters.layers.linear import (
     set_weight_loader,
 )
 
-__all__ = ["GptOssExperts", "GptOssMoeBlock", "GptOssRouter", "clamped_swiglu"]
+__all__ = [
+    "GptOssExperts",
+    "GptOssExpertsFunction",
+    "GptOssMoeBlock",
+    "GptOssRouter",
+    "clamped_swiglu",
+    "gpt_oss_experts_torch",
+]
+
+
+class GptOssExpertsFunction(Protocol):
+    """``(hidden [T, H], gate_up_proj [E, H, 2I], gate_up_bias [E, 2I], down_proj [E, I, H],
+    down_bias [E, H] | None, topk_weights [T, k], topk_ids [T, k], *, alpha, limit)`` ->
+    ``[T, H]``: the weighted sum of every token's experts."""
+
+    def __call__(
+        self,
+        hidden: torch.Tensor,
+        gate_up_proj: torch.Tensor,
+        gate_up_bias: torch.Tensor,
+        down_proj: torch.Tensor,
+        down_bias: torch.Tensor | None,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        *,
+        alpha: float,
+        limit: float,
+    ) -> torch.Tensor: ...
 
 
 def clamped_swiglu(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
@@ -78,12 +114,17 @@ class GptOssExperts(nn.Module):
         *,
         alpha: float,
         limit: float,
+        fused: bool = False,
         parallel: ParallelContext,
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
         super().__init__()
         self.alpha, self.limit, self.parallel = alpha, limit, parallel
+        self.run_experts: GptOssExpertsFunction = gpt_oss_experts_torch
+        if fused:  # Triton is imported only when the fused path is chosen
+            kernels = importlib.import_module("pagedinfer.adapters.kernels.moe")
+            self.run_experts = kernels.fused_gpt_oss_moe
         local = divide(intermediate_size, parallel.world_size, "intermediate_size")
         self.local_size = local
         e, h, i = num_experts, hidden_size, intermediate_size
@@ -102,28 +143,51 @@ class GptOssExperts(nn.Module):
     def forward(
         self, hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
     ) -> torch.Tensor:
-        """Each expert that received tokens runs on exactly those tokens (ascending expert
-        order, as transformers adds them)."""
-        out = torch.zeros_like(hidden)
-        top_k = ids.shape[1]
-        flat_ids = ids.flatten()
-        order = flat_ids.argsort(stable=True)
-        counts = torch.bincount(flat_ids, minlength=self.gate_up_proj.shape[0]).tolist()
-        flat_weights = weights.flatten()
-        add_bias = self.parallel.rank == 0
-        start = 0
-        for expert, count in enumerate(counts):
-            if count == 0:
-                continue
-            pairs = order[start : start + count]
-            start += count
-            tokens = pairs // top_k
-            gate_up = hidden[tokens] @ self.gate_up_proj[expert] + self.gate_up_proj_bias[expert]
-            expert_out = clamped_swiglu(gate_up, self.alpha, self.limit) @ self.down_proj[expert]
-            if add_bias:
-                expert_out = expert_out + self.down_proj_bias[expert]
-            out.index_add_(0, tokens, (expert_out * flat_weights[pairs, None]).to(out.dtype))
-        return out
+        down_bias = self.down_proj_bias if self.parallel.rank == 0 else None
+        return self.run_experts(
+            hidden, self.gate_up_proj, self.gate_up_proj_bias, self.down_proj, down_bias,
+            weights, ids, alpha=self.alpha, limit=self.limit,
+        )  # fmt: skip
+
+
+def gpt_oss_experts_torch(
+    hidden: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    gate_up_bias: torch.Tensor,
+    down_proj: torch.Tensor,
+    down_bias: torch.Tensor | None,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    alpha: float,
+    limit: float,
+) -> torch.Tensor:
+    """The reference experts ``[T, H]``: each expert that received tokens runs on exactly
+    those tokens, their contributions added in ascending expert order (as transformers).
+
+    Its expert counts come to the host (``tolist``): the CPU path, and the oracle of the
+    Triton path (:func:`~pagedinfer.adapters.kernels.moe.fused_gpt_oss_moe`, the same
+    arguments), which never waits for the host.
+    """
+    out = torch.zeros_like(hidden)
+    top_k = topk_ids.shape[1]
+    flat_ids = topk_ids.flatten()
+    order = flat_ids.argsort(stable=True)
+    counts = torch.bincount(flat_ids, minlength=gate_up_proj.shape[0]).tolist()
+    flat_weights = topk_weights.flatten()
+    start = 0
+    for expert, count in enumerate(counts):
+        if count == 0:
+            continue
+        pairs = order[start : start + count]
+        start += count
+        tokens = pairs // top_k
+        gate_up = hidden[tokens] @ gate_up_proj[expert] + gate_up_bias[expert]
+        expert_out = clamped_swiglu(gate_up, alpha, limit) @ down_proj[expert]
+        if down_bias is not None:
+            expert_out = expert_out + down_bias[expert]
+        out.index_add_(0, tokens, (expert_out * flat_weights[pairs, None]).to(out.dtype))
+    return out
 
 
 def _narrowing(axis: int, offset: int, size: int):  # type: ignore[no-untyped-def]
@@ -150,6 +214,7 @@ class GptOssMoeBlock(nn.Module):
         top_k: int,
         alpha: float,
         limit: float,
+        fused: bool = False,
         parallel: ParallelContext,
         dtype: torch.dtype,
         device: torch.device,
@@ -158,7 +223,7 @@ class GptOssMoeBlock(nn.Module):
         self.parallel = parallel
         self.router = GptOssRouter(hidden_size, num_experts, top_k, dtype=dtype, device=device)
         self.experts = GptOssExperts(
-            num_experts, hidden_size, intermediate_size, alpha=alpha, limit=limit,
+            num_experts, hidden_size, intermediate_size, alpha=alpha, limit=limit, fused=fused,
             parallel=parallel, dtype=dtype, device=device,
         )  # fmt: skip
 

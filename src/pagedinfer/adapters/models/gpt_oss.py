@@ -80,6 +80,7 @@ class GptOssForCausalLM(DecoderForCausalLM):
             top_k=moe.num_experts_per_tok,
             alpha=SWIGLU_ALPHA if config.swiglu_alpha is None else config.swiglu_alpha,
             limit=config.swiglu_limit if config.swiglu_limit is not None else float("inf"),
+            fused=build.fused_kernels,
             parallel=build.parallel,
             dtype=build.dtype,
             device=build.device,

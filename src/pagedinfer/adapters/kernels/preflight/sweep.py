@@ -10,6 +10,7 @@ float8 e4m3 / e5m2), cache block size (16 / 256) and row count (decode and prefi
 FP8-weight GEMMs are swept only on targets the engine runs them on
 (:data:`~pagedinfer.adapters.quantization.fp8.FP8_KERNEL_MIN_CAPABILITY`); the skinny GEMM
 only where the engine picks it (:func:`~pagedinfer.adapters.kernels.skinny_gemm.skinny_gemm_wins`).
+GPT-OSS's experts (:data:`GPT_OSS_EXPERTS`) are swept apart, in bfloat16 only.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 from pagedinfer.adapters.kernels.launch import RecordedLaunch, recording_launches
 from pagedinfer.adapters.kernels.target import KernelTarget
 
-__all__ = ["MODELS", "ModelShape", "SweptLaunch", "sweep"]
+__all__ = ["GPT_OSS_EXPERTS", "MODELS", "GptOssExpertsShape", "ModelShape", "SweptLaunch", "sweep"]
 
 Call = Callable[[], object]
 _META = torch.device("meta")
@@ -89,6 +90,21 @@ MODELS = (
 
 
 @dataclass(frozen=True, slots=True)
+class GptOssExpertsShape:
+    """GPT-OSS's experts (biased, clamped SwiGLU: ``fused_gpt_oss_moe``), swept on their own
+    in bfloat16 only: its other kernels are the shared ones, already swept above."""
+
+    name: str
+    hidden: int
+    num_experts: int
+    top_k: int
+    intermediate: int
+
+
+GPT_OSS_EXPERTS = (GptOssExpertsShape("GPT-OSS-20B experts", 2880, 32, 4, 2880),)
+
+
+@dataclass(frozen=True, slots=True)
 class SweptLaunch:
     """A recorded launch and the sweep case that made it (model and dtype)."""
 
@@ -96,17 +112,28 @@ class SweptLaunch:
     launch: RecordedLaunch
 
 
-def sweep(target: KernelTarget, models: tuple[ModelShape, ...] = MODELS) -> list[SweptLaunch]:
-    """Every launch the wrappers choose for ``models`` on ``target`` (with repeats)."""
+def sweep(
+    target: KernelTarget,
+    models: tuple[ModelShape, ...] = MODELS,
+    gpt_oss_experts: tuple[GptOssExpertsShape, ...] = GPT_OSS_EXPERTS,
+) -> list[SweptLaunch]:
+    """Every launch the wrappers choose for ``models`` and ``gpt_oss_experts`` on ``target``
+    (with repeats)."""
     swept: list[SweptLaunch] = []
     with recording_launches(target) as launches:
+
+        def record(case: str, calls: Iterator[Call]) -> None:
+            for call in calls:
+                done = len(launches)
+                call()
+                swept.extend(SweptLaunch(case, launch) for launch in launches[done:])
+
         for model in models:
             for dtype in DTYPES:
                 case = f"{model.name} {str(dtype).removeprefix('torch.')}"
-                for call in _model_calls(model, dtype, target):
-                    done = len(launches)
-                    call()
-                    swept.extend(SweptLaunch(case, launch) for launch in launches[done:])
+                record(case, _model_calls(model, dtype, target))
+        for experts in gpt_oss_experts:
+            record(f"{experts.name} bfloat16", _gpt_oss_moe(experts, torch.bfloat16))
     return swept
 
 
@@ -293,6 +320,22 @@ def _moe(model: ModelShape, dtype: torch.dtype) -> Iterator[Call]:
             _empty(tokens, model.top_k, dtype=dtype),
             _empty(tokens, model.top_k, dtype=torch.int64),
         )  # fmt: skip
+
+
+def _gpt_oss_moe(shape: GptOssExpertsShape, dtype: torch.dtype) -> Iterator[Call]:
+    """With and without the down bias (tensor-parallel ranks but the first add none)."""
+    from pagedinfer.adapters.kernels.moe import fused_gpt_oss_moe
+
+    e, h, i = shape.num_experts, shape.hidden, shape.intermediate
+    gate_up, gate_up_bias = _empty(e, h, 2 * i, dtype=dtype), _empty(e, 2 * i, dtype=dtype)
+    down, down_bias = _empty(e, i, h, dtype=dtype), _empty(e, h, dtype=dtype)
+    for tokens in (*DECODE_ROWS, PREFILL_ROWS):
+        for bias in (down_bias, None):
+            yield partial(
+                fused_gpt_oss_moe, _empty(tokens, h, dtype=dtype), gate_up, gate_up_bias, down,
+                bias, _empty(tokens, shape.top_k, dtype=dtype),
+                _empty(tokens, shape.top_k, dtype=torch.int64), alpha=1.702, limit=7.0,
+            )  # fmt: skip
 
 
 def _sampling(model: ModelShape, dtype: torch.dtype) -> Iterator[Call]:
