@@ -21,6 +21,7 @@ import torch
 
 from pagedinfer.adapters.attention.base import LayerAttentionKind
 from pagedinfer.adapters.layers.rotary import ROPE_TYPES, RopeScaling
+from pagedinfer.adapters.models.family_defaults import text_tower, with_family_defaults
 from pagedinfer.adapters.quantization import QuantizationConfig, parse_quantization_config
 from pagedinfer.errors import CheckpointNotFoundError, ConfigurationError, UnsupportedModelError
 
@@ -193,14 +194,24 @@ class ModelConfig:
         generation: dict[str, Any] | None = None,
     ) -> ModelConfig:
         """Validate a parsed ``config.json`` (``path`` is only used in error messages)."""
-        reader = _Reader(raw, path)
-        architecture = reader.architecture()
+        architecture = _Reader(raw, path).architecture()
         # A sequence classifier (Qwen3ForSequenceClassification, ...) is its causal LM's
         # decoder with a `score` head that the pooling engine applies (engine/pooling_setup.py);
         # its missing LM head is tied to the embedding, which pooling never uses.
         classifier = architecture.endswith(_CLASSIFIER)
         if classifier:
             architecture = architecture.removesuffix(_CLASSIFIER) + "ForCausalLM"
+        # A multimodal checkpoint's text tower (Gemma3ForConditionalGeneration); then the
+        # fields transformers' config class fills in, each layer's attention explicit.
+        architecture, raw = text_tower(architecture, raw)
+        raw = with_family_defaults(architecture, raw)
+        reader = _Reader(raw, path)
+        if raw.get("use_bidirectional_attention"):
+            reader.fail(
+                "use_bidirectional_attention=true (every token attends to the whole input, "
+                "EmbeddingGemma's encoder) is not supported: pagedinfer serves causal decoders "
+                "only; use a causal Gemma 3 checkpoint (use_bidirectional_attention false)"
+            )
         num_heads = reader.integer("num_attention_heads")
         hidden_size = reader.integer("hidden_size")
         num_layers = reader.integer("num_hidden_layers")
@@ -218,8 +229,8 @@ class ModelConfig:
                 f"num_attention_heads={num_heads} is not a multiple of "
                 f"num_key_value_heads={num_kv_heads}"
             )
-        # Gemma names it hidden_activation; its gate is GELU (tanh approximation).
-        hidden_act = raw.get("hidden_act", raw.get("hidden_activation")) or "silu"
+        # Gemma names it hidden_activation (family_defaults copies it to hidden_act).
+        hidden_act = raw.get("hidden_act") or "silu"
         if hidden_act not in HIDDEN_ACTIVATIONS:
             reader.fail(
                 f"hidden_act={hidden_act!r} is not supported: expected one of "

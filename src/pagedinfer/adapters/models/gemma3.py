@@ -14,6 +14,10 @@ What sets it apart from the shared decoder (transformers' ``modeling_gemma3``):
 * the MLP gate is GELU (tanh approximation), ``hidden_activation``;
 * ``final_logit_softcapping`` caps the logits (``cap * tanh(logits / cap)``) when set;
   ``attn_logit_softcapping`` (Gemma 2) is refused when reading the config.
+
+A ``Gemma3ForConditionalGeneration`` checkpoint (Gemma 3 4B, 12B, 27B) is served as its text
+tower: ``config.json``'s ``text_config`` (``family_defaults.text_tower``), the weights under
+``language_model.`` (the loader renames them), the vision tower and projector left unread.
 """
 
 from __future__ import annotations
@@ -36,6 +40,13 @@ from pagedinfer.adapters.models.decoder import (
 )
 
 __all__ = ["Gemma3ForCausalLM", "load_offset_from_one"]
+
+_VISION_PREFIXES = (
+    "vision_tower.",
+    "multi_modal_projector.",
+    "model.vision_tower.",
+    "model.multi_modal_projector.",
+)
 
 
 def load_offset_from_one(norm: RMSNorm) -> RMSNorm:
@@ -129,3 +140,8 @@ class Gemma3ForCausalLM(DecoderForCausalLM):
         super().__init__(config, build)
         if self.model.norm is not None:
             load_offset_from_one(self.model.norm)
+
+    def is_ignored_weight(self, name: str) -> bool:
+        # A Gemma3ForConditionalGeneration checkpoint: its text tower is served, the vision
+        # tower and the projector of image embeddings are not read.
+        return name.startswith(_VISION_PREFIXES) or super().is_ignored_weight(name)

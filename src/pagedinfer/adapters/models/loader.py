@@ -104,9 +104,23 @@ _KV_SCALE = re.compile(
 _BARE_DECODER = ("embed_tokens.", "layers.", "norm.")
 
 
+# A multimodal checkpoint's text tower (Gemma3ForConditionalGeneration), as transformers
+# saves it (language_model.model.*, language_model.lm_head.*) or names it in memory
+# (model.language_model.*): the causal LM's names.
+_TEXT_TOWER_PREFIXES = (
+    ("language_model.model.", "model."),
+    ("model.language_model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+)
+
+
 def bare_decoder_name(name: str) -> str:
     """A tensor of a checkpoint saved as the bare decoder (Qwen3-Embedding's ``layers.0...``,
-    without the causal LM's ``model.`` prefix) under its causal LM's name."""
+    without the causal LM's ``model.`` prefix), or as a multimodal model's text tower, under
+    its causal LM's name."""
+    for prefix, causal_lm in _TEXT_TOWER_PREFIXES:
+        if name.startswith(prefix):
+            return causal_lm + name.removeprefix(prefix)
     return "model." + name if name.startswith(_BARE_DECODER) else name
 
 

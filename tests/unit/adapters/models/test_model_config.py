@@ -253,8 +253,18 @@ def test_moe_fields(tmp_path: Path) -> None:
         ({"use_sliding_window": False, "sliding_window": 4096}, None),
         ({"use_sliding_window": True, "sliding_window": 4096, "max_window_layers": 28}, None),
         ({"use_sliding_window": True, "sliding_window": 4096, "max_window_layers": 20}, 4096),
-        ({"layer_types": ["sliding_attention"] * 28, "sliding_window": 512}, 512),
+        (
+            {
+                "use_sliding_window": True,
+                "layer_types": ["sliding_attention"] * 28,
+                "sliding_window": 512,
+            },
+            512,
+        ),
         ({"layer_types": ["full_attention"] * 28, "sliding_window": 512}, None),
+        # transformers' Qwen3Config: no window unless use_sliding_window, whatever layer_types say
+        ({"layer_types": ["sliding_attention"] * 28, "sliding_window": 512}, None),
+        ({"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 27}, 64),
     ],
 )
 def test_qwen_sliding_window_fields(
@@ -286,7 +296,11 @@ def test_a_window_shorter_than_max_model_len_is_served(tmp_path: Path) -> None:
     ("changes", "windows"),
     [
         (
-            {"layer_types": ["sliding_attention", "full_attention"] * 14, "sliding_window": 8},
+            {
+                "use_sliding_window": True,
+                "layer_types": ["sliding_attention", "full_attention"] * 14,
+                "sliding_window": 8,
+            },
             (8, None) * 14,
         ),
         (
