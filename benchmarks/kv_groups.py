@@ -10,17 +10,23 @@ Two measurements, no model (the scheduler with a fake sampler):
    ignored (every layer full attention, one group). The sliding groups stay flat past the
    window; the full group grows.
 2. **Host cost.** nano-vLLM's workload (``--requests`` requests, prompts and outputs uniform
-   in [100, 1024]) scheduled with those groups and with one full group: CPU µs per scheduled
-   token (schedule + plan + postprocess), fastest of ``--repeats`` runs each, alternating.
+   in [100, 1024]) scheduled with one full group, two groups (GPT-OSS-shaped: sliding and
+   full layers alternating) and the Gemma-3-shaped groups: CPU µs per scheduled token
+   (schedule + plan + postprocess), fastest of ``--repeats`` runs each, alternating.
+   ``--profile N`` prints cProfile's top entries for the run with ``N`` groups instead.
 
-    python benchmarks/kv_groups.py            # ~1 minute
-    python benchmarks/kv_groups.py --quick    # a smoke test
+    python benchmarks/kv_groups.py                  # ~1 minute
+    python benchmarks/kv_groups.py --quick          # a smoke test
+    python benchmarks/kv_groups.py --host-only --repeats 5
+    python benchmarks/kv_groups.py --profile 7
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import platform
+import pstats
 import random
 import sys
 import time
@@ -34,6 +40,10 @@ from pagedinfer.domain.kv_groups import KVGroupLayout, KVGroupSpec, group_layers
 
 def gemma3_groups(num_layers: int, window: int) -> tuple[KVGroupSpec, ...]:
     return group_layers([None if (layer + 1) % 6 == 0 else window for layer in range(num_layers)])
+
+
+def gpt_oss_groups(num_layers: int, window: int) -> tuple[KVGroupSpec, ...]:
+    return group_layers([window if layer % 2 == 0 else None for layer in range(num_layers)])
 
 
 def held(scheduler: Scheduler, seq: Sequence) -> list[int]:
@@ -130,21 +140,36 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=8192)
     parser.add_argument("--requests", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--host-only", action="store_true", help="skip the memory table")
+    parser.add_argument("--profile", type=int, choices=(1, 2, 7), help="cProfile one run")
     args = parser.parse_args()
     if args.quick:
         args.max_len, args.requests, args.repeats = 1024, 8, 1
     print(f"Python {platform.python_version()} on {platform.machine()}, {platform.system()}")
     print("command: python benchmarks/kv_groups.py " + " ".join(sys.argv[1:]))
-    memory(args)
     requests = workload(args.requests, 0)
-    hybrid = gemma3_groups(args.layers, args.window)
-    best = {"one full group": float("inf"), "gemma3 groups": float("inf")}
+    configs = {
+        "one full group": (),
+        "2 groups (GPT-OSS-shaped)": gpt_oss_groups(24, args.window),
+        f"{len(gemma3_groups(args.layers, args.window))} groups (Gemma-3-shaped)": gemma3_groups(
+            args.layers, args.window
+        ),
+    }
+    if args.profile is not None:
+        groups = next(g for g in configs.values() if max(len(g), 1) == args.profile)
+        profiler = cProfile.Profile()
+        profiler.runcall(host_cost, groups, requests)
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+        return
+    if not args.host_only:
+        memory(args)
+    best = dict.fromkeys(configs, float("inf"))
     for _ in range(args.repeats):
-        best["one full group"] = min(best["one full group"], host_cost((), requests))
-        best["gemma3 groups"] = min(best["gemma3 groups"], host_cost(hybrid, requests))
+        for name, groups in configs.items():
+            best[name] = min(best[name], host_cost(groups, requests))
     print(
         f"\n### Host cost, {args.requests} requests of nano-vLLM's workload, block_size 256 "
-        f"(fastest of {args.repeats})\n"
+        f"(window {args.window}, fastest of {args.repeats})\n"
     )
     print("| KV groups | µs / scheduled token |")
     print("|---|---:|")

@@ -10,6 +10,11 @@ starts decoding (:meth:`~DecodeBatch.extend`, after a prefill step), leaves
 (:meth:`~DecodeBatch.remove`) or opens a new block (:meth:`~DecodeBatch.grew`).
 :meth:`~DecodeBatch.rebuild` lays the rows out from scratch: the scheduler's fallback, and the
 reference the incremental state is checked against (:meth:`~DecodeBatch.check`).
+
+With several KV groups (hybrid attention, :mod:`pagedinfer.domain.kv_groups`) the rows keep
+every group's tables and slots alike: all of a sequence's tables have the same length, so
+the groups share the width, grow together, and only a sliding window's freeing (in place,
+:meth:`~DecodeBatch.refresh_table`) changes one group's row without the others.
 """
 
 from __future__ import annotations
@@ -79,10 +84,16 @@ class DecodeBatch:
 
     The rows hold the sequences' ``token_ids`` lists, so the scheduler must append to them,
     never replace them, while a sequence decodes.
+
+    ``num_groups`` KV groups: ``group_block_tables[g - 1]`` and ``group_slot_mappings[g - 1]``
+    are group ``g``'s (from ``seq.group_block_tables``), laid out as group 0's.
     """
 
-    def __init__(self, block_size: int) -> None:
+    def __init__(self, block_size: int, num_groups: int = 1) -> None:
         self.block_size = block_size
+        self.num_groups = num_groups
+        self.group_block_tables: list[array[int]] = [array("i") for _ in range(num_groups - 1)]
+        self.group_slot_mappings: list[array[int]] = [array("q") for _ in range(num_groups - 1)]
         self.seqs: list[Sequence] = []
         self._token_lists: list[list[int]] = []
         self.seq_ids = array("q")
@@ -118,6 +129,8 @@ class DecodeBatch:
         self.context_lens = array("i")
         self.slot_mapping = array("q")
         self.block_tables = array("i")
+        self.group_block_tables = [array("i") for _ in range(self.num_groups - 1)]
+        self.group_slot_mappings = [array("q") for _ in range(self.num_groups - 1)]
         self.width = 0
         self._row_blocks = array("i")
         self.extend(seqs)
@@ -142,6 +155,13 @@ class DecodeBatch:
         self.slot_mapping.fromlist(
             [_slot(seq.block_table, p, size) for seq, p in zip(seqs, positions, strict=True)]
         )
+        for group, slots in enumerate(self.group_slot_mappings):
+            slots.fromlist(
+                [
+                    _slot(seq.group_block_tables[group], p, size)
+                    for seq, p in zip(seqs, positions, strict=True)
+                ]
+            )
         counts = [len(seq.block_table) for seq in seqs]
         self._row_blocks.fromlist(counts)
         if max(counts, default=0) > self.width:
@@ -149,8 +169,14 @@ class DecodeBatch:
         else:
             width = self.width
             for seq, count in zip(seqs, counts, strict=True):
+                filler = [BLOCK_TABLE_FILLER] * (width - count)
                 self.block_tables.fromlist(seq.block_table)
-                self.block_tables.fromlist([BLOCK_TABLE_FILLER] * (width - count))
+                self.block_tables.fromlist(filler)
+                for tables, table in zip(
+                    self.group_block_tables, seq.group_block_tables, strict=True
+                ):
+                    tables.fromlist(table)
+                    tables.fromlist(filler)
         self._rows_changed()
 
     def advance(self, tokens: list[int]) -> None:
@@ -187,6 +213,10 @@ class DecodeBatch:
         self.input_ids = input_ids
         self.positions = _add_lanes(self.positions, rows.ones_q)
         self.slot_mapping = _add_lanes(self.slot_mapping, rows.ones_q)
+        if self.group_slot_mappings:
+            self.group_slot_mappings = [
+                _add_lanes(slots, rows.ones_q) for slots in self.group_slot_mappings
+            ]
         self.context_lens = _add_lanes(self.context_lens, rows.ones_i)
         self.cu_seqlens_k = _add_lanes(self.cu_seqlens_k, rows.ramp_i)
         self.max_context_len += 1
@@ -232,6 +262,8 @@ class DecodeBatch:
             made_ahead=made_ahead,
             carried_rows=array("q") if carried_rows is None else carried_rows,
             carried_samples=array("q") if carried_samples is None else carried_samples,
+            group_block_tables=tuple(tables[:] for tables in self.group_block_tables),
+            group_slot_mappings=tuple(slots[:] for slots in self.group_slot_mappings),
         )
 
     # ------------------------------------------------------------- single rows
@@ -247,10 +279,12 @@ class DecodeBatch:
             self.positions,
             self.context_lens,
             self.slot_mapping,
+            *self.group_slot_mappings,
         ):
             del values[row]
         width = self.width
-        del self.block_tables[row * width : (row + 1) * width]
+        for tables in (self.block_tables, *self.group_block_tables):
+            del tables[row * width : (row + 1) * width]
         blocks = self._row_blocks.pop(row)
         self.removals += 1
         if blocks == width:  # it may have been the longest row: tables may get narrower
@@ -264,16 +298,26 @@ class DecodeBatch:
         if count > self.width:
             self._lay_out_tables(count)
         else:
-            self.block_tables[row * self.width + count - 1] = seq.block_table[-1]
+            entry = row * self.width + count - 1
+            self.block_tables[entry] = seq.block_table[-1]
+            for tables, table in zip(self.group_block_tables, seq.group_block_tables, strict=True):
+                tables[entry] = table[-1]
         self._row_blocks[row] = count
-        self.slot_mapping[row] = _slot(seq.block_table, self.positions[row], self.block_size)
+        position = self.positions[row]
+        size = self.block_size
+        self.slot_mapping[row] = _slot(seq.block_table, position, size)
+        for slots, table in zip(self.group_slot_mappings, seq.group_block_tables, strict=True):
+            slots[row] = _slot(table, position, size)
 
     def refresh_table(self, seq: Sequence) -> None:
-        """``seq``'s table changed in place (a sliding window freed its first blocks): copy
-        it into its row again."""
+        """``seq``'s tables changed in place (a sliding window freed their first blocks):
+        copy them into its row again."""
         row = self.seqs.index(seq)
         start = row * self.width
-        self.block_tables[start : start + len(seq.block_table)] = array("i", seq.block_table)
+        end = start + len(seq.block_table)
+        self.block_tables[start:end] = array("i", seq.block_table)
+        for tables, table in zip(self.group_block_tables, seq.group_block_tables, strict=True):
+            tables[start:end] = array("i", table)
 
     def block_table_row(self, row: int) -> list[int]:
         """Row ``row`` of ``block_tables``, filler entries included."""
@@ -286,13 +330,20 @@ class DecodeBatch:
         The slot of a row whose next token opens a block it does not hold yet is stale by
         design (see the class docstring) and not compared. O(rows); for tests.
         """
-        fresh = DecodeBatch(self.block_size)
+        fresh = DecodeBatch(self.block_size, self.num_groups)
         fresh.rebuild(self.seqs)
-        for row, slot in enumerate(fresh.slot_mapping):
-            if slot != PADDING_SLOT and slot != self.slot_mapping[row]:
-                raise AssertionError(
-                    f"row {row}: slot {self.slot_mapping[row]} != recomputed {slot}"
-                )
+        for group, (slots, fresh_slots) in enumerate(
+            zip(
+                (self.slot_mapping, *self.group_slot_mappings),
+                (fresh.slot_mapping, *fresh.group_slot_mappings),
+                strict=True,
+            )
+        ):
+            for row, slot in enumerate(fresh_slots):
+                if slot != PADDING_SLOT and slot != slots[row]:
+                    raise AssertionError(
+                        f"group {group}, row {row}: slot {slots[row]} != recomputed {slot}"
+                    )
         for name in (
             "seq_ids",
             "sample_slots",
@@ -301,6 +352,7 @@ class DecodeBatch:
             "context_lens",
             "cu_seqlens_k",
             "block_tables",
+            "group_block_tables",
             "width",
             "max_context_len",
             "_row_blocks",
@@ -318,11 +370,14 @@ class DecodeBatch:
 
     # ---------------------------------------------------------------- private
     def _lay_out_tables(self, width: int) -> None:
-        flat: list[int] = []
+        flat: list[list[int]] = [[] for _ in range(self.num_groups)]
         for seq in self.seqs:
-            flat.extend(seq.block_table)
-            flat.extend([BLOCK_TABLE_FILLER] * (width - len(seq.block_table)))
-        self.block_tables = array("i", flat)
+            filler = [BLOCK_TABLE_FILLER] * (width - len(seq.block_table))
+            for out, table in zip(flat, (seq.block_table, *seq.group_block_tables), strict=True):
+                out.extend(table)
+                out.extend(filler)
+        self.block_tables = array("i", flat[0])
+        self.group_block_tables = [array("i", tables) for tables in flat[1:]]
         self.width = width
 
     def _rows_changed(self) -> None:

@@ -1,22 +1,19 @@
-"""The block tables and KV slots of a plan's other KV groups (hybrid attention).
+"""The block tables and KV slots of a prefill plan's other KV groups (hybrid attention).
 
-A plan is built from group 0's tables (``Sequence.block_table``, the decode rows' persistent
-arrays); with several KV groups (:mod:`pagedinfer.domain.kv_groups`) the scheduler adds the
-other groups' tables and slots with :func:`with_group_tables`, from the sequences as they are
-when the plan is made. One table per group keeps the plain path (one group) untouched.
+A plan is built from group 0's tables (``Sequence.block_table``); with several KV groups
+(:mod:`pagedinfer.domain.kv_groups`) it also carries the other groups' tables and slots.
+Decode rows keep theirs in the rows' persistent arrays
+(:class:`~pagedinfer.domain.decode_batch.DecodeBatch`); the chunks of a prefill plan get
+theirs here (:func:`chunk_group_tables`, called by
+:func:`~pagedinfer.domain.plan.build_batch_plan`). A leaf module: the plan module imports it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from array import array
-from collections.abc import Mapping
 from itertools import chain
 
-from pagedinfer.domain.plan import BLOCK_TABLE_FILLER, BatchPlan
-from pagedinfer.domain.sequence import Sequence
-
-__all__ = ["group_slots", "with_group_tables"]
+__all__ = ["chunk_group_tables", "group_slots"]
 
 
 def group_slots(out: array[int], table: list[int], start: int, end: int, block_size: int) -> None:
@@ -30,18 +27,20 @@ def group_slots(out: array[int], table: list[int], start: int, end: int, block_s
         position = stop
 
 
-def with_group_tables(plan: BatchPlan, seqs: Mapping[int, Sequence], num_groups: int) -> BatchPlan:
-    """``plan`` with the tables and slots of groups ``1 .. num_groups - 1`` of its rows'
-    sequences (``seqs``: by id)."""
-    width = plan.block_table_width
-    size = plan.block_size
-    rows = [seqs[seq_id].group_block_tables for seq_id in plan.seq_ids]
-    num_decode = plan.num_decode_rows  # one token each: token r is row r
-    decode_positions = plan.positions[:num_decode].tolist()
-    cu_q = plan.cu_seqlens_q
-    context_lens = plan.context_lens
+def chunk_group_tables(
+    rows: list[list[list[int]]],
+    spans: list[tuple[int, int]],
+    num_groups: int,
+    width: int,
+    block_size: int,
+    filler: int,
+) -> tuple[tuple[array[int], ...], tuple[array[int], ...]]:
+    """``(tables, slots)`` of groups ``1 .. num_groups - 1`` for chunks whose sequences hold
+    the ``group_block_tables`` ``rows`` and compute positions ``start .. end - 1``
+    (``spans``): each group's tables ``[len(rows), width]`` (``filler``-padded, row-major)
+    and slots."""
     # Every group's table of a sequence has the same length: one filler run per row.
-    fillers = [[BLOCK_TABLE_FILLER] * (width - len(row[0])) for row in rows]
+    fillers = [[filler] * (width - len(row[0])) for row in rows]
     tables = []
     slot_mappings = []
     for group in range(num_groups - 1):
@@ -51,17 +50,8 @@ def with_group_tables(plan: BatchPlan, seqs: Mapping[int, Sequence], num_groups:
             list(chain.from_iterable(chain.from_iterable(zip(group_tables, fillers, strict=True))))
         )
         tables.append(flat)
-        slots = array(
-            "q",
-            [
-                table[position // size] * size + position % size
-                for table, position in zip(group_tables, decode_positions, strict=False)
-            ],
-        )
-        for row in range(num_decode, len(group_tables)):
-            end = context_lens[row]
-            group_slots(slots, group_tables[row], end - (cu_q[row + 1] - cu_q[row]), end, size)
+        slots = array("q")
+        for table, (start, end) in zip(group_tables, spans, strict=True):
+            group_slots(slots, table, start, end, block_size)
         slot_mappings.append(slots)
-    return dataclasses.replace(
-        plan, group_block_tables=tuple(tables), group_slot_mappings=tuple(slot_mappings)
-    )
+    return tuple(tables), tuple(slot_mappings)

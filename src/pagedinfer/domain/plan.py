@@ -128,6 +128,7 @@ from bisect import bisect_right
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field
 
+from pagedinfer.domain.group_plan import chunk_group_tables
 from pagedinfer.domain.lora import LoRARequest
 from pagedinfer.domain.sampling import SamplingParams
 from pagedinfer.domain.sequence import Sequence
@@ -318,6 +319,7 @@ def build_batch_plan(
     made_ahead: bool = False,
     carried_rows: array[int] | None = None,
     carried_samples: array[int] | None = None,
+    num_groups: int = 1,
 ) -> BatchPlan:
     """Lay out the scheduled chunks. Blocks for every slot must already be in the tables.
 
@@ -326,6 +328,8 @@ def build_batch_plan(
     persistent rows instead (``DecodeBatch``); this builds prefill steps, and any plan a test
     wants. ``step_id`` ... ``carried_samples``: the plan's header (the scheduler numbers its
     plans and names the carried rows of a plan made ahead, see :class:`BatchPlan`).
+    ``num_groups`` KV groups (hybrid attention): the plan carries groups ``1 ..
+    num_groups - 1``'s tables and slots too, from each ``seq.group_block_tables``.
     """
     input_ids: list[int] = []
     positions: list[int] = []
@@ -388,6 +392,21 @@ def build_batch_plan(
     for table in tables:
         flat.extend(table)
         flat.extend([BLOCK_TABLE_FILLER] * (width - len(table)))
+    group_tables, group_slot_mappings = (
+        chunk_group_tables(
+            [chunk.seq.group_block_tables for chunk in chunks],
+            [
+                (chunk.seq.num_computed_tokens, end)
+                for chunk, end in zip(chunks, context_lens, strict=True)
+            ],
+            num_groups,
+            width,
+            block_size,
+            BLOCK_TABLE_FILLER,
+        )
+        if num_groups > 1
+        else ((), ())
+    )
     return BatchPlan(
         is_prefill=is_prefill,
         block_size=block_size,
@@ -420,6 +439,8 @@ def build_batch_plan(
         # Decode plans (every row a decode row) carry neither, as DecodeBatch's do not.
         block_table_lens=array("i", [len(table) for table in tables] if is_prefill else []),
         num_generation_tokens=generation_tokens if is_prefill else 0,
+        group_block_tables=group_tables,
+        group_slot_mappings=group_slot_mappings,
     )
 
 
@@ -442,7 +463,8 @@ def mixed_batch_plan(
     ``forks`` and prompt-logprob rows too); the block tables are laid out at the wider of the
     two parts' widths. The parts' own deltas and copies are ignored: the step carries
     ``released_slots``, ``new_requests`` and ``block_copies``, and the header given
-    (``step_id`` ... ``carried_samples``, as :func:`build_batch_plan`'s).
+    (``step_id`` ... ``carried_samples``, as :func:`build_batch_plan`'s). KV groups: both
+    parts carry every group's tables and slots, concatenated alike.
     """
     assert not decode.is_prefill and not decode.forks and prefill.num_decode_rows == 0
     assert decode.block_size == prefill.block_size
@@ -450,6 +472,7 @@ def mixed_batch_plan(
     num_tokens = decode.num_tokens  # one per decode row
     num_keys = decode.cu_seqlens_k[-1]
     width = max(decode.block_table_width, prefill.block_table_width)
+    assert len(decode.group_block_tables) == len(prefill.group_block_tables)
     return BatchPlan(
         is_prefill=True,
         block_size=decode.block_size,
@@ -493,6 +516,19 @@ def mixed_batch_plan(
             else array("i")
         ),
         num_generation_tokens=prefill.num_generation_tokens,
+        group_block_tables=tuple(
+            _widened(ours, num_rows, decode.block_table_width, width)
+            + _widened(theirs, prefill.num_seqs, prefill.block_table_width, width)
+            for ours, theirs in zip(
+                decode.group_block_tables, prefill.group_block_tables, strict=True
+            )
+        ),
+        group_slot_mappings=tuple(
+            ours + theirs
+            for ours, theirs in zip(
+                decode.group_slot_mappings, prefill.group_slot_mappings, strict=True
+            )
+        ),
     )
 
 

@@ -52,8 +52,8 @@ class BlockAllocator:
 
     @property
     def frees_in_place(self) -> bool:
-        """Whether :meth:`register_full_blocks` may free entries of ``seq.block_table``
-        (group 0 is a sliding window), which copies of that table must then follow."""
+        """Whether :meth:`register_full_blocks` may free entries of ``seq``'s tables in
+        place (a KV group is a sliding window), which copies of them must then follow."""
         return False
 
     def opens_block(self, seq: Sequence) -> bool:

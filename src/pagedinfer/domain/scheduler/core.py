@@ -17,7 +17,6 @@ from pagedinfer.domain.events import (
     SequenceFinished,
     SequencePreempted,
 )
-from pagedinfer.domain.group_plan import with_group_tables
 from pagedinfer.domain.plan import (
     PENDING_TOKEN,
     BatchPlan,
@@ -312,8 +311,6 @@ class Scheduler(HostTierViews):
         for _ in range(len(self._running) + 2):
             plan = self._plan_mixed() if self._mixed else self._plan_prefill_first()
             if plan is not None:
-                if self._num_groups > 1:  # hybrid attention: every KV group's tables
-                    plan = with_group_tables(plan, self._seqs, self._num_groups)
                 self._rows.planned()
                 return self._issue(plan)
             blocked = self._blocked()
@@ -366,7 +363,9 @@ class Scheduler(HostTierViews):
         self._num_mixed_steps += 1
         return mixed_batch_plan(
             self._rows.batch.plan(released_slots=(), new_requests=()),
-            build_batch_plan(chunks, is_prefill=True, block_size=self.block_size),
+            build_batch_plan(
+                chunks, is_prefill=True, block_size=self.block_size, num_groups=self._num_groups
+            ),
             **self._header(has_rows=True),
         )
 
@@ -398,6 +397,7 @@ class Scheduler(HostTierViews):
             chunks,
             is_prefill=True,
             block_size=self.block_size,
+            num_groups=self._num_groups,  # KV groups: every group's tables
             **self._header(has_rows=False),
         )
 

@@ -76,7 +76,7 @@ class GroupedBlockAllocator(BlockAllocator):
 
     @property
     def frees_in_place(self) -> bool:
-        return self.groups[0].window is not None
+        return bool(self._sliding)
 
     def tables(self, seq: Sequence) -> list[list[int]]:
         """``seq``'s table in each group, group 0 first."""

@@ -136,7 +136,7 @@ class DecodeRows:
         self._allocator = allocator
         self._stops = stops
         self.block_size = allocator.block_size
-        self.batch = DecodeBatch(self.block_size)
+        self.batch = DecodeBatch(self.block_size, allocator.num_groups)
         self.joining: list[Sequence] = []  # started decoding; rows from the next step on
         self.stale = False  # the rows must be rebuilt before the next decode-row step
         self.stop_ids: frozenset[int] = frozenset()  # any row's stop tokens
@@ -289,8 +289,8 @@ class DecodeRows:
                 self._length_due.append(seq)
 
     def refresh(self, seq: Sequence) -> None:
-        """``seq``'s table changed in place (a sliding window freed blocks): its decode row,
-        if it has one, copies it again."""
+        """``seq``'s tables changed in place (a sliding window freed blocks): its decode row,
+        if it has one, copies them again."""
         if seq in self.batch.seqs:
             self.batch.refresh_table(seq)
 
@@ -319,7 +319,7 @@ class DecodeRows:
             for seq in register_due:
                 if seq.status is SequenceStatus.RUNNING:
                     register(seq)  # its last block filled up
-                    if self._allocator.frees_in_place:  # a sliding window: blocks left it
+                    if self._allocator.frees_in_place:  # a sliding window: blocks left
                         batch.refresh_table(seq)
             length_limit = self._stops.length_limit
             for seq in length_due:
