@@ -212,3 +212,10 @@ def test_only_models_that_read_device_values_on_the_host_stay_eager(
     )
     assert reads_device_values_on_host(make_runner(gpt_oss, attention_backend="triton").model)
     assert not reads_device_values_on_host(make_runner(gemma3_checkpoint).model)
+
+
+def test_graphs_captured_again_read_the_same_static_inputs() -> None:
+    """Sleep mode's wake-up captures the graphs again: they get the inputs already there."""
+    packer, static = grouped_packer(8, 4, num_groups=2)
+    again = packer.attach_graph_inputs(8, 4, 8, num_groups=2)
+    assert again is static
