@@ -1,11 +1,12 @@
-"""CUDA-graph decode of a hybrid-attention model (KV groups) on a real GPU.
+"""CUDA-graph decode of hybrid-attention models (KV groups) on a real GPU.
 
 A tiny Gemma 3 (two sliding layers with an 8-token window to one full layer: three KV
-groups) captures its decode graphs with a block table per group; prompts several windows
-long decode through the graphs (the sliding groups' tables fill with null entries as the
-window moves) and give the same greedy tokens as the same engine with ``enforce_eager``,
-and the replays' hidden states equal the eager forward pass over the same inputs at every
-step while the batch shrinks through buckets. Run with ``make test-gpu``.
+groups) and a tiny GPT-OSS (a sliding and a full layer, sinks, the fused MoE: two groups)
+capture their decode graphs with a block table per group; prompts several windows long
+decode through the graphs (the sliding groups' tables fill with null entries as the window
+moves) and give the same greedy tokens as the same engine with ``enforce_eager``. Gemma 3's
+replayed hidden states equal the eager forward pass over the same inputs at every step while
+the batch shrinks through buckets. Run with ``make test-gpu``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -32,18 +34,34 @@ VOCAB = 256
 WINDOW = 8
 
 
+SHAPES: dict[str, dict[str, Any]] = {
+    "gemma3": {
+        "architecture": "Gemma3ForCausalLM",
+        "num_hidden_layers": 3,
+        "layer_types": ("sliding_attention", "sliding_attention", "full_attention"),
+        "sliding_window": WINDOW,
+        "query_pre_attn_scalar": 24,
+        "tie_word_embeddings": False,
+        "vocab_size": VOCAB,
+    },
+    "gpt-oss": {
+        "architecture": "GptOssForCausalLM",
+        "layer_types": ("sliding_attention", "full_attention"),
+        "sliding_window": WINDOW,
+        "attention_bias": True,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "intermediate_size": 64,
+        "tie_word_embeddings": False,
+        "vocab_size": VOCAB,
+    },
+}
+WINDOWS = {"gemma3": [None, WINDOW, WINDOW], "gpt-oss": [None, WINDOW]}
+
+
 @pytest.fixture(scope="module")
 def gemma3_checkpoint(make_checkpoint: Callable[..., Path]) -> Path:
-    return make_checkpoint(
-        "tiny",
-        architecture="Gemma3ForCausalLM",
-        num_hidden_layers=3,
-        layer_types=("sliding_attention", "sliding_attention", "full_attention"),
-        sliding_window=WINDOW,
-        query_pre_attn_scalar=24,
-        tie_word_embeddings=False,
-        vocab_size=VOCAB,
-    )
+    return make_checkpoint("tiny", **SHAPES["gemma3"])
 
 
 def prompts(seed: int, count: int) -> list[list[int]]:
@@ -51,7 +69,9 @@ def prompts(seed: int, count: int) -> list[list[int]]:
     return [[rng.randrange(VOCAB) for _ in range(rng.randint(5, 60))] for _ in range(count)]
 
 
-def engine_tokens(checkpoint: Path, *, enforce_eager: bool) -> tuple[list[list[int]], int]:
+def engine_tokens(
+    checkpoint: Path, windows: list[int | None], *, enforce_eager: bool
+) -> tuple[list[list[int]], int]:
     """Greedy tokens of 12 prompts finishing at different steps, and the graph replays."""
     params = [
         SamplingParams(temperature=0.0, max_tokens=8 + 2 * i, ignore_eos=True) for i in range(12)
@@ -69,21 +89,25 @@ def engine_tokens(checkpoint: Path, *, enforce_eager: bool) -> tuple[list[list[i
     ) as engine:
         runner = engine._executor
         assert isinstance(runner, ModelRunner)
-        assert [g.window for g in runner.kv_groups] == [None, WINDOW, WINDOW]
+        assert [g.window for g in runner.kv_groups] == windows
         graphs = runner.graph_runner
         if enforce_eager:
             assert graphs is None
         else:
             assert isinstance(graphs, CudaGraphDecodeRunner)
-            assert graphs.static.num_groups == graphs.layout.num_groups == 3
+            assert graphs.static.num_groups == graphs.layout.num_groups == len(windows)
         outputs = engine.generate(prompts(0, 12), params, use_tqdm=False)
         replays = graphs.num_replays if isinstance(graphs, CudaGraphDecodeRunner) else 0
     return [list(output.outputs[0].token_ids) for output in outputs], replays
 
 
-def test_graphs_and_eager_decode_the_same_tokens(gemma3_checkpoint: Path) -> None:
-    eager, _ = engine_tokens(gemma3_checkpoint, enforce_eager=True)
-    graphed, replays = engine_tokens(gemma3_checkpoint, enforce_eager=False)
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_graphs_and_eager_decode_the_same_tokens(
+    make_checkpoint: Callable[..., Path], shape: str
+) -> None:
+    checkpoint = make_checkpoint("tiny", **SHAPES[shape])
+    eager, _ = engine_tokens(checkpoint, WINDOWS[shape], enforce_eager=True)
+    graphed, replays = engine_tokens(checkpoint, WINDOWS[shape], enforce_eager=False)
     assert replays > 0
     assert graphed == eager
 

@@ -162,9 +162,9 @@ def graph_metadata(static: GraphInputs, batch: int, block_size: int) -> Attentio
 
 def reads_device_values_on_host(model: torch.nn.Module) -> bool:
     """True when a module of ``model`` reads device values on the host in its forward pass
-    (its class or instance sets ``reads_device_values_on_host = True``: GPT-OSS's experts,
-    which count each expert's tokens on the host). Such a forward cannot be captured: its
-    decode steps run eagerly."""
+    (its class or instance sets ``reads_device_values_on_host = True``: GPT-OSS's experts on
+    the torch path, which count each expert's tokens on the host). Such a forward cannot be
+    captured: its decode steps run eagerly."""
     return any(getattr(module, "reads_device_values_on_host", False) for module in model.modules())
 
 

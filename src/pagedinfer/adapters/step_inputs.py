@@ -443,9 +443,17 @@ class StepPacker:
         self, rows: int, table_width: int, num_slots: int, *, num_groups: int = 1
     ) -> GraphInputs:
         """Allocate the static inputs of captured decode graphs (once; they never move):
-        ``num_groups`` block tables and slot mappings (KV groups; 1: the plan's own)."""
-        assert self._graph is None, "graph inputs are allocated once"
+        ``num_groups`` block tables and slot mappings (KV groups; 1: the plan's own). Graphs
+        captured again (sleep mode's wake-up) get the same inputs."""
         assert not self.zero_copy and num_groups >= 1
+        if self._graph is not None:
+            graph = self._graph
+            assert (graph.rows, graph.table_width, graph.num_groups) == (
+                rows,
+                table_width,
+                num_groups,
+            ), "graph inputs are allocated once"
+            return graph.tensors
         self._graph = _GraphRegion(self.device, rows, table_width, num_slots, num_groups)
         return self._graph.tensors
 

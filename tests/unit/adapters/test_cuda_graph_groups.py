@@ -198,8 +198,8 @@ def test_padding_rows_store_nothing_in_any_group(gemma3_checkpoint: Path) -> Non
 def test_only_models_that_read_device_values_on_the_host_stay_eager(
     make_checkpoint: Callable[..., Path], gemma3_checkpoint: Path
 ) -> None:
-    """GPT-OSS's experts count their tokens on the host (not capturable): its decode steps run
-    eagerly; Gemma 3's forward reads nothing on the host."""
+    """GPT-OSS's experts on the torch path count their tokens on the host (not capturable);
+    its fused path (Triton) and Gemma 3 read nothing on the host."""
     gpt_oss = make_checkpoint(
         "tiny",
         architecture="GptOssForCausalLM",
@@ -210,5 +210,13 @@ def test_only_models_that_read_device_values_on_the_host_stay_eager(
         intermediate_size=64,
         vocab_size=VOCAB,
     )
-    assert reads_device_values_on_host(make_runner(gpt_oss, attention_backend="triton").model)
+    assert reads_device_values_on_host(make_runner(gpt_oss, attention_backend="torch").model)
+    assert not reads_device_values_on_host(make_runner(gpt_oss, attention_backend="triton").model)
     assert not reads_device_values_on_host(make_runner(gemma3_checkpoint).model)
+
+
+def test_graphs_captured_again_read_the_same_static_inputs() -> None:
+    """Sleep mode's wake-up captures the graphs again: they get the inputs already there."""
+    packer, static = grouped_packer(8, 4, num_groups=2)
+    again = packer.attach_graph_inputs(8, 4, 8, num_groups=2)
+    assert again is static

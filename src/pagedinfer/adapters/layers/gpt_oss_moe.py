@@ -100,12 +100,6 @@ class GptOssRouter(nn.Module):
 class GptOssExperts(nn.Module):
     """Every expert's projections and biases, this rank's slice of the intermediate features."""
 
-    # The forward reads each expert's token count on the host (a sync), so CUDA graphs
-    # cannot capture it: decode steps of a model with these experts run eagerly
-    # (adapters/cuda_graph.py, reads_device_values_on_host). A forward without host reads
-    # sets this to False.
-    reads_device_values_on_host = True
-
     def __init__(
         self,
         num_experts: int,
@@ -122,6 +116,10 @@ class GptOssExperts(nn.Module):
         super().__init__()
         self.alpha, self.limit, self.parallel = alpha, limit, parallel
         self.run_experts: GptOssExpertsFunction = gpt_oss_experts_torch
+        # The torch loop reads each expert's token count on the host (a sync), which a CUDA
+        # graph cannot capture (adapters/cuda_graph.py, reads_device_values_on_host); the
+        # fused path reads nothing on the host.
+        self.reads_device_values_on_host = not fused
         if fused:  # Triton is imported only when the fused path is chosen
             kernels = importlib.import_module("pagedinfer.adapters.kernels.moe")
             self.run_experts = kernels.fused_gpt_oss_moe
