@@ -11,14 +11,16 @@ What sets it apart from the shared decoder (transformers' ``modeling_gpt_oss``):
   per token, clamped SwiGLU experts (``swiglu_alpha`` 1.702, ``swiglu_limit`` 7.0) with biases.
 
 MXFP4 checkpoints (``quantization_config.quant_method == "mxfp4"``, the released weights) are
-dequantized at load into the model's dtype on the CPU (``adapters/quantization/mxfp4.py``);
-on CUDA they are refused (no MXFP4 kernel): dequantize them first, or run on the CPU. Other
-quantization methods are refused (the experts have no quantized path).
+dequantized at load into the model's dtype (``adapters/quantization/mxfp4.py``): one expert
+projection at a time, on the CPU, then copied into the parameter on the model's device (CUDA
+included). The model then holds dense experts (bf16: four times MXFP4's bytes); a log line
+says how much. Other quantization methods are refused (the experts have no quantized path).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 from torch import nn
 
@@ -27,9 +29,11 @@ from pagedinfer.adapters.models.base import BuildContext
 from pagedinfer.adapters.models.config import ModelConfig
 from pagedinfer.adapters.models.decoder import DecoderForCausalLM, DecoderSwitches
 from pagedinfer.adapters.quantization.mxfp4 import Mxfp4Config
-from pagedinfer.errors import ConfigurationError, UnsupportedModelError
+from pagedinfer.errors import UnsupportedModelError
 
 __all__ = ["GptOssForCausalLM"]
+
+_logger = logging.getLogger(__name__)
 
 SWIGLU_ALPHA = 1.702  # transformers' default swiglu_alpha
 
@@ -60,15 +64,15 @@ class GptOssForCausalLM(DecoderForCausalLM):
             )
 
     def __init__(self, config: ModelConfig, build: BuildContext) -> None:
-        if isinstance(config.quantization, Mxfp4Config) and build.device.type != "cpu":
-            raise ConfigurationError(
-                f"checkpoint {str(config.path)!r}: MXFP4 expert weights (quant_method "
-                f"'mxfp4') are dequantized at load on the CPU only, not on {build.device}: "
-                "run with device='cpu', or dequantize the checkpoint first (transformers: "
-                "load it with Mxfp4Config(dequantize=True), then save_pretrained) and serve "
-                "the bf16 copy."
-            )
         super().__init__(dataclasses.replace(config, attention_sinks=True), build)
+        if isinstance(config.quantization, Mxfp4Config):
+            experts = [p for name, p in self.named_parameters() if ".experts." in name]
+            size = sum(p.numel() * p.element_size() for p in experts)
+            _logger.info(
+                "%s: MXFP4 expert weights are dequantized at load to %s on %s: %.2f GiB of "
+                "dense experts on this rank (MXFP4 holds about a quarter of bf16's bytes)",
+                config.path, str(build.dtype).removeprefix("torch."), build.device, size / 2**30,
+            )  # fmt: skip
 
     def make_feed_forward(self, config: ModelConfig, layer: int, build: BuildContext) -> nn.Module:
         moe = config.moe

@@ -13,7 +13,8 @@ A map of the package:
 * :mod:`.int4` — 4-bit weights with group scales and zero points, shared by :mod:`.awq`
   (AutoAWQ GEMM) and :mod:`.gptq` (GPTQ, with or without act-order).
 * :mod:`.mxfp4` — GPT-OSS's MXFP4 experts (``quant_method: mxfp4``), no linear layer: the
-  loader dequantizes each ``_blocks`` / ``_scales`` pair at load (CPU only).
+  loader dequantizes each ``_blocks`` / ``_scales`` pair at load (on the CPU, for a model on
+  any device).
 
 ``adapters/models/quantized_checkpoint.py`` writes checkpoints in each published format
 (tests and benchmarks quantize random-weight checkpoints with it).

@@ -21,8 +21,9 @@ checkpoint's ``gate_up_proj [E, H, 2I]`` and ``down_proj [E, I, H]``, exactly wh
 transformers' ``convert_moe_packed_tensors`` produces. The loader pairs each ``_blocks`` with
 its ``_scales``, dequantizes the pair into the engine's dtype as soon as both are read, and
 hands the dense tensor to the parameter's weight loader (tensor-parallel slicing included), so
-no second copy of the model is made. The GPU has no MXFP4 path: such a checkpoint is refused
-on CUDA (see ``adapters/models/gpt_oss.py``).
+no second copy of the model is made. The dequantization runs on the CPU, where the tensors
+are read; the weight loader copies the result to the parameter's device (CUDA included). There
+is no MXFP4 kernel: the model holds dense experts (bf16: about four times MXFP4's bytes).
 """
 
 from __future__ import annotations

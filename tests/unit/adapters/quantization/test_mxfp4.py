@@ -1,95 +1,36 @@
 """GPT-OSS MXFP4 checkpoints: expert weights dequantized at load, as transformers does.
 
-A tiny random GPT-OSS has its expert projections quantized here (nearest FP4 E2M1 value per
-group of 32 input features, a power-of-two E8M0 scale per group) and saved as the released
-checkpoints store them (``<proj>_blocks`` / ``<proj>_scales`` and ``quantization_config``
-``{"quant_method": "mxfp4", ...}``). The dequantizer must equal transformers'
-``convert_moe_packed_tensors`` bit for bit, and the engine on the MXFP4 checkpoint must
-generate transformers' greedy tokens on the same model with the dequantized experts.
+A tiny random GPT-OSS has its expert projections quantized (``tests/mxfp4_checkpoint.py``:
+nearest FP4 E2M1 value per group of 32 input features, a power-of-two E8M0 scale per group)
+and saved as the released checkpoints store them (``<proj>_blocks`` / ``<proj>_scales``,
+``quantization_config`` ``{"quant_method": "mxfp4", ...}``). The dequantizer must equal
+transformers' ``convert_moe_packed_tensors`` bit for bit, and the engine on the MXFP4
+checkpoint must generate transformers' greedy tokens on the same model with the dequantized
+experts.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 from hf_reference import hf_greedy
+from mxfp4_checkpoint import GPT_OSS, MXFP4_CONFIG, quantize_mxfp4, write_mxfp4_pair
 from pagedinfer import Engine, SamplingParams
 from pagedinfer.adapters.attention import create_backend
 from pagedinfer.adapters.distributed.parallel import ParallelContext
-from pagedinfer.adapters.models.base import BuildContext
 from pagedinfer.adapters.models.config import ModelConfig
-from pagedinfer.adapters.models.gpt_oss import GptOssForCausalLM
 from pagedinfer.adapters.models.loader import load_weights
 from pagedinfer.adapters.models.registry import build_model, read_model_config
 from pagedinfer.adapters.quantization.mxfp4 import FP4_E2M1_VALUES, dequantize_mxfp4
-from pagedinfer.errors import ConfigurationError, UnsupportedModelError
-
-GPT_OSS: dict[str, Any] = {
-    "architecture": "GptOssForCausalLM",
-    "layer_types": ("sliding_attention", "full_attention"),
-    "sliding_window": 8,
-    "attention_bias": True,
-    "num_local_experts": 4,
-    "num_experts_per_tok": 2,
-    "intermediate_size": 64,
-    "tie_word_embeddings": False,
-    "vocab_size": 256,
-}
-MXFP4_CONFIG = {
-    "quant_method": "mxfp4",
-    "modules_to_not_convert": [
-        "model.layers.*.self_attn",
-        "model.layers.*.mlp.router",
-        "model.embed_tokens",
-        "lm_head",
-    ],
-}
-PROJECTIONS = ("gate_up_proj", "down_proj")
-
-
-def quantize_mxfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dense ``[E, K, N]`` -> ``blocks [E, N, K / 32, 16]``, ``scales [E, N, K / 32]``."""
-    experts, features, rows = weight.shape
-    groups = weight.float().transpose(1, 2).reshape(experts, rows, features // 32, 32)
-    amax = groups.abs().amax(dim=-1).clamp(min=2.0**-126)
-    exponent = torch.ceil(torch.log2(amax / 6.0)).clamp(-127, 127)
-    scaled = groups / torch.pow(2.0, exponent).unsqueeze(-1)
-    table = torch.tensor(FP4_E2M1_VALUES[:8])
-    nearest = (scaled.abs().unsqueeze(-1) - table).abs().argmin(dim=-1)
-    codes = (nearest | ((scaled < 0).long() << 3)).to(torch.uint8)
-    blocks = codes[..., 0::2] | (codes[..., 1::2] << 4)
-    return blocks.contiguous(), (exponent + 127).to(torch.uint8)
-
-
-def write_mxfp4_pair(dense: Path, mxfp4: Path, reference: Path) -> None:
-    """``mxfp4``: ``dense`` with quantized experts; ``reference``: ``dense`` with the experts
-    replaced by their dequantized values (transformers' dequantizer)."""
-    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
-
-    for target in (mxfp4, reference):
-        shutil.copytree(dense, target)
-    [file] = sorted(dense.glob("*.safetensors"))
-    tensors = load_file(str(file))
-    quantized, dequantized = dict(tensors), dict(tensors)
-    for name, tensor in tensors.items():
-        if name.rsplit(".", 1)[-1] in PROJECTIONS:
-            blocks, scales = quantize_mxfp4(tensor)
-            del quantized[name]
-            quantized[f"{name}_blocks"], quantized[f"{name}_scales"] = blocks, scales
-            dequantized[name] = convert_moe_packed_tensors(blocks, scales, dtype=tensor.dtype)
-    save_file(quantized, str(mxfp4 / file.name), metadata={"format": "pt"})
-    save_file(dequantized, str(reference / file.name), metadata={"format": "pt"})
-    config = json.loads((dense / "config.json").read_text())
-    config["quantization_config"] = MXFP4_CONFIG
-    (mxfp4 / "config.json").write_text(json.dumps(config))
+from pagedinfer.errors import UnsupportedModelError
 
 
 @pytest.fixture(scope="module")
@@ -167,16 +108,26 @@ def test_each_rank_holds_its_slice_of_the_dequantized_experts(
             assert torch.equal(param, theirs[name]), name
 
 
-def test_mxfp4_is_refused_off_the_cpu(checkpoints: tuple[Path, Path]) -> None:
-    config = ModelConfig.from_pretrained(checkpoints[0])
-    build = BuildContext(
-        parallel=cast(Any, None),
-        backend=cast(Any, None),
-        dtype=torch.bfloat16,
+def test_mxfp4_builds_off_the_cpu_and_logs_its_dense_experts(
+    checkpoints: tuple[Path, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A model on another device (meta here, CUDA in tests/gpu) is built, not refused: the
+    loader dequantizes on the CPU and copies each projection to the parameter's device. The
+    start-up log says what the dense experts cost."""
+    caplog.set_level(logging.INFO, logger="pagedinfer.adapters.models.gpt_oss")
+    model = build_model(
+        read_model_config(checkpoints[0]),
+        parallel=OneRank(rank=0, world_size=1),
+        backend=create_backend("torch", 16),
         device=torch.device("meta"),
+        dtype=torch.bfloat16,
     )
-    with pytest.raises(ConfigurationError, match="dequantize the checkpoint first"):
-        GptOssForCausalLM(config, build)
+    experts = [p for name, p in model.named_parameters() if ".experts." in name]
+    assert experts and all(p.device.type == "meta" for p in experts)
+    size = sum(p.numel() * 2 for p in experts) / 2**30
+    [record] = [r for r in caplog.records if "MXFP4" in r.getMessage()]
+    assert "dequantized at load to bfloat16 on meta" in record.getMessage()
+    assert f"{size:.2f} GiB of dense experts" in record.getMessage()
 
 
 def test_mxfp4_is_refused_for_other_architectures(
