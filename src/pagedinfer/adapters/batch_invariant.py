@@ -123,9 +123,12 @@ class BatchInvariantAttention(PagedAttentionBackend):
         kv_scales: torch.Tensor | None = None,
         window: int | None = None,
         sinks: torch.Tensor | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """Attention over K/V the caller stored already (the fused RoPE-and-store path)."""
-        return invariant_attention(query, k_cache, v_cache, meta, scale, kv_scales, window, sinks)
+        return invariant_attention(
+            query, k_cache, v_cache, meta, scale, kv_scales, window, sinks, softcap
+        )
 
     def _attend(
         self,
@@ -139,8 +142,11 @@ class BatchInvariantAttention(PagedAttentionBackend):
         kv_scales: torch.Tensor | None,
         window: int | None = None,
         sinks: torch.Tensor | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
-        return invariant_attention(query, k_cache, v_cache, meta, scale, kv_scales, window, sinks)
+        return invariant_attention(
+            query, k_cache, v_cache, meta, scale, kv_scales, window, sinks, softcap
+        )
 
     def _store(
         self,
@@ -168,6 +174,7 @@ class BatchInvariantAttention(PagedAttentionBackend):
         *,
         window: int | None = None,
         sinks: torch.Tensor | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         raise AssertionError("batch-invariant attention has one path (_attend)")
 
@@ -183,6 +190,7 @@ class BatchInvariantAttention(PagedAttentionBackend):
         *,
         window: int | None = None,
         sinks: torch.Tensor | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         raise AssertionError("batch-invariant attention has one path (_attend)")
 
@@ -196,10 +204,12 @@ def invariant_attention(
     kv_scales: torch.Tensor | None,
     window: int | None = None,
     sinks: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Every row of the step over its sequence's cached K/V (this step's included), with the
     fixed splits of the module docstring. ``query [T, H, D]``; ``window``: a sliding window
-    (keys ``p - window < n <= p``); ``sinks [H]``: one logit per head in the denominator.
+    (keys ``p - window < n <= p``); ``sinks [H]``: one logit per head in the denominator;
+    ``softcap``: scores become ``softcap * tanh(scores / softcap)`` before the masks.
 
     Sequences with as many query tiles are computed together (decode rows: one tile each),
     each one's keys padded to the group's most key chunks. A padded key chunk is fully masked
@@ -234,6 +244,7 @@ def invariant_attention(
             scale,
             window,
             sinks,
+            softcap,
         )
     return out
 
@@ -247,6 +258,7 @@ def attend_group(
     scale: float,
     window: int | None,
     sinks: torch.Tensor | None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """:func:`invariant_attention` of one group: its sequences' rows, in order."""
     num_heads, head_dim = query.shape[1], query.shape[2]
@@ -293,6 +305,8 @@ def attend_group(
         k = keys[:, window_keys].permute(0, 2, 3, 1)[:, None]  # [seqs, 1, H, D, C]
         v = values[:, window_keys].permute(0, 2, 1, 3)[:, None]  # [seqs, 1, H, C, D]
         scores = torch.matmul(queries, k) * scale  # [seqs, tiles, H, ROW_TILE, C]
+        if softcap:
+            scores = torch.tanh(scores / softcap) * softcap
         key_positions = chunk * KV_CHUNK + offsets
         masked = key_positions > padded_positions
         if window is not None:

@@ -130,13 +130,18 @@ def make_batch(
 
 
 def dense_reference(
-    batch: PagedBatch, *, window: int | None = None, sinks: torch.Tensor | None = None
+    batch: PagedBatch,
+    *,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Causal attention from the unpaged per-sequence K/V, in float64: ``[T, heads, dim]``.
 
     Query ``i`` of a sequence with ``q_len`` queries and ``ctx`` keys sits at position
     ``ctx - q_len + i`` (bottom-right aligned); with ``window`` it sees keys ``p - window <
-    n <= p``; ``sinks`` (``[heads]``) add one logit per head to the softmax's denominator.
+    n <= p``; ``sinks`` (``[heads]``) add one logit per head to the softmax's denominator;
+    ``softcap`` caps the scaled scores, ``softcap * tanh(scores / softcap)``, before the masks.
     """
     num_heads = batch.query.shape[1]
     outputs = []
@@ -149,6 +154,8 @@ def dense_reference(
         k = k.double().cpu().repeat_interleave(group, dim=1)
         v = v.double().cpu().repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q, k) * batch.scale
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
         rows = torch.arange(ctx - q_len, ctx)
         visible = torch.arange(ctx)[None, :] <= rows[:, None]
         if window is not None:

@@ -40,7 +40,9 @@ class LayerAttentionKind:
     ``window``: a sliding window of that many positions; the query at position ``p`` sees
     keys ``p - window < n <= p`` (transformers' rule: the most recent ``window`` positions,
     itself included); ``None``: full causal attention. ``has_sinks``: the layer adds one
-    learned logit per head to its softmax's denominator (GPT-OSS).
+    learned logit per head to its softmax's denominator (GPT-OSS). ``softcap``: the layer caps
+    its attention scores, ``softcap * tanh(scores / softcap)`` after the scale and before the
+    masks (Gemma 2's ``attn_logit_softcapping``); ``None``: uncapped.
 
     A step's K/V needed by a sliding layer: sequence ``s``'s first query sits at position
     ``context_lens[s] - query_lens[s]``, so it reads keys from ``that - window + 1`` on;
@@ -50,9 +52,11 @@ class LayerAttentionKind:
 
     window: int | None = None
     has_sinks: bool = False
+    softcap: float | None = None
 
     def __post_init__(self) -> None:
         assert self.window is None or self.window >= 1, self.window
+        assert self.softcap is None or self.softcap > 0.0, self.softcap
 
     @property
     def is_sliding(self) -> bool:
@@ -220,11 +224,13 @@ class AttentionBackend(Protocol):
         kv_scales: torch.Tensor | None = None,
         window: int | None = None,
         sinks: torch.Tensor | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """Store this step's K/V, then attend; returns ``[T, num_heads, head_dim]``.
 
         ``window``: the layer's sliding window (see :class:`LayerAttentionKind`); ``sinks``:
-        its per-head sink logits ``[num_heads]`` (float32), when it has them."""
+        its per-head sink logits ``[num_heads]`` (float32), when it has them; ``softcap``:
+        its attention-logit cap (``None`` or 0: uncapped)."""
         ...
 
 
@@ -247,6 +253,7 @@ class AttendsStoredKV(Protocol):
         kv_scales: torch.Tensor | None = None,
         window: int | None = None,
         sinks: torch.Tensor | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """Attention of ``query [T, heads, dim]`` over the cache; this step's K/V are in it."""
         ...
@@ -269,6 +276,8 @@ class PagedAttentionBackend(ABC):
     supports_cuda_graphs: ClassVar[bool]
     # False when the backend cannot add attention sinks (layers with them are refused).
     supports_sinks: ClassVar[bool] = True
+    # False when the backend cannot cap attention logits (layers with a softcap are refused).
+    supports_softcap: bool = True
 
     def __init__(self, block_size: int, *, split_mixed_steps: bool = True) -> None:
         self.block_size = block_size
@@ -301,17 +310,19 @@ class PagedAttentionBackend(ABC):
         kv_scales: torch.Tensor | None = None,
         window: int | None = None,
         sinks: torch.Tensor | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """Store this step's K/V, then attend; returns ``[T, num_heads, head_dim]``.
 
         ``window``: the layer's sliding window (see :class:`LayerAttentionKind`); ``sinks``:
-        its per-head sink logits ``[num_heads]`` (float32), when it has them."""
+        its per-head sink logits ``[num_heads]`` (float32), when it has them; ``softcap``:
+        its attention-logit cap (``None`` or 0: uncapped)."""
         self._store(
             key, value, k_cache, v_cache, meta.slot_mapping, meta.has_padding_slots, kv_scales
         )
         return self._attend(
             query, key, value, k_cache, v_cache, meta, scale, kv_scales,
-            window=window, sinks=sinks,
+            window=window, sinks=sinks, softcap=softcap,
         )  # fmt: skip
 
     def _attend(
@@ -327,6 +338,7 @@ class PagedAttentionBackend(ABC):
         *,
         window: int | None = None,
         sinks: torch.Tensor | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """Attention of the step's queries over the cache, which holds this step's K/V;
         ``key`` / ``value`` are this step's own (``None`` when the caller stored them itself:
@@ -338,7 +350,7 @@ class PagedAttentionBackend(ABC):
             out = torch.empty_like(query)
             self._decode(
                 query[:rows], k_cache, v_cache, decode, scale, scales, out[:rows],
-                window=window, sinks=sinks,
+                window=window, sinks=sinks, softcap=softcap,
             )  # fmt: skip
             self._prefill(
                 query[rows:],
@@ -352,15 +364,25 @@ class PagedAttentionBackend(ABC):
                 out[rows:],
                 window=window,
                 sinks=sinks,
+                softcap=softcap,
             )
             return out
         if meta.is_prefill:
             return self._prefill(
                 query, key, value, k_cache, v_cache, meta, scale, scales, None,
-                window=window, sinks=sinks,
+                window=window, sinks=sinks, softcap=softcap,
             )  # fmt: skip
         return self._decode(
-            query, k_cache, v_cache, meta, scale, scales, None, window=window, sinks=sinks
+            query,
+            k_cache,
+            v_cache,
+            meta,
+            scale,
+            scales,
+            None,
+            window=window,
+            sinks=sinks,
+            softcap=softcap,
         )
 
     def _scales(self, k_cache: torch.Tensor, kv_scales: torch.Tensor | None) -> torch.Tensor | None:
@@ -396,9 +418,11 @@ class PagedAttentionBackend(ABC):
         *,
         window: int | None = None,
         sinks: torch.Tensor | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """The prefill kernel over a prefill step (or part): into ``out`` when given (and
-        returned), else into a new tensor. ``window`` / ``sinks``: see :meth:`forward`."""
+        returned), else into a new tensor. ``window`` / ``sinks`` / ``softcap``: see
+        :meth:`forward`."""
 
     @abstractmethod
     def _decode(
@@ -413,7 +437,8 @@ class PagedAttentionBackend(ABC):
         *,
         window: int | None = None,
         sinks: torch.Tensor | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """The decode kernel over a decode step (or part), one query token per sequence:
         into ``out`` when given (and returned), else into a new tensor. ``window`` /
-        ``sinks``: see :meth:`forward`."""
+        ``sinks`` / ``softcap``: see :meth:`forward`."""

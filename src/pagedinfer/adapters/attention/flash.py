@@ -16,7 +16,9 @@ flash-attn's paged kernels need pages of a multiple of 256 tokens; other block s
 refused at construction, and so is an FP8 KV cache (flash-attn 2 reads K/V in the query's
 dtype; ``attention_backend="auto"`` picks ``triton`` for ``kv_cache_dtype="fp8"``). A sliding
 window is flash-attn's ``window_size``; layers with attention sinks are refused when the
-model is built (flash-attn 2 has none).
+model is built (flash-attn 2 has none). Capped attention logits (a layer's ``softcap``) are
+flash-attn's ``softcap`` argument (flash-attn >= 2.6); with an older flash-attn such layers
+are refused when the model is built.
 ``flash_attn`` is imported when the backend is built, so the rest of the package works
 without it (install it with the ``flash`` extra).
 """
@@ -24,6 +26,7 @@ without it (install it with the ``flash`` extra).
 from __future__ import annotations
 
 import importlib
+import inspect
 from types import ModuleType
 from typing import ClassVar
 
@@ -76,6 +79,8 @@ class FlashAttentionBackend(PagedAttentionBackend):
         super().__init__(block_size, split_mixed_steps=split_mixed_steps)
         self._varlen = flash_attn.flash_attn_varlen_func
         self._with_kvcache = flash_attn.flash_attn_with_kvcache
+        # flash-attn >= 2.6 caps the scores itself (its `softcap`; 0.0 = off).
+        self.supports_softcap = _takes_softcap(self._varlen) and _takes_softcap(self._with_kvcache)
 
     # ------------------------------------------------------------------ the kernels
     def _store(
@@ -110,8 +115,10 @@ class FlashAttentionBackend(PagedAttentionBackend):
         *,
         window: int | None = None,
         sinks: torch.Tensor | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         assert sinks is None, "the flash backend refuses layers with sinks at build time"
+        capped = _softcap_kwargs(softcap)
         # Without a cached prefix the step's own K/V are the whole context: no page reads.
         paged = meta.has_cached_prefix
         assert paged or (key is not None and value is not None), "flash reads the step's K/V"
@@ -127,6 +134,7 @@ class FlashAttentionBackend(PagedAttentionBackend):
             causal=True,
             window_size=_window_size(window),
             block_table=meta.block_tables if paged else None,
+            **capped,
         )
         return _into(out, output)
 
@@ -142,8 +150,10 @@ class FlashAttentionBackend(PagedAttentionBackend):
         *,
         window: int | None = None,
         sinks: torch.Tensor | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         assert sinks is None, "the flash backend refuses layers with sinks at build time"
+        capped = _softcap_kwargs(softcap)
         # Decode reads tensors only (no host values): safe to capture in a CUDA graph.
         output: torch.Tensor = self._with_kvcache(
             query.unsqueeze(1),
@@ -154,8 +164,22 @@ class FlashAttentionBackend(PagedAttentionBackend):
             softmax_scale=scale,
             causal=True,
             window_size=_window_size(window),
+            **capped,
         )
         return _into(out, output.squeeze(1))
+
+
+def _takes_softcap(function: object) -> bool:
+    """True when a flash-attn function has the ``softcap`` argument (flash-attn >= 2.6)."""
+    try:
+        return "softcap" in inspect.signature(function).parameters  # type: ignore[arg-type]
+    except (TypeError, ValueError):  # no signature to read: assume the old API
+        return False
+
+
+def _softcap_kwargs(softcap: float | None) -> dict[str, float]:
+    """flash-attn's ``softcap`` keyword for a capped layer; none otherwise (any version)."""
+    return {"softcap": float(softcap)} if softcap else {}
 
 
 def _window_size(window: int | None) -> tuple[int, int]:

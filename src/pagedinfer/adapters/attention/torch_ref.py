@@ -19,7 +19,8 @@ Sliding windows and sinks: a layer with a window attends, in decode, over the la
 ``window`` keys of each context only (gathered from the window's first key, so pages left of
 it are never read), and in prefill over the keys from its first query's window on, masked by
 position. Sinks (one logit per head in the softmax's denominator) go through
-:func:`attention_with_sinks`, a float32 softmax like transformers'.
+:func:`attention_with_sinks`, a float32 softmax like transformers'; so do layers with capped
+attention logits (``softcap``: ``cap * tanh(scores / cap)`` before the mask, Gemma 2).
 
 FP8 KV cache (a float8 cache tensor, with the layer's scale row ``kv_scales``, see
 :mod:`pagedinfer.adapters.kv_cache`): the store quantizes (:func:`~pagedinfer.adapters.kv_cache.
@@ -135,21 +136,29 @@ def attention_with_sinks(
     key: torch.Tensor,  # [..., kv_heads, k, dim]
     value: torch.Tensor,
     scale: float,
-    sinks: torch.Tensor,  # [heads] float32 logits
+    sinks: torch.Tensor | None,  # [heads] float32 logits
     visible: torch.Tensor | None = None,  # bool, broadcastable to [..., heads, q, k]
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Softmax attention with one extra logit per head in the denominator and no value
     (GPT-OSS's sinks, computed as transformers does: the sink joins the scores' softmax and
-    is dropped after it), in float32."""
+    is dropped after it), in float32. ``softcap``: the scores become ``softcap *
+    tanh(scores / softcap)`` after the scale, before the mask (transformers' eager
+    attention, Gemma 2); the path of every layer with a cap, with or without sinks."""
     group = query.shape[-3] // key.shape[-3]
     if group > 1:
         key = key.repeat_interleave(group, dim=-3)
         value = value.repeat_interleave(group, dim=-3)
     scores = query.float() @ key.float().transpose(-1, -2) * scale
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
     if visible is not None:
         scores = scores.masked_fill(~visible, float("-inf"))
-    sink = sinks.float()[:, None, None].expand(*scores.shape[:-1], 1)
-    probs = torch.cat([scores, sink], dim=-1).softmax(dim=-1)[..., :-1]
+    if sinks is None:
+        probs = scores.softmax(dim=-1)
+    else:
+        sink = sinks.float()[:, None, None].expand(*scores.shape[:-1], 1)
+        probs = torch.cat([scores, sink], dim=-1).softmax(dim=-1)[..., :-1]
     return (probs @ value.float()).to(query.dtype)
 
 
@@ -375,6 +384,7 @@ class TorchAttentionBackend(PagedAttentionBackend):
         *,
         window: int | None = None,
         sinks: torch.Tensor | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         assert key is not None and value is not None, "the torch prefill reads the step's K/V"
         scales = kv_scales
@@ -399,7 +409,7 @@ class TorchAttentionBackend(PagedAttentionBackend):
                 k = _readable(gather_context(k_cache, table, ctx_len, lo), scales, 0, q.dtype)
                 v = _readable(gather_context(v_cache, table, ctx_len, lo), scales, 1, q.dtype)
                 k, v = k.transpose(0, 1), v.transpose(0, 1)
-            if ctx_len == q_len and window is None and sinks is None:
+            if ctx_len == q_len and window is None and sinks is None and not softcap:
                 attended = _sdpa(q, k, v, scale, is_causal=True)
             else:
                 # Query i sits at position ctx_len - q_len + i and sees keys up to there
@@ -409,8 +419,8 @@ class TorchAttentionBackend(PagedAttentionBackend):
                 mask = keys <= rows[:, None]
                 if window is not None:
                     mask &= keys > rows[:, None] - window
-                if sinks is not None:
-                    attended = attention_with_sinks(q, k, v, scale, sinks, mask)
+                if sinks is not None or softcap:
+                    attended = attention_with_sinks(q, k, v, scale, sinks, mask, softcap)
                 else:
                     attended = _sdpa(q, k, v, scale, attn_mask=mask)
             output[start:end] = attended.transpose(0, 1)
@@ -429,13 +439,16 @@ class TorchAttentionBackend(PagedAttentionBackend):
         *,
         window: int | None = None,
         sinks: torch.Tensor | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         scales = kv_scales  # fp8_scales' row (see _scales)
         num_kv_heads, head_dim = k_cache.shape[-2], k_cache.shape[-1]
         row_bytes = 2 * num_kv_heads * head_dim * k_cache.element_size()
         groups = _decode_groups(meta, row_bytes, window)
         if len(groups) == 1:
-            result = self._decode_group(query, k_cache, v_cache, groups[0], scale, scales, sinks)
+            result = self._decode_group(
+                query, k_cache, v_cache, groups[0], scale, scales, sinks, softcap
+            )
             if out is None:
                 return result
             out.copy_(result)
@@ -444,7 +457,7 @@ class TorchAttentionBackend(PagedAttentionBackend):
         for group in groups:
             assert group.rows is not None  # only a single group covers the batch in order
             part = self._decode_group(
-                query[group.rows], k_cache, v_cache, group, scale, scales, sinks
+                query[group.rows], k_cache, v_cache, group, scale, scales, sinks, softcap
             )
             output.index_copy_(0, group.rows, part)
         return output
@@ -458,6 +471,7 @@ class TorchAttentionBackend(PagedAttentionBackend):
         scale: float,
         scales: torch.Tensor | None,
         sinks: torch.Tensor | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         # Gather `longest` slots of each sequence from its first key on (not whole pages): one
         # index_select per cache over flat slot ids, [n, longest] -> [n, longest, kv_heads, dim].
@@ -475,8 +489,8 @@ class TorchAttentionBackend(PagedAttentionBackend):
         q = query.view(group.num_seqs, -1, 1, head_dim)
         k = _readable(k, scales, 0, query.dtype).transpose(1, 2)
         v = _readable(v, scales, 1, query.dtype).transpose(1, 2)
-        if sinks is not None:
-            out = attention_with_sinks(q, k, v, scale, sinks, group.mask)
+        if sinks is not None or softcap:
+            out = attention_with_sinks(q, k, v, scale, sinks, group.mask, softcap)
         else:
             out = _sdpa(q, k, v, scale, attn_mask=group.mask)
         return out.view(group.num_seqs, -1, head_dim)

@@ -122,13 +122,14 @@ class TritonAttentionBackend(PagedAttentionBackend):
         kv_scales: torch.Tensor | None = None,
         window: int | None = None,
         sinks: torch.Tensor | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """Attention over the cache, which already holds this step's K/V (stored by
         :meth:`forward`, or by the fused q/k-norm + RoPE + store kernel of the layer)."""
         assert k_cache.shape[1] == self.block_size, (k_cache.shape, self.block_size)
         return self._attend(
             query, None, None, k_cache, v_cache, meta, scale, kv_scales,
-            window=window, sinks=sinks,
+            window=window, sinks=sinks, softcap=softcap,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ the kernels
@@ -159,6 +160,7 @@ class TritonAttentionBackend(PagedAttentionBackend):
         *,
         window: int | None = None,
         sinks: torch.Tensor | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         return paged_prefill_attention(
             query,
@@ -173,6 +175,7 @@ class TritonAttentionBackend(PagedAttentionBackend):
             kv_scales=kv_scales,
             window=window,
             sinks=sinks,
+            softcap=softcap,
         )
 
     def _decode(
@@ -187,6 +190,7 @@ class TritonAttentionBackend(PagedAttentionBackend):
         *,
         window: int | None = None,
         sinks: torch.Tensor | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         # Shapes and static settings only: this runs inside CUDA-graph captures.
         num_seqs, num_heads, head_dim = query.shape
@@ -210,6 +214,7 @@ class TritonAttentionBackend(PagedAttentionBackend):
             kv_scales=kv_scales,
             window=window,
             sinks=sinks,
+            softcap=softcap,
         )
 
     def _splits(

@@ -56,6 +56,7 @@ from pagedinfer.adapters.kernels.paged_tile import (
     padded_head_dim,
     prepare_kv_cache,
     sink_logits,
+    softcap_argument,
 )
 
 __all__ = [
@@ -177,6 +178,7 @@ def _decode_kernel(  # type: ignore[no-untyped-def]
     qk_scale,
     num_splits,
     window,
+    softcap,  # SOFTCAP: the cap in base-2 units (paged_tile.softcap_argument)
     stride_q_seq,
     stride_q_head,
     stride_out_seq,
@@ -196,6 +198,7 @@ def _decode_kernel(  # type: ignore[no-untyped-def]
     FP8_FORMAT: tl.constexpr,  # 0: the cache has q's dtype; else its bytes (see fp8.py)
     DEQUANT_FACTOR: tl.constexpr,  # fp8.DEQUANT_FACTOR of the format
     HAS_SINKS: tl.constexpr,  # sinks_ptr holds one sink logit per head
+    SOFTCAP: tl.constexpr,  # scores are capped: softcap * tanh(scores / softcap)
 ):
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
@@ -236,7 +239,7 @@ def _decode_kernel(  # type: ignore[no-untyped-def]
             acc, row_sum, row_max, q, k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head_offset,
             key_start + tile * BLOCK_N, key_end, offs_g, qk_scale, stride_cache_block,
             stride_cache_slot, offs_d, d_mask, BLOCK_SIZE, BLOCK_N, False, False, DOT_PRECISION,
-            FP8_FORMAT, window, False,
+            FP8_FORMAT, window, False, softcap, SOFTCAP,
         )  # fmt: skip
     tail_start = key_start + num_full_tiles * BLOCK_N
     if tail_start < key_end:
@@ -244,7 +247,7 @@ def _decode_kernel(  # type: ignore[no-untyped-def]
             acc, row_sum, row_max, q, k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head_offset,
             tail_start, key_end, offs_g, qk_scale, stride_cache_block, stride_cache_slot,
             offs_d, d_mask, BLOCK_SIZE, BLOCK_N, True, False, DOT_PRECISION, FP8_FORMAT,
-            window, False,
+            window, False, softcap, SOFTCAP,
         )  # fmt: skip
 
     if FP8_FORMAT != 0:
@@ -334,6 +337,7 @@ def paged_decode_attention(
     kv_scales: torch.Tensor | None = None,
     window: int | None = None,
     sinks: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Attention of one query per sequence (``query[s]``: ``[num_heads, head_dim]``) over the
     first ``context_lens[s]`` tokens of pages ``block_tables[s]``.
@@ -341,7 +345,8 @@ def paged_decode_attention(
     ``window`` (a sliding window): the query sees only the last ``window`` of those tokens,
     and pages holding none of them are not read (their table entries may be anything).
     ``sinks`` (``[num_heads]``): each head's learned sink logit, added to the softmax's
-    denominator (GPT-OSS).
+    denominator (GPT-OSS). ``softcap`` (> 0; ``None`` or 0: off): the scores are capped,
+    ``softcap * tanh(scores / softcap)``, after the scale (Gemma 2's attention logits).
 
     A float8 cache is dequantized on the fly with the layer's scale row ``kv_scales`` (see
     :mod:`pagedinfer.adapters.kv_cache`; unit scales when ``None``).
@@ -398,6 +403,7 @@ def paged_decode_attention(
         scale * LOG2_E,
         num_splits,
         _NO_WINDOW if window is None else window,
+        softcap_argument(softcap),
         query.stride(0),
         query.stride(1),
         out.stride(0),
@@ -417,6 +423,7 @@ def paged_decode_attention(
         FP8_FORMAT=fp8,
         DEQUANT_FACTOR=kv_dequant_factor(fp8),
         HAS_SINKS=sink_row is not None,
+        SOFTCAP=bool(softcap),
         num_warps=4,
         num_stages=2,
     )

@@ -25,6 +25,12 @@ Sliding window: query row ``r`` at position ``p`` sees keys ``p - window < n <= 
 their key loops at the window's first key, so no key left of every row's window is loaded:
 pages wholly outside the window are never read (a KV manager may have freed them).
 
+Logit softcapping (``SOFTCAP``, Gemma 2): each score becomes ``cap * tanh(score / cap)``
+after the scale and before the masks, as transformers' eager attention does. In base-2 units
+that is ``c * tanh(s / c)`` with ``c = cap * log2(e)`` (the caller passes ``softcap`` so), since
+``cap * tanh(x / cap) * log2(e) = c * tanh(x * log2(e) / c)``. ``tanh`` is built from ``exp2``
+(:func:`soft_cap`): the interpreter and every GPU target have it.
+
 FP8 cache (``FP8_FORMAT != 0``, see :mod:`.fp8`): the caller passes the cache's bytes; each
 K and V tile is dequantized in registers to float16 values (exact; e4m3 reads as
 ``value * 2**-8``) and converted to the query's dtype for ``tl.dot`` (exact again: three or
@@ -56,6 +62,8 @@ __all__ = [
     "padded_head_dim",
     "prepare_kv_cache",
     "sink_logits",
+    "soft_cap",
+    "softcap_argument",
 ]
 
 LOG2_E = 1.4426950408889634
@@ -87,6 +95,8 @@ def attend_paged_tile(  # type: ignore[no-untyped-def]
     FP8_FORMAT: tl.constexpr,  # 0: the cache has q's dtype; else its bytes (see fp8.py)
     window,  # sliding window (WINDOW): row r sees keys > query_positions[r] - window
     WINDOW: tl.constexpr,  # mask keys left of each row's window (implies CAUSAL)
+    softcap,  # SOFTCAP: the cap in base-2 units (cap * log2(e))
+    SOFTCAP: tl.constexpr,  # scores become softcap * tanh(scores / softcap)
 ):
     offs_n = key_start + tl.arange(0, BLOCK_N)
     # Per-token page lookup: int64 because page * stride_block can pass 2**31 elements.
@@ -107,6 +117,8 @@ def attend_paged_tile(  # type: ignore[no-untyped-def]
     if FP8_FORMAT != 0:
         k = dequantize_fp8(k, FP8_FORMAT).to(q.dtype)
     scores = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
+    if SOFTCAP:
+        scores = soft_cap(scores, softcap)
     if CAUSAL or WINDOW:
         visible = offs_n[None, :] <= query_positions[:, None]
         if WINDOW:
@@ -133,6 +145,25 @@ def attend_paged_tile(  # type: ignore[no-untyped-def]
         v = dequantize_fp8(v, FP8_FORMAT).to(q.dtype)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return acc, row_sum, new_max
+
+
+@triton.jit
+def soft_cap(scores, cap):  # type: ignore[no-untyped-def]
+    """``cap * tanh(scores / cap)``, with ``tanh(x) = sign(x) (1 - e) / (1 + e)``,
+    ``e = exp(-2 |x|)`` (no overflow for any finite ``x``; absolute error ~1 ulp of ``cap``)."""
+    x = scores / cap
+    e = tl.math.exp2(tl.abs(x) * -2.8853900817779268)  # exp(-2|x|) = 2^(-2 log2(e) |x|)
+    t = (1.0 - e) / (1.0 + e)
+    return cap * tl.where(x < 0.0, -t, t)
+
+
+def softcap_argument(softcap: float | None) -> float:
+    """The kernels' ``softcap`` argument: the cap in base-2 units, 0.0 when off (``None`` or
+    0, transformers' "no softcapping")."""
+    if not softcap:
+        return 0.0
+    assert softcap > 0.0, softcap
+    return float(softcap) * LOG2_E
 
 
 @triton.jit

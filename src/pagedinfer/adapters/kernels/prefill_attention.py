@@ -46,6 +46,7 @@ from pagedinfer.adapters.kernels.paged_tile import (
     padded_head_dim,
     prepare_kv_cache,
     sink_logits,
+    softcap_argument,
 )
 from pagedinfer.adapters.kernels.target import kernel_target
 
@@ -146,6 +147,7 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
     sinks_ptr,
     qk_scale,
     window,
+    softcap,  # SOFTCAP: the cap in base-2 units (paged_tile.softcap_argument)
     stride_q_token,
     stride_q_head,
     stride_out_token,
@@ -165,6 +167,7 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
     DEQUANT_FACTOR: tl.constexpr,  # fp8.DEQUANT_FACTOR of the format
     SLIDING: tl.constexpr,  # query at position p sees keys p - window < n <= p only
     HAS_SINKS: tl.constexpr,  # sinks_ptr holds one sink logit per head
+    SOFTCAP: tl.constexpr,  # scores are capped: softcap * tanh(scores / softcap)
 ):
     q_tile = tl.num_programs(0) - 1 - tl.program_id(0)  # longest-running tiles first
     head = tl.program_id(1)
@@ -203,7 +206,7 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
             acc, row_sum, row_max, q, k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head_offset,
             prefix_len, first_row, q_len, ctx_len, positions, qk_scale, window,
             stride_cache_block, stride_cache_slot, offs_d, d_mask, BLOCK_SIZE, BLOCK_M, BLOCK_N,
-            DOT_PRECISION, FP8_FORMAT,
+            DOT_PRECISION, FP8_FORMAT, softcap, SOFTCAP,
         )  # fmt: skip
     else:
         # Keys 0 ..= prefix_len + first_row are visible to every row of this tile (and lie inside
@@ -215,7 +218,7 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
                 acc, row_sum, row_max, q, k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head_offset,
                 tile * BLOCK_N, ctx_len, positions, qk_scale, stride_cache_block, stride_cache_slot,
                 offs_d, d_mask, BLOCK_SIZE, BLOCK_N, False, False, DOT_PRECISION, FP8_FORMAT,
-                window, False,
+                window, False, softcap, SOFTCAP,
             )  # fmt: skip
         # The diagonal: keys up to the last row's position, causally masked.
         last_key = prefix_len + tl.minimum(first_row + BLOCK_M, q_len)  # exclusive
@@ -224,7 +227,7 @@ def _prefill_kernel(  # type: ignore[no-untyped-def]
                 acc, row_sum, row_max, q, k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head_offset,
                 tile * BLOCK_N, ctx_len, positions, qk_scale, stride_cache_block, stride_cache_slot,
                 offs_d, d_mask, BLOCK_SIZE, BLOCK_N, True, True, DOT_PRECISION, FP8_FORMAT,
-                window, False,
+                window, False, softcap, SOFTCAP,
             )  # fmt: skip
 
     if FP8_FORMAT != 0:
@@ -246,7 +249,7 @@ def _attend_window(  # type: ignore[no-untyped-def]
     prefix_len, first_row, q_len, ctx_len, positions, qk_scale, window,
     stride_cache_block, stride_cache_slot, offs_d, d_mask,
     BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, FP8_FORMAT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, FP8_FORMAT: tl.constexpr, softcap, SOFTCAP: tl.constexpr,
 ):  # fmt: skip
     """The key loop of a tile of queries with a sliding window.
 
@@ -267,7 +270,7 @@ def _attend_window(  # type: ignore[no-untyped-def]
             acc, row_sum, row_max, q, k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head_offset,
             lo + tile * BLOCK_N, ctx_len, positions, qk_scale, stride_cache_block,
             stride_cache_slot, offs_d, d_mask, BLOCK_SIZE, BLOCK_N, True, True, DOT_PRECISION,
-            FP8_FORMAT, window, True,
+            FP8_FORMAT, window, True, softcap, SOFTCAP,
         )  # fmt: skip
     start = lo + num_edge * BLOCK_N
     # Middle: whole tiles of keys every row sees (none past `first`).
@@ -277,7 +280,7 @@ def _attend_window(  # type: ignore[no-untyped-def]
             acc, row_sum, row_max, q, k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head_offset,
             start + tile * BLOCK_N, ctx_len, positions, qk_scale, stride_cache_block,
             stride_cache_slot, offs_d, d_mask, BLOCK_SIZE, BLOCK_N, False, False,
-            DOT_PRECISION, FP8_FORMAT, window, False,
+            DOT_PRECISION, FP8_FORMAT, window, False, softcap, SOFTCAP,
         )  # fmt: skip
     start += num_full * BLOCK_N
     # Diagonal: the rest up to the last row's position.
@@ -286,7 +289,7 @@ def _attend_window(  # type: ignore[no-untyped-def]
             acc, row_sum, row_max, q, k_cache_ptr, v_cache_ptr, table_row_ptr, kv_head_offset,
             start + tile * BLOCK_N, ctx_len, positions, qk_scale, stride_cache_block,
             stride_cache_slot, offs_d, d_mask, BLOCK_SIZE, BLOCK_N, True, True, DOT_PRECISION,
-            FP8_FORMAT, window, True,
+            FP8_FORMAT, window, True, softcap, SOFTCAP,
         )  # fmt: skip
     return acc, row_sum, row_max
 
@@ -306,6 +309,7 @@ def paged_prefill_attention(
     kv_scales: torch.Tensor | None = None,
     window: int | None = None,
     sinks: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Causal attention of ``query`` (``[T, num_heads, head_dim]``) over the paged context.
 
@@ -316,7 +320,9 @@ def paged_prefill_attention(
     fly with the layer's scale row ``kv_scales`` (unit scales when ``None``). ``window``: a
     sliding window (query at position ``p`` sees keys ``p - window < n <= p``; pages left of
     the chunk's first window are never read). ``sinks`` (``[num_heads]``): each head's sink
-    logit in the softmax's denominator. Returns ``out``, allocated if ``None``.
+    logit in the softmax's denominator. ``softcap`` (> 0; ``None`` or 0: off): the scores are
+    capped, ``softcap * tanh(scores / softcap)``, after the scale and before the causal and
+    window masks (Gemma 2). Returns ``out``, allocated if ``None``.
     """
     num_tokens, num_heads, head_dim = query.shape
     num_seqs = int(context_lens.shape[0])
@@ -349,6 +355,7 @@ def paged_prefill_attention(
         sink_row if sink_row is not None else context_lens,  # unused without sinks
         scale * LOG2_E,
         0 if window is None else window,
+        softcap_argument(softcap),
         query.stride(0),
         query.stride(1),
         out.stride(0),
@@ -368,6 +375,7 @@ def paged_prefill_attention(
         DEQUANT_FACTOR=kv_dequant_factor(fp8),
         SLIDING=window is not None,
         HAS_SINKS=sink_row is not None,
+        SOFTCAP=bool(softcap),
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )

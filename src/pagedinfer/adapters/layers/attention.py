@@ -52,7 +52,7 @@ class PagedAttention(nn.Module):
     (``[k_scale, v_scale, 1 / k_scale, 1 / v_scale]`` float32; ``None`` for a cache in the
     model's dtype).
 
-    ``kind`` says how the layer attends (a sliding window, sinks: see
+    ``kind`` says how the layer attends (a sliding window, sinks, a logit softcap: see
     :class:`~pagedinfer.adapters.attention.base.LayerAttentionKind`); a layer with sinks gets
     its per-head sink logits (this rank's heads) with each call.
     """
@@ -77,6 +77,16 @@ class PagedAttention(nn.Module):
             raise ConfigurationError(
                 f"attention_backend={backend.name!r} cannot add attention sinks, which this "
                 "model's layers have (GPT-OSS): use attention_backend='triton' (or 'auto')."
+            )
+        if (
+            kind.softcap is not None
+            and isinstance(backend, PagedAttentionBackend)
+            and not backend.supports_softcap
+        ):
+            raise ConfigurationError(
+                f"attention_backend={backend.name!r} cannot cap attention logits, which this "
+                f"model's layers do (attn_logit_softcapping={kind.softcap}): install "
+                "flash-attn >= 2.6, or use attention_backend='triton' (or 'auto')."
             )
         self.kind = kind
         # Hybrid attention: the KV group whose tables and slots this layer uses (runner-set
@@ -165,6 +175,7 @@ class PagedAttention(nn.Module):
         return self.backend.forward(
             query, key, value, self.k_cache, self.v_cache, meta, self.scale,
             kv_scales=self.kv_scales, window=self.kind.window, sinks=sinks,
+            softcap=self.kind.softcap,
         )  # fmt: skip
 
     def forward_packed(
@@ -195,7 +206,7 @@ class PagedAttention(nn.Module):
             )  # fmt: skip
             return self.backend.attend(
                 query, self.k_cache, self.v_cache, meta, self.scale, kv_scales=self.kv_scales,
-                window=self.kind.window, sinks=sinks,
+                window=self.kind.window, sinks=sinks, softcap=self.kind.softcap,
             )  # fmt: skip
         if self._rope is not None:
             query, key = self._rope(

@@ -56,6 +56,11 @@ class MoeConfig:
 
 
 _CLASSIFIER = "ForSequenceClassification"
+# Architectures whose attention caps its scores with `attn_logit_softcapping` (transformers'
+# eager attention with `softcap`), and those whose config has the field but whose modeling
+# code never applies it (transformers' Gemma3Attention passes no softcap; nor does vLLM).
+ATTN_SOFTCAP_ARCHITECTURES: frozenset[str] = frozenset()
+ATTN_SOFTCAP_IGNORED = frozenset({"Gemma3ForCausalLM"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +103,8 @@ class ModelConfig:
     hidden_act: str = "silu"  # the MLP gate's activation (HIDDEN_ACTIVATIONS)
     query_pre_attn_scalar: float | None = None  # attention scale = this ** -0.5 (Gemma)
     final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap)
+    # Attention scores = cap * tanh(scores / cap), in every layer (LayerAttentionKind.softcap).
+    attn_logit_softcapping: float | None = None
     swiglu_alpha: float | None = None  # GPT-OSS experts: gate * sigmoid(alpha * gate)
     swiglu_limit: float | None = None  # GPT-OSS experts: gate and up clamped to this
 
@@ -114,7 +121,9 @@ class ModelConfig:
     def attention_kind(self, layer: int) -> LayerAttentionKind:
         """How decoder layer ``layer`` attends (its window, its sinks)."""
         window = self.layer_windows[layer] if self.layer_windows else None
-        return LayerAttentionKind(window=window, has_sinks=self.attention_sinks)
+        return LayerAttentionKind(
+            window=window, has_sinks=self.attention_sinks, softcap=self.attn_logit_softcapping
+        )
 
     @property
     def attention_kinds(self) -> tuple[LayerAttentionKind, ...]:
@@ -236,11 +245,7 @@ class ModelConfig:
                 f"hidden_act={hidden_act!r} is not supported: expected one of "
                 f"{', '.join(repr(name) for name in HIDDEN_ACTIVATIONS)}"
             )
-        if raw.get("attn_logit_softcapping") is not None:
-            reader.fail(
-                f"attn_logit_softcapping={raw['attn_logit_softcapping']!r} is not supported "
-                "(Gemma 2's capped attention scores): expected null"
-            )
+        attn_softcap = reader.attn_logit_softcapping(architecture)
         max_positions = reader.integer("max_position_embeddings")
         (rope_theta, rope_scaling), local_rope = reader.ropes(max_positions)
         eos = _token_ids(generation.get("eos_token_id") if generation else None)
@@ -274,6 +279,7 @@ class ModelConfig:
             hidden_act=str(hidden_act),
             query_pre_attn_scalar=reader.optional_number("query_pre_attn_scalar"),
             final_logit_softcapping=reader.optional_number("final_logit_softcapping"),
+            attn_logit_softcapping=attn_softcap,
             swiglu_alpha=reader.optional_number("swiglu_alpha"),
             swiglu_limit=reader.optional_number("swiglu_limit"),
         )
@@ -288,6 +294,23 @@ class _Reader:
 
     def fail(self, problem: str) -> NoReturn:
         raise UnsupportedModelError(f"checkpoint {str(self.path)!r}: {problem}.")
+
+    def attn_logit_softcapping(self, architecture: str) -> float | None:
+        """The attention-logit cap the model applies (``attn_logit_softcapping``), ``None``
+        for none: as transformers does, per architecture (:data:`ATTN_SOFTCAP_ARCHITECTURES`
+        apply it; Gemma 3's modeling code reads the field and never applies it, so it is
+        ignored there); refused for the other architectures."""
+        value = self.raw.get("attn_logit_softcapping")
+        if value is None:
+            return None
+        if architecture in ATTN_SOFTCAP_ARCHITECTURES:
+            return self.optional_number("attn_logit_softcapping")  # > 0, or refused
+        if architecture in ATTN_SOFTCAP_IGNORED:
+            return None
+        self.fail(
+            f"attn_logit_softcapping={value!r} is not supported for {architecture} "
+            "(capped attention scores): expected null"
+        )
 
     def architecture(self) -> str:
         architectures = self.raw.get("architectures")

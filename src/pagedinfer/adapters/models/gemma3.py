@@ -13,7 +13,10 @@ What sets it apart from the shared decoder (transformers' ``modeling_gemma3``):
   ``rope_local_base_freq``), full ones with ``rope_parameters.full_attention``;
 * the MLP gate is GELU (tanh approximation), ``hidden_activation``;
 * ``final_logit_softcapping`` caps the logits (``cap * tanh(logits / cap)``) when set;
-  ``attn_logit_softcapping`` (Gemma 2) is refused when reading the config.
+  ``attn_logit_softcapping`` is accepted and ignored, as transformers' ``Gemma3Attention``
+  does (it stores the field and never passes it to the attention; Gemma 3 checkpoints set
+  it to null). The attention kernels can cap scores (``LayerAttentionKind.softcap``), for
+  an architecture whose reference applies the cap.
 
 A ``Gemma3ForConditionalGeneration`` checkpoint (Gemma 3 4B, 12B, 27B) is served as its text
 tower: ``config.json``'s ``text_config`` (``family_defaults.text_tower``), the weights under

@@ -22,7 +22,8 @@ class Recording(PagedAttentionBackend):
     def __init__(self, *, split_mixed_steps: bool = True) -> None:
         super().__init__(16, split_mixed_steps=split_mixed_steps)
         self.calls: list[tuple[object, ...]] = []
-        self.layer_kinds: list[tuple[int | None, torch.Tensor | None]] = []  # window, sinks
+        # window, sinks, softcap
+        self.layer_kinds: list[tuple[int | None, torch.Tensor | None, float | None]] = []
 
     def _store(
         self,
@@ -50,10 +51,11 @@ class Recording(PagedAttentionBackend):
         *,
         window: int | None = None,
         sinks: torch.Tensor | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         assert key is not None and key.shape[0] == query.shape[0]
         self.calls.append(("prefill", query.shape[0], meta.cu_seqlens_q.tolist()))
-        self.layer_kinds.append((window, sinks))
+        self.layer_kinds.append((window, sinks, softcap))
         return _filled(query, out, PREFILL_VALUE)
 
     def _decode(
@@ -68,10 +70,11 @@ class Recording(PagedAttentionBackend):
         *,
         window: int | None = None,
         sinks: torch.Tensor | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         assert not meta.is_prefill
         self.calls.append(("decode", query.shape[0], meta.context_lens.tolist()))
-        self.layer_kinds.append((window, sinks))
+        self.layer_kinds.append((window, sinks, softcap))
         return _filled(query, out, DECODE_VALUE)
 
 
@@ -156,7 +159,7 @@ def test_store_kv_alone_may_see_padding_slots_and_passes_the_scales() -> None:
     assert backend.calls == [("store", [3, -1], True, scales)]
 
 
-def test_the_layer_window_and_sinks_reach_both_kernels_of_a_mixed_step() -> None:
+def test_the_layer_window_sinks_and_softcap_reach_both_kernels_of_a_mixed_step() -> None:
     backend = Recording()
     meta = _meta([1, 3], [5, 3], decode_rows=1)
     query, key, cache = (
@@ -165,8 +168,9 @@ def test_the_layer_window_and_sinks_reach_both_kernels_of_a_mixed_step() -> None
         torch.zeros(1, 16, 1, DIM),
     )
     sinks = torch.ones(HEADS)
-    backend.forward(query, key, key, cache, cache, meta, 1.0, window=7, sinks=sinks)
+    backend.forward(query, key, key, cache, cache, meta, 1.0, window=7, sinks=sinks, softcap=5.0)
     assert [kind[0] for kind in backend.layer_kinds] == [7, 7]
     assert all(kind[1] is sinks for kind in backend.layer_kinds)
-    _run(backend, _meta([2], [2]))  # a layer without a window or sinks
-    assert backend.layer_kinds[-1] == (None, None)
+    assert [kind[2] for kind in backend.layer_kinds] == [5.0, 5.0]
+    _run(backend, _meta([2], [2]))  # a layer without a window, sinks or softcap
+    assert backend.layer_kinds[-1] == (None, None, None)

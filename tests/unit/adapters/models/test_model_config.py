@@ -13,6 +13,7 @@ import torch
 import transformers
 
 from pagedinfer.adapters.layers.rotary import RopeScaling
+from pagedinfer.adapters.models import config as config_module
 from pagedinfer.adapters.models.config import ModelConfig
 from pagedinfer.adapters.models.registry import SUPPORTED_ARCHITECTURES, read_model_config
 from pagedinfer.errors import CheckpointNotFoundError, ConfigurationError, UnsupportedModelError
@@ -449,6 +450,30 @@ def test_gemma3_fields_and_per_layer_type_rope(tmp_path: Path) -> None:
     del older["rope_parameters"]
     legacy_config = ModelConfig.from_pretrained(write_checkpoint(tmp_path / "o", older))
     assert legacy_config.local_rope == (10000.0, RopeScaling())
+
+
+def test_attn_logit_softcapping_is_ignored_by_gemma3_and_applied_where_listed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    raw = legacy(
+        architectures=["Gemma3ForCausalLM"],
+        layer_types=["sliding_attention", "full_attention"],
+        num_hidden_layers=2,
+        sliding_window=512,
+        attn_logit_softcapping=50.0,
+    )
+    path = write_checkpoint(tmp_path / "g", raw)
+    # transformers' Gemma3Attention reads the field and never applies it.
+    ignored = ModelConfig.from_pretrained(path)
+    assert ignored.attn_logit_softcapping is None
+    assert {kind.softcap for kind in ignored.attention_kinds} == {None}
+    monkeypatch.setattr(config_module, "ATTN_SOFTCAP_ARCHITECTURES", {"Gemma3ForCausalLM"})
+    applied = ModelConfig.from_pretrained(path)
+    assert applied.attn_logit_softcapping == 50.0
+    assert [(k.window, k.softcap) for k in applied.attention_kinds] == [(512, 50.0), (None, 50.0)]
+    refused = write_checkpoint(tmp_path / "z", {**raw, "attn_logit_softcapping": -1.0})
+    with pytest.raises(UnsupportedModelError, match="attn_logit_softcapping"):
+        ModelConfig.from_pretrained(refused)
 
 
 @pytest.mark.parametrize(

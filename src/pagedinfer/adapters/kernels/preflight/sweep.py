@@ -44,6 +44,10 @@ FP8_WEIGHT_BLOCKS = ((128, 128), None)  # DeepSeek-style blocks, per-channel sca
 LAYER_KINDS = ((None, False), (128, False), (128, True))
 # The dtype that variants which do not depend on the dtype (windows, sinks, LoRA) are swept in.
 VARIANT_DTYPE = torch.bfloat16
+# Capped attention logits (Gemma 2's attn_logit_softcapping) on full and sliding layers: in
+# VARIANT_DTYPE, the model's KV dtype and one block size only, to keep the variants few.
+SOFTCAP = 50.0
+SOFTCAP_KINDS = ((None, False, SOFTCAP), (128, False, SOFTCAP))
 
 
 def _layer_kinds(dtype: torch.dtype) -> tuple[tuple[int | None, bool], ...]:
@@ -246,26 +250,37 @@ def _attention(
             if splits > 1
             else None
         )
-        for window, sinks in _layer_kinds(dtype):
+        for window, sinks, softcap in _kinds(dtype, cache_dtype, block_size):
             yield partial(
                 paged_decode_attention, _empty(num_seqs, heads, head_dim, dtype=dtype), k_cache,
                 v_cache, context_lens=_empty(num_seqs, dtype=torch.int32),
                 block_tables=_empty(num_seqs, table_width, dtype=torch.int32), scale=scale,
                 num_splits=splits, partials=partials, kv_scales=scales, window=window,
-                sinks=_empty(heads, dtype=torch.float32) if sinks else None,
+                sinks=_empty(heads, dtype=torch.float32) if sinks else None, softcap=softcap,
             )  # fmt: skip
 
     num_seqs = 4
     for max_seqlen_q in PREFILL_QUERY_LENS:
-        for window, sinks in _layer_kinds(dtype):
+        for window, sinks, softcap in _kinds(dtype, cache_dtype, block_size):
             yield partial(
                 paged_prefill_attention, _empty(PREFILL_ROWS, heads, head_dim, dtype=dtype),
                 k_cache, v_cache, cu_seqlens_q=_empty(num_seqs + 1, dtype=torch.int32),
                 context_lens=_empty(num_seqs, dtype=torch.int32),
                 block_tables=_empty(num_seqs, table_width, dtype=torch.int32),
                 max_seqlen_q=max_seqlen_q, scale=scale, kv_scales=scales, window=window,
-                sinks=_empty(heads, dtype=torch.float32) if sinks else None,
+                sinks=_empty(heads, dtype=torch.float32) if sinks else None, softcap=softcap,
             )  # fmt: skip
+
+
+def _kinds(
+    dtype: torch.dtype, cache_dtype: torch.dtype, block_size: int
+) -> tuple[tuple[int | None, bool, float | None], ...]:
+    """The attention layer kinds ``(window, sinks, softcap)`` swept for this case."""
+    kinds: tuple[tuple[int | None, bool, float | None], ...]
+    kinds = tuple((window, sinks, None) for window, sinks in _layer_kinds(dtype))
+    if dtype == VARIANT_DTYPE and cache_dtype == dtype and block_size == BLOCK_SIZES[0]:
+        kinds += SOFTCAP_KINDS
+    return kinds
 
 
 def _projections(model: ModelShape) -> list[tuple[int, int]]:
