@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -220,13 +220,7 @@ def invariant_attention(
     the same reason they change nothing); a sink joins as a key of value zero before the
     first chunk.
     """
-    query_lens = meta.query_lens_host
-    if query_lens is None:
-        starts = meta.cu_seqlens_q.tolist()
-        query_lens = [end - start for start, end in itertools.pairwise(starts)]
-    context_lens = meta.context_lens_host
-    if context_lens is None:
-        context_lens = meta.context_lens.tolist()
+    query_lens, context_lens = _host_lengths(meta)
     first_rows = list(itertools.accumulate(query_lens, initial=0))
     groups: dict[int, list[int]] = {}
     for seq, count in enumerate(query_lens):
@@ -247,6 +241,24 @@ def invariant_attention(
             softcap,
         )
     return out
+
+
+def _host_lengths(meta: AttentionMetadata) -> tuple[list[int], list[int]]:
+    """The step's query and context lengths on the host: the packer's lists, or (when it
+    gave none, as on CUDA) read from the device once per step and kept in ``meta.derived``
+    for every other layer."""
+    cached = meta.derived.get("batch_invariant.host_lengths")
+    if cached is not None:
+        return cast(tuple[list[int], list[int]], cached)
+    query_lens = meta.query_lens_host
+    if query_lens is None:
+        starts = meta.cu_seqlens_q.tolist()
+        query_lens = [end - start for start, end in itertools.pairwise(starts)]
+    context_lens = meta.context_lens_host
+    if context_lens is None:
+        context_lens = meta.context_lens.tolist()
+    meta.derived["batch_invariant.host_lengths"] = (query_lens, context_lens)
+    return query_lens, context_lens
 
 
 def attend_group(
