@@ -17,8 +17,10 @@
   every KV group, context length 0); the copy covers only the first ``bucket`` rows of the
   block tables. With KV groups (hybrid attention) row ``i`` of the static tables holds every
   group's table of sequence ``i`` side by side (each padded to 64 bytes, so every group's
-  table starts aligned), so a bucket's rows of every group are one contiguous prefix (one
-  copy), and group ``g``'s table is a strided view (kernels take the row stride).
+  table starts aligned), and group ``g``'s table is a strided view (kernels take the row
+  stride). A step's tables travel compact instead (``[groups, n, width]``: the step's own
+  rows and columns, a ``memmove`` per group, in the same one copy) and one device copy puts
+  them in place: the transfer does not grow with ``max_model_len`` times the groups.
 * **CPU** (``zero_copy``): the tensors are views of the plan's own arrays
   (``torch.frombuffer``): nothing is copied at all.
 
@@ -269,6 +271,12 @@ class _GraphRegion:
         self.group_stride = table_width
         if num_groups > 1:
             self.group_stride = -(-table_width * 4 // ALIGNMENT) * ALIGNMENT // 4
+        # Block tables after every per-row field: a step copies only its bucket's rows. KV
+        # groups: the step's tables go through a compact staging field, and the static tables
+        # (row i: every group's table of sequence i) come last, never copied from the host.
+        table_field = ("block_tables", _INT32, rows * num_groups * self.group_stride)
+        grouped = num_groups > 1
+        staging_field = ("group_tables_staging", _INT32, rows * num_groups * table_width)
         self.layout, self.nbytes = pack_layout(
             [
                 ("input_ids", _INT64, rows),
@@ -278,12 +286,11 @@ class _GraphRegion:
                 ("cu_seqlens_q", _INT32, rows + 1),
                 ("cu_seqlens_k", _INT32, rows + 1),
                 ("sample_slots", _INT32, rows),
-                # Block tables after every per-row field: a step copies only its bucket's rows
-                # (row i: every group's table of sequence i).
-                ("block_tables", _INT32, rows * num_groups * self.group_stride),
+                staging_field if grouped else table_field,
                 ("delta_slots", _INT64, num_slots),
                 ("delta_floats", _FLOAT32, num_slots * floats),
                 ("delta_ints", _INT64, num_slots * ints),
+                *((table_field,) if grouped else ()),
             ]
         )
         self.staging = _HostStaging(device, self.nbytes)
@@ -298,8 +305,8 @@ class _GraphRegion:
                 )
             _view(buffer, self.layout["cu_seqlens_q"]).copy_(torch.arange(rows + 1))
         self.staging.copy(0, self.device_buffer, self.nbytes)
-        tables = self.view("block_tables").view(rows, num_groups, self.group_stride)
-        tables = tables[:, :, :table_width]
+        self._tables = self.view("block_tables").view(rows, num_groups, self.group_stride)
+        tables = self._tables[:, :, :table_width]
         self.tensors = GraphInputs(
             input_ids=self.view("input_ids"),
             positions=self.view("positions"),
@@ -312,12 +319,13 @@ class _GraphRegion:
             group_slot_mappings=tuple(self.view(name) for name in self.slot_fields[1:]),
         )
         self._sample_slots = self.view("sample_slots")
-        self._host_tables = [
-            _view(buffer, self.layout["block_tables"]).view(rows, num_groups, self.group_stride)
-            for buffer in host_buffers
+        self._host_tables = [  # no KV groups: a step's narrower tables are written here
+            _view(buffer, self.layout["block_tables"]).view(rows, table_width)
+            for buffer in (host_buffers if num_groups == 1 else [])
         ]
         self._first_rows: dict[int, _FirstRows] = {}
-        self._table_windows: dict[tuple[int, int, int, int], torch.Tensor] = {}
+        self._table_windows: dict[tuple[int, int, int], torch.Tensor] = {}
+        self._group_copies: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def view(self, name: str) -> torch.Tensor:
         return _view(self.device_buffer, self.layout[name])
@@ -342,17 +350,29 @@ class _GraphRegion:
             self._first_rows[num_seqs] = views
         return views
 
-    def host_table_window(
-        self, index: int, num_seqs: int, width: int, group: int = 0
-    ) -> torch.Tensor:
-        """Host mirror ``index``'s block tables of KV group ``group``, first ``num_seqs`` rows
-        and ``width`` columns."""
-        key = (index, num_seqs, width, group)
+    def host_table_window(self, index: int, num_seqs: int, width: int) -> torch.Tensor:
+        """Host mirror ``index``'s block tables, first ``num_seqs`` rows and ``width`` columns."""
+        key = (index, num_seqs, width)
         window = self._table_windows.get(key)
         if window is None:
-            window = self._host_tables[index][:num_seqs, group, :width]
+            window = self._host_tables[index][:num_seqs, :width]
             self._table_windows[key] = window
         return window
+
+    def group_table_copy(self, num_seqs: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """KV groups: the static tables' first ``num_seqs`` rows and ``width`` columns of every
+        group, and the staged compact tables (``[groups, num_seqs, width]``) seen in that
+        shape: the device copy that puts a step's tables in place."""
+        key = (num_seqs, width)
+        pair = self._group_copies.get(key)
+        if pair is None:
+            compact = self.view("group_tables_staging")[: self.num_groups * num_seqs * width]
+            pair = (
+                self._tables[:num_seqs, :, :width],
+                compact.view(self.num_groups, num_seqs, width).transpose(0, 1),
+            )
+            self._group_copies[key] = pair
+        return pair
 
 
 # --------------------------------------------------------------------------- packer
@@ -482,13 +502,19 @@ class StepPacker:
         _memmove(base + layout["cu_seqlens_k"].offset, plan.cu_seqlens_k)
         if self.sampled:
             _memmove(base + layout["sample_slots"].offset, plan.sample_slots)
-        tables = layout["block_tables"]
-        if width == graph.table_width and graph.num_groups == 1:
-            _memmove(base + tables.offset, plan.block_tables)
-        else:  # narrower rows go into the left columns; stale columns are never read
+        grouped = graph.num_groups > 1
+        if grouped:  # every group's table, compact ([groups, n, width]): put in place below
+            tables = layout["group_tables_staging"]
+            step_bytes = num_seqs * width * 4
             for group, table in enumerate((plan.block_tables, *plan.group_block_tables)):
-                graph.host_table_window(index, num_seqs, width, group).copy_(
-                    _from_array(table, _INT32).view(num_seqs, width)
+                _memmove(base + tables.offset + group * step_bytes, table)
+        else:
+            tables = layout["block_tables"]
+            if width == graph.table_width:
+                _memmove(base + tables.offset, plan.block_tables)
+            else:  # narrower rows go into the left columns; stale columns are never read
+                graph.host_table_window(index, num_seqs, width).copy_(
+                    _from_array(plan.block_tables, _INT32).view(num_seqs, width)
                 )
         if num_seqs < bucket:
             # Padding rows: no K/V store (in any group), no keys, an empty key range. Their
@@ -503,7 +529,9 @@ class StepPacker:
                 base + layout["cu_seqlens_k"].offset + (num_seqs + 1) * 4,
                 array("i", [plan.cu_seqlens_k[num_seqs]]) * padding,
             )
-        nbytes = tables.offset + bucket * graph.num_groups * graph.group_stride * 4
+        nbytes = tables.offset + (
+            graph.num_groups * num_seqs * width * 4 if grouped else bucket * graph.table_width * 4
+        )
         table_rows = None
         if delta is not None:
             for name, values in (
@@ -520,6 +548,9 @@ class StepPacker:
                 graph.view("delta_ints")[: len(delta.ints)],
             )
         graph.staging.copy(index, graph.device_buffer, nbytes)
+        if grouped:  # the step's tables, from the staging field into the static tables
+            static_tables, staged = graph.group_table_copy(num_seqs, width)
+            static_tables.copy_(staged)
         rows = graph.first_rows(num_seqs)
         meta = AttentionMetadata(
             is_prefill=False,

@@ -80,8 +80,8 @@ def test_fresh_grouped_inputs_are_padding_in_every_group(width: int) -> None:
 @pytest.mark.parametrize("width", [3, 10])  # narrower than the captured tables, and as wide
 def test_each_group_replays_what_the_eager_step_reads(width: int) -> None:
     """The graph metadata each layer reads (``for_group``) equals the eager step's, per
-    group, on the step's rows; padding rows store nothing in any group; rows past the
-    bucket are not copied."""
+    group, on the step's rows; padding rows store nothing in any group; only the step's rows
+    and columns of the tables are copied (stale ones are never read)."""
     layout = DecodeGraphLayout.for_limits(
         max_num_seqs=20, max_model_len=160, block_size=16, num_groups=3
     )
@@ -92,8 +92,23 @@ def test_each_group_replays_what_the_eager_step_reads(width: int) -> None:
     plan = grouped_plan(3, width, 3, seed=1)
     assert layout.covers(plan)
 
+    region = packer._graph
+    assert region is not None
+    copied: list[int] = []
+    copy = region.staging.copy
+
+    def counted(index: int, target: torch.Tensor, nbytes: int) -> None:
+        copied.append(nbytes)
+        copy(index, target, nbytes)
+
+    region.staging.copy = counted  # type: ignore[method-assign]
+
     inputs = packer.pack_graph_decode(plan, bucket=4)
 
+    # The step's tables travel compact: its rows and columns of each group, not the bucket's
+    # full-width rows (the transfer does not grow with max_model_len times the groups).
+    staging = region.layout["group_tables_staging"].offset
+    assert copied == [staging + 3 * 3 * width * 4]
     eager = StepPacker(CPU, sampled=True, zero_copy=True).pack(plan).meta
     graph = graph_metadata(static, 4, 16)
     for group in range(3):
@@ -106,7 +121,8 @@ def test_each_group_replays_what_the_eager_step_reads(width: int) -> None:
         step = inputs.meta.for_group(group)
         assert step.block_tables.data_ptr() == replayed.block_tables.data_ptr()
         assert torch.equal(step.slot_mapping, expected.slot_mapping)
-        assert torch.equal(group_tables(static)[group][4:], before[group][4:])
+        assert torch.equal(group_tables(static)[group][3:], before[group][3:])  # not copied
+        assert torch.equal(group_tables(static)[group][:3, width:], before[group][:3, width:])
     assert graph.context_lens.tolist() == [*plan.context_lens.tolist(), 0]
 
 
