@@ -44,6 +44,7 @@ STEP_DEPENDENT = {
     "store_kv._store_kv_kernel": {"kv_scales_ptr"},
     "qk_norm_rope._qk_norm_rope_kernel": {"kv_scales_ptr"},
     "decode_attention._reduce_splits_kernel": {"num_splits"},
+    "moe._grouped_gemm_kernel": {"num_pairs"},  # the step's tokens x k
     "race_sample._race_chunks_kernel": {
         "temperatures_ptr",
         "seeds_ptr",

@@ -37,7 +37,9 @@ from pagedinfer.adapters.kernels.silu_and_mul import silu_and_mul
 __all__ = ["align_by_expert", "fused_gpt_oss_moe", "fused_moe", "grouped_gemm"]
 
 
-@triton.jit  # type: ignore[untyped-decorator]
+# num_pairs (tokens x k) changes from step to step: keyed on divisibility by 16 it would
+# compile a second variant mid-run (test_kernel_specialization).
+@triton.jit(do_not_specialize=["num_pairs"])  # type: ignore[untyped-decorator]
 def _grouped_gemm_kernel(  # type: ignore[no-untyped-def]
     a_ptr,
     b_ptr,
