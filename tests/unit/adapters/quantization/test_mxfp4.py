@@ -108,20 +108,35 @@ def test_each_rank_holds_its_slice_of_the_dequantized_experts(
             assert torch.equal(param, theirs[name]), name
 
 
-def test_mxfp4_builds_off_the_cpu_and_logs_its_dense_experts(
-    checkpoints: tuple[Path, Path], caplog: pytest.LogCaptureFixture
+def test_mxfp4_loads_off_the_cpu_and_logs_its_dense_experts(
+    checkpoints: tuple[Path, Path],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A model on another device (meta here, CUDA in tests/gpu) is built, not refused: the
-    loader dequantizes on the CPU and copies each projection to the parameter's device. The
-    start-up log says what the dense experts cost."""
+    """A model on another device (meta here, CUDA in tests/gpu) is built and loaded, not
+    refused: the loader dequantizes each projection on the CPU, where it read the tensors,
+    and the weight loader copies it to the parameter's device. The start-up log says what
+    the dense experts cost."""
+    from pagedinfer.adapters.models import loader
+
+    dequantized_on: list[torch.device] = []
+
+    def spy(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        dequantized_on.append(blocks.device)
+        return dequantize_mxfp4(blocks, scales, dtype)
+
+    monkeypatch.setattr(loader, "dequantize_mxfp4", spy)
     caplog.set_level(logging.INFO, logger="pagedinfer.adapters.models.gpt_oss")
+    config = read_model_config(checkpoints[0])
     model = build_model(
-        read_model_config(checkpoints[0]),
+        config,
         parallel=OneRank(rank=0, world_size=1),
         backend=create_backend("torch", 16),
         device=torch.device("meta"),
         dtype=torch.bfloat16,
     )
+    load_weights(model, checkpoints[0])
+    assert dequantized_on == [torch.device("cpu")] * (2 * config.num_hidden_layers)
     experts = [p for name, p in model.named_parameters() if ".experts." in name]
     assert experts and all(p.device.type == "meta" for p in experts)
     size = sum(p.numel() * 2 for p in experts) / 2**30
