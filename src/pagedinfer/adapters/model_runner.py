@@ -116,8 +116,9 @@ class ModelRunner:
         )
         self.model = self._load_model()
         # Hybrid attention: layers grouped by window, one block table per group (empty: one
-        # table, every layer in every block, as for any model without a window).
-        self.kv_layout = runner_kv_layout(self.model.attention_layers(), config)
+        # table, every layer in every block, as for any model without a window). The groups
+        # are the whole model's on every rank and stage; a block holds this runner's layers.
+        self.kv_layout = runner_kv_layout(model_config.attention_kinds, self.held_layers, config)
         self.kv_groups = () if self.kv_layout is None else self.kv_layout.groups
         self.lora = create_lora_runtime(self.model, model_config, config, parallel)
         # Speculative decoding with a draft model: its cache shares the target's block ids.
@@ -540,15 +541,20 @@ class ModelRunner:
             self.sampling.reset()
 
     @property
+    def held_layers(self) -> range:
+        """The decoder layers this runner runs and caches (a pipeline stage: its own)."""
+        return range(self.model_config.num_hidden_layers)
+
+    @property
     def num_cache_layers(self) -> int:
-        """The decoder layers whose K/V this runner's cache holds (a pipeline stage: its own)."""
-        return self.model_config.num_hidden_layers
+        return len(self.held_layers)
 
     @property
     def num_block_layers(self) -> int:
-        """Layers in one block: every cache layer, or (KV groups) those of one group."""
+        """Layers in one block: every cache layer, or (KV groups) this runner's largest
+        share of one group."""
         layout = self.kv_layout
-        return self.num_cache_layers if layout is None else layout.layers_per_group
+        return self.num_cache_layers if layout is None else layout.layers_per_block
 
     def _allocate_kv_cache(
         self, num_blocks: int, dtype: torch.dtype | None = None, *, every_layer: bool = False
@@ -565,14 +571,16 @@ class ModelRunner:
             device=self.device,
         )
 
-    def _bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
-        """Layer ``i`` gets slot ``i`` of a cache with a slot per layer; with KV groups,
-        the slot of its position in its group, addressed by its group's tables."""
+    def _bind_kv_cache(self, kv_cache: torch.Tensor, *, every_layer: bool = False) -> None:
+        """Layer ``i`` gets slot ``i`` of a cache with a slot per layer (``every_layer``, or
+        no KV groups); with KV groups, its slot in its group, addressed by its group's tables."""
         layers = self.model.attention_layers()
         scales = self.kv_scales if is_fp8(kv_cache.dtype) else None
         layout = self.kv_layout
-        grouped = layout is not None and kv_cache.shape[1] != len(layers)
-        assert grouped or len(layers) == kv_cache.shape[1], (len(layers), kv_cache.shape)
+        grouped = layout is not None and not every_layer
+        assert len(layers) == self.num_cache_layers, (len(layers), self.held_layers)
+        width = self.num_block_layers if grouped else len(layers)
+        assert kv_cache.shape[1] == width, (width, kv_cache.shape)
         for index, layer in enumerate(layers):
             row = scales[index] if scales is not None else None
             slot, group = index, 0
@@ -594,7 +602,7 @@ class ModelRunner:
             length, block_size=config.block_size, vocab_size=self.model_config.vocab_size
         )
         cache = self._allocate_kv_cache(plan.block_table_width, dtype=self.dtype, every_layer=True)
-        self._bind_kv_cache(cache)
+        self._bind_kv_cache(cache, every_layer=True)
         try:
             with torch.inference_mode():
                 self._run_model(self.packer.pack(plan))

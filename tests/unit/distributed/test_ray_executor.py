@@ -5,8 +5,9 @@ One ``ray.cluster_utils.Cluster`` for the module: a head and a worker node, both
 is checked token for token against one in-process TP=1 engine, on greedy and seeded
 requests whose prompts share a prefix (prefix-cache hits) and outgrow a 12-block cache
 (preemption). Engines are few (each starts Ray actors that import torch): TP=2 spread over
-the two nodes, PP=2 over the two nodes, TP=2 x PP=2 (one stage per node), one killed
-mid-generation; placements that cannot happen start no actor.
+the two nodes, PP=2 over the two nodes, TP=2 x PP=2 (one stage per node), a hybrid-attention
+model (KV groups) under TP=2 and PP=2, one killed mid-generation; placements that cannot
+happen start no actor.
 
 Skipped when Ray is not installed; ``pytest -m ray`` runs them alone.
 """
@@ -211,6 +212,75 @@ def test_tensor_times_pipeline_parallel_matches_one_rank(
         engine.close()
     for group in groups:
         assert ray.util.placement_group_table(group)["state"] == "REMOVED"
+
+
+# A tiny Gemma 3 (hybrid attention): sliding (window 8) and full layers alternating, so two
+# KV groups, full [1, 3] and sliding [0, 2], of two layers each; each of two pipeline stages
+# holds one layer of each group, so its blocks hold one layer. 17 blocks hold one 128-token
+# sequence (8 + 8 and the null block): the prompts (40-69 tokens, several windows, 24 new
+# tokens, greedy and seeded) preempt each other and free the blocks that leave the window.
+HYBRID: dict[str, Any] = {
+    "architecture": "Gemma3ForCausalLM",
+    "num_hidden_layers": 4,
+    "layer_types": ("sliding_attention", "full_attention") * 2,
+    "sliding_window": 8,
+    "query_pre_attn_scalar": 24,
+    "vocab_size": 256,
+}
+HYBRID_SETTINGS = {**SETTINGS, "num_kv_blocks": 17}
+HYBRID_PROMPTS = shared_prefix_prompts(seed=11, count=5, vocab=256)
+HYBRID_PARAMS = [
+    SamplingParams(temperature=0.0 if i % 2 == 0 else 0.9, seed=i, max_tokens=24, ignore_eos=True)
+    for i in range(5)
+]
+
+
+@pytest.fixture(scope="module")
+def hybrid_expected(make_checkpoint: Callable[..., Path]) -> tuple[Path, list[list[int]]]:
+    """The tiny Gemma 3 and the single-process engine's tokens for it (that engine
+    matches transformers: tests/unit/engine/test_hybrid_attention_parity.py)."""
+    checkpoint = make_checkpoint("tiny", **HYBRID)
+    with Engine(checkpoint, **HYBRID_SETTINGS) as engine:
+        outputs = engine.generate(HYBRID_PROMPTS, HYBRID_PARAMS, use_tqdm=False)
+        stats = engine.stats()
+    assert stats.num_preemptions > 0, "the workload lost its point"
+    assert [(g.window, g.num_layers) for g in stats.kv_groups] == [(None, 2), (8, 2)]
+    return checkpoint, [output.outputs[0].token_ids for output in outputs]
+
+
+@pytest.mark.parametrize(
+    ("split", "block_layers"),
+    [({"tensor_parallel_size": 2}, [2, 2]), ({"pipeline_parallel_size": 2}, [1, 1])],
+    ids=["tp2", "pp2"],
+)
+def test_a_hybrid_model_keeps_its_kv_groups_on_every_rank_and_stage(
+    cluster: Any,
+    hybrid_expected: tuple[Path, list[list[int]]],
+    split: dict[str, int],
+    block_layers: list[int],
+) -> None:
+    """Every rank (and every stage, which holds two of the four layers) uses the whole
+    model's groups; a stage's block holds its own layers of the block's group only."""
+    checkpoint, expected = hybrid_expected
+    engine = Engine(checkpoint, distributed_executor_backend="ray", **split, **HYBRID_SETTINGS)
+    try:
+        executor = engine._executor
+        assert isinstance(executor, RayExecutor)
+        assert [(g.window, g.layers) for g in executor.kv_groups] == [
+            (None, (1, 3)),
+            (8, (0, 2)),
+        ]
+        caches = engine.collective_rpc(
+            lambda runner: (runner.num_block_layers, tuple(runner.kv_cache.shape[:3]))
+        )
+        assert caches == [(layers, (2, layers, 17)) for layers in block_layers]
+        outputs = engine.generate(HYBRID_PROMPTS, HYBRID_PARAMS, use_tqdm=False)
+        assert [output.outputs[0].token_ids for output in outputs] == expected
+        stats = engine.stats()
+        assert stats.num_preemptions > 0
+        assert [(g.window, g.num_layers) for g in stats.kv_groups] == [(None, 2), (8, 2)]
+    finally:
+        engine.close()
 
 
 def test_an_actor_killed_mid_generation_raises_and_leaves_nothing(

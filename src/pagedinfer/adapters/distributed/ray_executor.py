@@ -159,7 +159,7 @@ class RayExecutor:
     """
 
     num_kv_blocks: int
-    kv_groups: tuple[KVGroupSpec, ...] = ()  # (KV groups are not wired through Ray)
+    kv_groups: tuple[KVGroupSpec, ...] = ()  # every rank's runner's (the whole model's)
     num_host_kv_blocks = 0  # no host KV tier with several ranks (engine/kv_offloading.py)
     # Runs each step to its end before the next: the engine fills in carried tokens.
     reads_carried_tokens = False
@@ -399,9 +399,12 @@ class RayExecutor:
                 grammars=GrammarSpec.of(grammars) if samples and grammars is not None else None,
             )
             starts.append(actor.start.remote(spec))
-        blocks = self._wait_all(starts, startup_timeout_s, "start-up")
-        assert len(set(blocks)) == 1, blocks  # the ranks agreed on the minimum
-        self.num_kv_blocks = int(blocks[0])
+        started = self._wait_all(starts, startup_timeout_s, "start-up")
+        # The ranks agreed on the minimum; every rank and stage groups the whole model alike.
+        assert len(set(started)) == 1, started
+        blocks, kv_groups = started[0]
+        self.num_kv_blocks = int(blocks)
+        self.kv_groups = tuple(kv_groups)
         self._released.healthy = True
 
     def _bundles(self, unit: str, given: Any, placement_timeout_s: float) -> list[tuple[Any, int]]:

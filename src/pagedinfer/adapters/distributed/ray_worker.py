@@ -8,7 +8,8 @@ address (:meth:`RayWorker.host_store`); then every rank :meth:`RayWorker.start`:
 to the store, joins its stage's tensor-parallel group (a ``PrefixStore`` per stage; NCCL on a
 GPU, gloo bound to the node's address on the CPU) and, with pipeline parallelism, the group of
 every rank (gloo, for agreeing on the KV-cache size), builds its runner (a whole-model
-:class:`ModelRunner`, or a :class:`StageRunner`) and returns its number of KV blocks.
+:class:`ModelRunner`, or a :class:`StageRunner`) and returns its number of KV blocks and its
+KV groups (the executor checks that every rank agrees on both).
 
 Each step the executor calls :meth:`RayWorker.execute` on every rank with the plan (through
 Ray's object store) and, for stages after the first, the previous stage's output object:
@@ -40,6 +41,7 @@ from pagedinfer.adapters.model_runner import ModelRunner
 from pagedinfer.adapters.runner_config import RunnerConfig
 from pagedinfer.adapters.sampling.grammar import GrammarCompiler
 from pagedinfer.domain.grammar_limits import DEFAULT_GRAMMAR_LIMITS, GrammarLimits
+from pagedinfer.domain.kv_groups import KVGroupSpec
 from pagedinfer.domain.plan import BatchPlan
 from pagedinfer.domain.step_output import StepOutput
 from pagedinfer.errors import EngineClosedError
@@ -125,8 +127,9 @@ class RayWorker:
         self._store = host_store(world_size, timedelta(seconds=timeout_s), host=self.node_ip())
         return int(self._store.port)
 
-    def start(self, spec: RayWorkerSpec) -> int:
-        """Join the groups, build this rank's runner; return its number of KV blocks."""
+    def start(self, spec: RayWorkerSpec) -> tuple[int, tuple[KVGroupSpec, ...]]:
+        """Join the groups, build this rank's runner; return its number of KV blocks and
+        its KV groups (the whole model's, empty for one table per sequence)."""
         config = spec.config
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)  # this actor's own process
@@ -170,7 +173,7 @@ class RayWorker:
             self._runner = StageRunner(config, parallel, grammars=grammars)
         for collectives in self._groups:
             collectives.step_timeout = timedelta(seconds=config.worker_timeout_s)
-        return self._runner.num_kv_blocks
+        return self._runner.num_kv_blocks, self._runner.kv_groups
 
     def execute(
         self, plan: BatchPlan, intermediate: IntermediateTensors | None

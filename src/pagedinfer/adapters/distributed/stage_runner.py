@@ -1,9 +1,11 @@
 """``StageRunner``: a :class:`ModelRunner` that runs one pipeline stage of the model.
 
 It holds only its stage's decoder layers (``ParallelContext.stage``) and their share of the
-KV cache: the cache has one slice per layer *of the stage*, and every stage holds the same
-number of blocks (they agree on the minimum over all ranks, ``ParallelContext.everyone``), so
-the scheduler's one block pool and its block tables are valid on every stage.
+KV cache: the cache has one slice per layer *of the stage* (with KV groups, hybrid attention:
+the whole model's groups, one slice per position of the stage's layers in a group,
+``adapters/kv_groups.py``), and every stage holds the same number of blocks (they agree on
+the minimum over all ranks, ``ParallelContext.everyone``), so the scheduler's one block pool
+and its block tables are valid on every stage.
 
 :meth:`StageRunner.execute_stage` runs a step: the first stage embeds the plan's tokens, the
 others continue from the previous stage's :class:`IntermediateTensors`; a stage that is not
@@ -57,13 +59,10 @@ class StageRunner(ModelRunner):
         super().__init__(config, parallel, grammars=grammars)
 
     @property
-    def num_stage_layers(self) -> int:
-        return self.stage.end - self.stage.start
-
-    @property
-    def num_cache_layers(self) -> int:
-        """A block holds this stage's layers only."""
-        return self.num_stage_layers
+    def held_layers(self) -> range:
+        """A block holds this stage's layers only (with KV groups: those of the block's
+        group; the groups are the whole model's, alike on every stage)."""
+        return self.stage.layers
 
     def execute_stage(
         self, plan: BatchPlan, intermediate: IntermediateTensors | None
