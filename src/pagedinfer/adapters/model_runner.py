@@ -118,7 +118,10 @@ class ModelRunner:
         # Hybrid attention: layers grouped by window, one block table per group (empty: one
         # table, every layer in every block, as for any model without a window). The groups
         # are the whole model's on every rank and stage; a block holds this runner's layers.
-        self.kv_layout = runner_kv_layout(model_config.attention_kinds, self.held_layers, config)
+        kinds = model_config.attention_kinds
+        held = [layer.kind.window for layer in self.model.attention_layers()]
+        assert held == [kinds[i].window for i in self.held_layers], (held, self.held_layers)
+        self.kv_layout = runner_kv_layout(kinds, self.held_layers, config)
         self.kv_groups = () if self.kv_layout is None else self.kv_layout.groups
         self.lora = create_lora_runtime(self.model, model_config, config, parallel)
         # Speculative decoding with a draft model: its cache shares the target's block ids.

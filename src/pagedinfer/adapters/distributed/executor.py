@@ -434,10 +434,11 @@ class TensorParallelExecutor:
             replace(config, device=devices[0]), parallel, grammars=self._grammars
         )
         for worker in group.workers:
-            _, num_blocks = worker.await_status(READY, check=group.check_workers, deadline=deadline)
-            assert num_blocks == group.runner.num_kv_blocks, (num_blocks, group.runner)
+            ready = worker.await_status(READY, check=group.check_workers, deadline=deadline)
+            # Every rank agreed on the pool's size and groups the whole model alike.
+            assert ready[1:] == (group.runner.num_kv_blocks, group.runner.kv_groups), ready
         self.num_kv_blocks = group.runner.num_kv_blocks
-        self.kv_groups = group.runner.kv_groups  # every rank's runner groups alike
+        self.kv_groups = group.runner.kv_groups
         group.group.step_timeout = timedelta(seconds=config.worker_timeout_s)
         group.healthy = True
 

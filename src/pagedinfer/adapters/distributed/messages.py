@@ -15,8 +15,8 @@ item names the command:
 
 Status messages (each worker -> rank 0, through its own pipe) report start-up and failure:
 ``("started",)`` once the worker is up and about to join the group, ``("ready",
-num_kv_blocks)`` once its model runner is built, ``("failed", traceback_text)`` just before
-a worker exits on an exception.
+num_kv_blocks, kv_groups)`` once its model runner is built, ``("failed", traceback_text)``
+just before a worker exits on an exception.
 """
 
 from __future__ import annotations

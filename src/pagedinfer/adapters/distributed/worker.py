@@ -109,7 +109,7 @@ def _serve(spec: WorkerSpec) -> None:
         )
         parallel = ParallelContext(spec.rank, config.tensor_parallel_size, group)
         runner = ModelRunner(config, parallel)
-        spec.status.send((READY, runner.num_kv_blocks))
+        spec.status.send((READY, runner.num_kv_blocks, runner.kv_groups))
         group.step_timeout = timedelta(seconds=config.worker_timeout_s)
         while True:
             message = reader.receive(check=check_parent)
