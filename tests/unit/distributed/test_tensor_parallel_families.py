@@ -83,7 +83,11 @@ def test_tp2_matches_transformers(make_checkpoint: Callable[..., Path], family: 
     with Engine(checkpoint, tensor_parallel_size=2, **settings) as engine:
         outputs = engine.generate(prompts, GREEDY, use_tqdm=False)
         again = engine.generate(prompts[:2], GREEDY, use_tqdm=False)  # warm prefix cache
-        preemptions = engine.stats().num_preemptions
+        stats = engine.stats()
+        preemptions = stats.num_preemptions
+        windows = [group.window for group in stats.kv_groups]
+    # Both ranks group GPT-OSS's layers by window (rank 0's groups reach the scheduler).
+    assert windows == ([None, 8] if family == "gpt-oss-sinks-window" else [])
     for prompt, output in zip([*prompts, *prompts[:2]], [*outputs, *again], strict=True):
         assert output.outputs[0].token_ids == hf_greedy(checkpoint, prompt, MAX_TOKENS)
     assert preemptions > 0
