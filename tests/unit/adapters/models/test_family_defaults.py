@@ -69,6 +69,40 @@ def test_gemma3_rope_parameters_without_a_sliding_entry(tmp_path: Path) -> None:
     assert config.local_rope is not None and config.local_rope[0] == 10_000.0
 
 
+def test_gemma3_flat_rope_parameters_are_not_applied(tmp_path: Path) -> None:
+    """Gemma3TextConfig(rope_parameters={flat}) saves the flat keys beside both kinds'
+    entries, and its layers read only those entries."""
+    config = read(
+        tmp_path,
+        "Gemma3ForCausalLM",
+        rope_parameters={
+            "rope_type": "linear",
+            "factor": 8.0,
+            "rope_theta": 5e5,
+            "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        },
+    )
+    assert (config.rope_theta, config.rope_scaling.rope_type) == (1e6, "default")
+    assert config.local_rope is not None and config.local_rope[0] == 1e4
+
+
+def test_gemma3_yarn_truncates_as_transformers_does(tmp_path: Path) -> None:
+    """transformers' YaRN reads `truncate` from the top level of rope_parameters, so a
+    kind's own `truncate: false` is not applied."""
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+    config = read(
+        tmp_path,
+        "Gemma3ForCausalLM",
+        rope_parameters={
+            "full_attention": {**yarn, "truncate": False},
+            "sliding_attention": {**yarn, "truncate": False},
+        },
+    )
+    assert config.rope_scaling.truncate
+    assert config.local_rope is not None and config.local_rope[1].truncate
+
+
 def test_gemma3_bidirectional_attention_is_refused(tmp_path: Path) -> None:
     with pytest.raises(UnsupportedModelError, match="use_bidirectional_attention"):
         read(tmp_path, "Gemma3ForCausalLM", use_bidirectional_attention=True)
