@@ -117,8 +117,14 @@ def _qwen_moe(config: RawConfig) -> None:
 
 
 def _gemma3(config: RawConfig) -> None:
-    # Gemma3TextConfig's defaults; its gate activation is named hidden_activation.
+    # Gemma3TextConfig's defaults (Gemma 3 4B's text_config names only its sizes, window and
+    # rope_scaling); its gate activation is named hidden_activation.
     for key, value in (
+        ("vocab_size", 262_208),
+        ("hidden_size", 2304),
+        ("intermediate_size", 9216),
+        ("num_hidden_layers", 26),
+        ("num_attention_heads", 8),
         ("head_dim", 256),
         ("query_pre_attn_scalar", 256),
         ("sliding_window", 4096),
@@ -174,6 +180,13 @@ def _gpt_oss(config: RawConfig) -> None:
     # GptOssConfig's defaults: biased attention, a 128-token window on every other layer
     # (the first slides), clamped SwiGLU, YaRN over a 4096-token original context.
     for key, value in (
+        ("vocab_size", 201_088),
+        ("hidden_size", 2880),
+        ("intermediate_size", 2880),
+        ("num_hidden_layers", 36),
+        ("num_attention_heads", 64),
+        ("num_local_experts", 128),
+        ("num_experts_per_tok", 4),
         ("attention_bias", True),
         ("sliding_window", 128),
         ("head_dim", 64),
