@@ -117,8 +117,14 @@ def _qwen_moe(config: RawConfig) -> None:
 
 
 def _gemma3(config: RawConfig) -> None:
-    # Gemma3TextConfig's defaults; its gate activation is named hidden_activation.
+    # Gemma3TextConfig's defaults (Gemma 3 4B's text_config names only its sizes, window and
+    # rope_scaling); its gate activation is named hidden_activation.
     for key, value in (
+        ("vocab_size", 262_208),
+        ("hidden_size", 2304),
+        ("intermediate_size", 9216),
+        ("num_hidden_layers", 26),
+        ("num_attention_heads", 8),
         ("head_dim", 256),
         ("query_pre_attn_scalar", 256),
         ("sliding_window", 4096),
@@ -141,31 +147,46 @@ def _gemma3(config: RawConfig) -> None:
 
 
 def _gemma3_ropes(config: RawConfig) -> None:
-    """Both kinds' RoPE spelled out, as Gemma3TextConfig.convert_rope_params_to_dict does:
-    the global layers' base defaults to 1e6 (``rope_theta``) and takes ``rope_scaling``; the
-    local layers' to 1e4 (``rope_local_base_freq``)."""
+    """Both kinds' RoPE spelled out, as Gemma3TextConfig.convert_rope_params_to_dict does.
+
+    Each layer reads only its kind's entry of ``rope_parameters``: keys beside
+    ``full_attention`` / ``sliding_attention`` (a flat ``{"rope_type": ...}``, which
+    transformers keeps in the file but never applies) are dropped. The global layers' base
+    defaults to 1e6 (``rope_theta``) and takes ``rope_scaling``; the local layers' to 1e4
+    (``rope_local_base_freq``)."""
     params = config.get("rope_parameters")
-    if isinstance(params, dict) and any(isinstance(v, dict) for v in params.values()):
-        ropes = dict(params)
-    elif params is None:
-        scaling = config.get("rope_scaling")
-        full = dict(scaling) if isinstance(scaling, dict) else {"rope_type": "default"}
-        ropes = {FULL: full}
-    else:
-        return  # a flat rope_parameters: read as every layer's RoPE
-    full_rope = ropes.get(FULL)
-    full_rope = dict(full_rope) if isinstance(full_rope, dict) else {"rope_type": "default"}
+    ropes = params if isinstance(params, dict) else {}
+    full = ropes.get(FULL)
+    full_rope = dict(full) if isinstance(full, dict) else {"rope_type": "default"}
+    scaling = config.get("rope_scaling")
+    if isinstance(scaling, dict):
+        # Merged into the default entry: an old {"type": ...} without "rope_type" stays
+        # "default" in transformers 5, and so here (Gemma 3's own files say rope_type).
+        full_rope.update(scaling)
     full_rope.setdefault("rope_theta", config.get("rope_theta") or 1_000_000.0)
-    local_rope = ropes.get(SLIDING)
-    local_rope = dict(local_rope) if isinstance(local_rope, dict) else {"rope_type": "default"}
+    local = ropes.get(SLIDING)
+    local_rope = dict(local) if isinstance(local, dict) else {"rope_type": "default"}
     local_rope.setdefault("rope_theta", config.get("rope_local_base_freq") or 10_000.0)
-    config["rope_parameters"] = {**ropes, FULL: full_rope, SLIDING: local_rope}
+    # transformers' YaRN reads `truncate` from the top level of rope_parameters, never from a
+    # kind's entry: True unless a flat key beside the entries says otherwise.
+    truncate = bool(ropes.get("truncate", True))
+    for rope in (full_rope, local_rope):
+        if rope.get("rope_type", rope.get("type")) == "yarn":
+            rope["truncate"] = truncate
+    config["rope_parameters"] = {FULL: full_rope, SLIDING: local_rope}
 
 
 def _gpt_oss(config: RawConfig) -> None:
     # GptOssConfig's defaults: biased attention, a 128-token window on every other layer
     # (the first slides), clamped SwiGLU, YaRN over a 4096-token original context.
     for key, value in (
+        ("vocab_size", 201_088),
+        ("hidden_size", 2880),
+        ("intermediate_size", 2880),
+        ("num_hidden_layers", 36),
+        ("num_attention_heads", 64),
+        ("num_local_experts", 128),
+        ("num_experts_per_tok", 4),
         ("attention_bias", True),
         ("sliding_window", 128),
         ("head_dim", 64),

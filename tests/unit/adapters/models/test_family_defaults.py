@@ -69,6 +69,40 @@ def test_gemma3_rope_parameters_without_a_sliding_entry(tmp_path: Path) -> None:
     assert config.local_rope is not None and config.local_rope[0] == 10_000.0
 
 
+def test_gemma3_flat_rope_parameters_are_not_applied(tmp_path: Path) -> None:
+    """Gemma3TextConfig(rope_parameters={flat}) saves the flat keys beside both kinds'
+    entries, and its layers read only those entries."""
+    config = read(
+        tmp_path,
+        "Gemma3ForCausalLM",
+        rope_parameters={
+            "rope_type": "linear",
+            "factor": 8.0,
+            "rope_theta": 5e5,
+            "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        },
+    )
+    assert (config.rope_theta, config.rope_scaling.rope_type) == (1e6, "default")
+    assert config.local_rope is not None and config.local_rope[0] == 1e4
+
+
+def test_gemma3_yarn_truncates_as_transformers_does(tmp_path: Path) -> None:
+    """transformers' YaRN reads `truncate` from the top level of rope_parameters, so a
+    kind's own `truncate: false` is not applied."""
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+    config = read(
+        tmp_path,
+        "Gemma3ForCausalLM",
+        rope_parameters={
+            "full_attention": {**yarn, "truncate": False},
+            "sliding_attention": {**yarn, "truncate": False},
+        },
+    )
+    assert config.rope_scaling.truncate
+    assert config.local_rope is not None and config.local_rope[1].truncate
+
+
 def test_gemma3_bidirectional_attention_is_refused(tmp_path: Path) -> None:
     with pytest.raises(UnsupportedModelError, match="use_bidirectional_attention"):
         read(tmp_path, "Gemma3ForCausalLM", use_bidirectional_attention=True)
@@ -134,3 +168,34 @@ def test_gemma3_conditional_generation_serves_its_text_tower(tmp_path: Path) -> 
     assert config.layer_windows == (16,) * 5 + (None,)
     assert config.head_dim == 16 and config.eos_token_ids == (1, 106)
     assert str(config.dtype) == "torch.bfloat16"
+
+
+def test_gemma3_4b_text_config_names_only_what_differs(tmp_path: Path) -> None:
+    """google/gemma-3-4b-it's config.json: its text_config leaves the rest to
+    Gemma3TextConfig's defaults."""
+    raw = {
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "eos_token_id": [1, 106],
+        "text_config": {
+            "hidden_size": 2560,
+            "intermediate_size": 10240,
+            "model_type": "gemma3_text",
+            "num_hidden_layers": 34,
+            "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+            "sliding_window": 1024,
+        },
+        "torch_dtype": "bfloat16",
+        "vision_config": {"model_type": "siglip_vision_model"},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    config = ModelConfig.from_pretrained(tmp_path)
+    assert (config.vocab_size, config.num_attention_heads, config.num_key_value_heads) == (
+        262_208,
+        8,
+        4,
+    )
+    assert (config.head_dim, config.attention_scale) == (256, 256**-0.5)
+    assert config.layer_windows == ((1024,) * 5 + (None,)) * 5 + (1024,) * 4
+    assert (config.rope_theta, config.rope_scaling.rope_type) == (1_000_000.0, "linear")
+    assert config.local_rope is not None and config.local_rope[0] == 10_000.0
+    assert config.tie_word_embeddings and config.eos_token_ids == (1, 106)
