@@ -25,7 +25,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant
 
 from pagedinfer.domain import BatchPlan, Scheduler, Sequence, cdiv
-from pagedinfer.domain.kv_groups import KVGroupSpec, min_blocks_for_one_sequence
+from pagedinfer.domain.kv_groups import (
+    KVGroupSpec,
+    blocks_for_one_sequence,
+    min_blocks_for_one_sequence,
+)
 from pagedinfer.domain.plan import PENDING_TOKEN
 from pagedinfer.domain.scheduler.group_allocator import GroupedBlockAllocator
 from pagedinfer.domain.sliding_window import max_live_blocks
@@ -74,7 +78,17 @@ class GroupsMixin(SchedulerMachine):
         return allocator
 
     def fork_blocks(self, prompt_len: int, n: int) -> int:
-        return super().fork_blocks(prompt_len, n) * len(self.windows) + 1
+        """A full group's table for the prompt; a sliding group's for its window and the
+        chunks in flight; the forks' copies of the last partial block in every group; the
+        null block."""
+        config = self.config
+        return blocks_for_one_sequence(
+            config.kv_groups,
+            config.block_size,
+            prompt_len,
+            config.max_num_batched_tokens,
+            copies=(n - 1) * (prompt_len % config.block_size != 0),
+        )
 
     def write_and_read(
         self, plan: BatchPlan, inputs: list[int], history: dict[int, list[int]]

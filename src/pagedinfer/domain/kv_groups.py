@@ -40,6 +40,7 @@ from pagedinfer.errors import ConfigurationError
 __all__ = [
     "KVGroupLayout",
     "KVGroupSpec",
+    "blocks_for_one_sequence",
     "group_block_key",
     "group_layers",
     "min_blocks_for_one_sequence",
@@ -161,14 +162,29 @@ def min_blocks_for_one_sequence(
     blocks its window sees plus those of the chunks a step (and a step planned ahead of it)
     writes, never more than the whole context's; plus the null block.
     """
-    context = cdiv(max_model_len, block_size)
+    return blocks_for_one_sequence(groups, block_size, max_model_len, max_num_batched_tokens)
+
+
+def blocks_for_one_sequence(
+    groups: Sequence[KVGroupSpec],
+    block_size: int,
+    num_tokens: int,
+    max_num_batched_tokens: int,
+    *,
+    copies: int = 0,
+) -> int:
+    """The most blocks a sequence of ``num_tokens`` tokens holds at once across ``groups``
+    (see :func:`min_blocks_for_one_sequence`), plus ``copies`` blocks in every group (the
+    copies of its last partial block that the other completions of an ``n > 1`` request
+    take)."""
+    context = cdiv(num_tokens, block_size)
     if is_plain(groups):
-        return context
+        return context + copies
     total = 1  # the null block
-    chunk = cdiv(min(max_num_batched_tokens, max_model_len), block_size)
+    chunk = cdiv(min(max_num_batched_tokens, num_tokens), block_size)
     for group in groups:
         if group.window is None:
-            total += context
+            total += context + copies
         else:
-            total += min(context, cdiv(group.window - 1, block_size) + 1 + 2 * chunk)
+            total += min(context, cdiv(group.window - 1, block_size) + 1 + 2 * chunk) + copies
     return total

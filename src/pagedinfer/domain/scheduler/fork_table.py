@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence as SequenceABC
 
-from pagedinfer.domain.block_pool import BlockPool, cdiv
+from pagedinfer.domain.block_pool import BlockPool
+from pagedinfer.domain.kv_groups import blocks_for_one_sequence
 from pagedinfer.domain.plan import BatchPlan
 from pagedinfer.domain.scheduler.allocator import BlockAllocator
 from pagedinfer.domain.scheduler.config import SchedulerConfig
@@ -212,9 +213,13 @@ def check_new_forks(
             "sequences run together. Lower n or raise max_num_seqs."
         )
     size = config.block_size
-    blocks = cdiv(seq.num_tokens, size) + (len(forks) if seq.num_tokens % size else 0)
-    if not config.is_plain:  # every group's table, plus the null block
-        blocks = blocks * config.num_kv_groups + 1
+    blocks = blocks_for_one_sequence(  # every KV group's table (a sliding one: its window's)
+        config.kv_groups,
+        size,
+        seq.num_tokens,
+        config.max_num_batched_tokens,
+        copies=len(forks) if seq.num_tokens % size else 0,
+    )
     if blocks > config.num_blocks:
         raise InvalidRequestError(
             f"the prompt and copies of its last block for n={n} completions need "
