@@ -5,7 +5,8 @@ window's keys (and trimmed to partitions that hold keys), while a full layer's c
 one it always was. Decode through the backend with those counts (an SM count of a real GPU
 forced, so the interpreter splits too) matches a dense float64 reference for contexts
 shorter than, equal to and much longer than the window, with sinks and a softcap, pages left
-of the window poisoned with NaN, without growing the workspace reserved for graphs.
+of the window poisoned with NaN, without growing the workspace reserved for graphs; and
+with an FP8 cache and sinks against the torch backend.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from paged_batches import dense_reference, drop_pages_left_of_window, make_batch, tolerance
 
 from pagedinfer.adapters.attention import triton as triton_backend
+from pagedinfer.adapters.attention.torch_ref import TorchAttentionBackend
 from pagedinfer.adapters.attention.triton import TritonAttentionBackend
 from pagedinfer.adapters.kernels.decode_attention import (
     MAX_SPLITS,
@@ -136,3 +138,29 @@ def test_windowed_decode_with_window_sized_splits_matches_the_dense_reference(
     assert backend._workspace is reserved
     expected = dense_reference(batch, window=window, sinks=sink_logits, softcap=softcap)
     torch.testing.assert_close(out.double().cpu(), expected, **tolerance(dtype))
+
+
+def test_windowed_decode_with_window_sized_splits_reads_an_fp8_cache(
+    device: torch.device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    window = 600
+    batch = make_batch(
+        [1, 1], [window, 2000], block_size=16, num_heads=2, num_kv_heads=1, head_dim=16,
+        is_prefill=False, device=device,
+    )  # fmt: skip
+    drop_pages_left_of_window(batch, window)
+    k_cache = batch.k_cache.nan_to_num(0.0).to(torch.float8_e4m3fn)
+    v_cache = batch.v_cache.nan_to_num(0.0).to(torch.float8_e4m3fn)
+    scales = torch.tensor([0.5, 2.0, 0.5, 2.0], device=device)
+    sinks = torch.tensor([0.5, -1.0], device=device)
+    monkeypatch.setattr(triton_backend, "_num_sms", lambda _device: NUM_SMS)
+    capacity = int(batch.meta.block_tables.shape[1]) * 16
+    assert choose_num_splits(2, 1, capacity, NUM_SMS, window=window, head_dim=16) == 2
+    outs = []
+    for backend in (TritonAttentionBackend(16), TorchAttentionBackend(16)):
+        out = backend.forward(
+            batch.query, batch.key, batch.value, k_cache.clone(), v_cache.clone(), batch.meta,
+            batch.scale, kv_scales=scales, window=window, sinks=sinks,
+        )  # fmt: skip
+        outs.append(out)
+    torch.testing.assert_close(outs[0].cpu(), outs[1].cpu(), atol=2e-3, rtol=2e-3)
