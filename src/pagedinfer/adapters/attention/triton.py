@@ -56,7 +56,8 @@ class TritonAttentionBackend(PagedAttentionBackend):
 
     ``num_splits`` fixes the number of split-KV partitions for decode (``1`` turns splitting
     off); ``None`` picks it per batch from the batch size, kv heads, SM count and block-table
-    width (see :func:`~pagedinfer.adapters.kernels.decode_attention.choose_num_splits`).
+    width, and for a sliding-window layer from its window (see
+    :func:`~pagedinfer.adapters.kernels.decode_attention.choose_num_splits`).
     ``split_mixed_steps``: see the module docstring.
     """
 
@@ -195,7 +196,9 @@ class TritonAttentionBackend(PagedAttentionBackend):
         # Shapes and static settings only: this runs inside CUDA-graph captures.
         num_seqs, num_heads, head_dim = query.shape
         capacity = int(meta.block_tables.shape[1]) * self.block_size
-        num_splits = self._splits(num_seqs, int(k_cache.shape[2]), capacity, query.device)
+        num_splits = self._splits(
+            num_seqs, int(k_cache.shape[2]), capacity, query.device, window, head_dim
+        )
         partials = None
         if num_splits > 1:
             needed = split_workspace_numel(num_seqs, num_heads, num_splits, head_dim)
@@ -218,13 +221,27 @@ class TritonAttentionBackend(PagedAttentionBackend):
         )
 
     def _splits(
-        self, num_seqs: int, num_kv_heads: int, capacity: int | None, device: torch.device
+        self,
+        num_seqs: int,
+        num_kv_heads: int,
+        capacity: int | None,
+        device: torch.device,
+        window: int | None = None,
+        head_dim: int = 128,
     ) -> int:
+        """Decode partitions: the fixed ``num_splits``, else chosen from static facts. A
+        sliding-window layer gets no more than its window's keys call for (never more than a
+        full layer of the same batch, so :meth:`reserve`'s workspace covers it)."""
         if self.num_splits is not None:
             return self.num_splits
         unbounded = 1 << 62  # reserve(): the longest context any table could describe
         return choose_num_splits(
-            num_seqs, num_kv_heads, unbounded if capacity is None else capacity, _num_sms(device)
+            num_seqs,
+            num_kv_heads,
+            unbounded if capacity is None else capacity,
+            _num_sms(device),
+            window=window,
+            head_dim=head_dim,
         )
 
     def _workspace_of(self, numel: int, device: torch.device) -> torch.Tensor:

@@ -30,11 +30,20 @@ arguments, splitting is a run-time branch, the reduction always reads ``MAX_SPLI
 and the partial arrays keep a fixed alignment, so no batch size, split count or table width
 compiles a new variant mid-run (a compile takes about a second).
 
+Sliding windows: a row reads only the keys ``[key_lo, ctx_len)``, ``key_lo = max(ctx_len -
+window, 0)``, and the partitions cut that range (not the whole table), so each row's
+partitions start at its window's first key; pages left of it are never read. A windowed
+layer therefore reads at most ``window`` keys per row (``ceil((window + block_size - 1) /
+block_size)`` pages), and :func:`choose_num_splits` sizes its split count by that, not by
+the table width: GPT-OSS's 128-token windows get one partition (no partials, no reduction),
+Gemma 3's 1024 at most four.
+
 Graph safety: the grid ``(num_seqs, num_kv_heads, num_splits)`` and the workspace shape depend
 only on tensor shapes and on ``num_splits``, which :func:`choose_num_splits` derives on the
-host from static facts (batch size, kv heads, SM count, block-table width); context lengths
-and block tables are only read inside the kernels. Replaying a captured graph after
-rewriting those tensors in place therefore computes the new batch correctly.
+host from static facts (batch size, kv heads, SM count, block-table width, the layer's
+window and head size); context lengths and block tables are only read inside the kernels.
+Replaying a captured graph after rewriting those tensors in place therefore computes the new
+batch correctly.
 """
 
 from __future__ import annotations
@@ -63,6 +72,7 @@ __all__ = [
     "MAX_SPLITS",
     "SplitPartials",
     "choose_num_splits",
+    "decode_block_n",
     "paged_decode_attention",
     "split_workspace_numel",
 ]
@@ -79,21 +89,56 @@ _SPLITS_P2 = 1 << (MAX_SPLITS - 1).bit_length()
 _NO_WINDOW = 1 << 30
 
 
-def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, num_sms: int) -> int:
+def choose_num_splits(
+    num_seqs: int,
+    num_kv_heads: int,
+    max_context_len: int,
+    num_sms: int,
+    *,
+    window: int | None = None,
+    head_dim: int = 128,
+) -> int:
     """Partitions per sequence for a decode batch, from static information only.
 
     ``max_context_len`` is the longest context the block tables can describe (their width
     times the block size), never the batch's actual lengths, so a captured graph and every
     replay agree. One partition when ``num_seqs * num_kv_heads`` programs already fill the
     GPU; otherwise enough to reach ``PROGRAMS_PER_SM`` programs per SM, at most
-    :data:`MAX_SPLITS` and at most one per :data:`MIN_TOKENS_PER_SPLIT` tokens.
+    :data:`MAX_SPLITS` and at most one per :data:`MIN_TOKENS_PER_SPLIT` tokens a row can read.
+
+    A layer with a sliding ``window`` reads at most ``min(window, max_context_len)`` keys per
+    row, so that bounds its partitions instead of the context; the count is then trimmed to
+    the partitions that hold keys when a row reads that many (the kernel gives each
+    partition a whole number of ``head_dim``'s key tiles, :func:`decode_block_n`), so that for
+    every row whose context reaches the window, every partition does work. Without a window
+    the result does not depend on ``head_dim``.
     """
+    keys = max_context_len if window is None else min(max_context_len, window)
     programs = max(1, num_seqs * num_kv_heads)
     if programs >= num_sms:
         return 1
     wanted = -(-PROGRAMS_PER_SM * num_sms // programs)  # ceil division
-    by_length = max(1, max_context_len // MIN_TOKENS_PER_SPLIT)
-    return max(1, min(wanted, by_length, MAX_SPLITS))
+    by_length = max(1, keys // MIN_TOKENS_PER_SPLIT)
+    splits = max(1, min(wanted, by_length, MAX_SPLITS))
+    if window is None or splits == 1:
+        return splits
+    return _partitions_with_keys(keys, splits, decode_block_n(head_dim))
+
+
+def decode_block_n(head_dim: int) -> int:
+    """Keys per tile of the decode kernel for this head size (its default ``block_n``)."""
+    return 64 if padded_head_dim(head_dim) <= 128 else 32
+
+
+def _partitions_with_keys(num_keys: int, num_splits: int, block_n: int) -> int:
+    """How many of ``num_splits`` partitions hold keys when a row reads ``num_keys`` keys:
+    the kernel's ``split_len`` (a whole number of tiles), then the partitions it fills."""
+    split_len = _cdiv(_cdiv(num_keys, num_splits), block_n) * block_n
+    return max(1, _cdiv(num_keys, split_len))
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 # Every partial array starts on a multiple of this many float32 elements (64 bytes): Triton
@@ -370,7 +415,7 @@ def paged_decode_attention(
 
     queries_per_kv = num_heads // num_kv_heads
     padded = padded_head_dim(head_dim)
-    block_n = block_n or (64 if padded <= 128 else 32)
+    block_n = block_n or decode_block_n(head_dim)
     split = num_splits > 1
     if split and partials is None:
         buffer = torch.empty(

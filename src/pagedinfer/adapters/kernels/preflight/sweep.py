@@ -48,6 +48,11 @@ VARIANT_DTYPE = torch.bfloat16
 # VARIANT_DTYPE, the model's KV dtype and one block size only, to keep the variants few.
 SOFTCAP = 50.0
 SOFTCAP_KINDS = ((None, False, SOFTCAP), (128, False, SOFTCAP))
+# GPT-OSS's full layers (sinks, no window): the only kind that launches the split-KV
+# reduction with sinks (a window of 128 reads too few keys to split decode). Swept like the
+# softcap kinds: the reduction reads float32 partials whatever the KV format, and the FP8
+# decode kernel with sinks is the sliding kind's.
+FULL_SINKS_KINDS = ((None, True, None),)
 
 
 def _layer_kinds(dtype: torch.dtype) -> tuple[tuple[int | None, bool], ...]:
@@ -241,16 +246,20 @@ def _attention(
 
     scale = head_dim**-0.5
     for num_seqs in DECODE_ROWS:
-        splits = choose_num_splits(num_seqs, kv_heads, MAX_MODEL_LEN, target.num_sms)
-        buffer = _empty(
-            max(1, split_workspace_numel(num_seqs, heads, splits, head_dim)), dtype=torch.float32
-        )
-        partials = (
-            SplitPartials.from_buffer(buffer, num_seqs, heads, splits, head_dim)
-            if splits > 1
-            else None
-        )
         for window, sinks, softcap in _kinds(dtype, cache_dtype, block_size):
+            # A windowed layer's split count follows its window (often one: no reduction).
+            splits = choose_num_splits(
+                num_seqs, kv_heads, MAX_MODEL_LEN, target.num_sms, window=window, head_dim=head_dim
+            )
+            buffer = _empty(
+                max(1, split_workspace_numel(num_seqs, heads, splits, head_dim)),
+                dtype=torch.float32,
+            )
+            partials = (
+                SplitPartials.from_buffer(buffer, num_seqs, heads, splits, head_dim)
+                if splits > 1
+                else None
+            )
             yield partial(
                 paged_decode_attention, _empty(num_seqs, heads, head_dim, dtype=dtype), k_cache,
                 v_cache, context_lens=_empty(num_seqs, dtype=torch.int32),
@@ -279,7 +288,7 @@ def _kinds(
     kinds: tuple[tuple[int | None, bool, float | None], ...]
     kinds = tuple((window, sinks, None) for window, sinks in _layer_kinds(dtype))
     if dtype == VARIANT_DTYPE and cache_dtype == dtype and block_size == BLOCK_SIZES[0]:
-        kinds += SOFTCAP_KINDS
+        kinds += SOFTCAP_KINDS + FULL_SINKS_KINDS
     return kinds
 
 
