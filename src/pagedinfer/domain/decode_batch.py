@@ -86,14 +86,17 @@ class DecodeBatch:
     never replace them, while a sequence decodes.
 
     ``num_groups`` KV groups: ``group_block_tables[g - 1]`` and ``group_slot_mappings[g - 1]``
-    are group ``g``'s (from ``seq.group_block_tables``), laid out as group 0's.
+    are group ``g``'s (from ``seq.group_block_tables``), laid out as group 0's. The groups'
+    slots live in one array, row-major (``[rows, num_groups - 1]``), so a step moves them all
+    on in one addition.
     """
 
     def __init__(self, block_size: int, num_groups: int = 1) -> None:
         self.block_size = block_size
         self.num_groups = num_groups
         self.group_block_tables: list[array[int]] = [array("i") for _ in range(num_groups - 1)]
-        self.group_slot_mappings: list[array[int]] = [array("q") for _ in range(num_groups - 1)]
+        self._group_slots = array("q")  # [rows, num_groups - 1], row-major
+        self._group_ones = 0  # packed +1 for every entry of _group_slots
         self.seqs: list[Sequence] = []
         self._token_lists: list[list[int]] = []
         self.seq_ids = array("q")
@@ -130,7 +133,7 @@ class DecodeBatch:
         self.slot_mapping = array("q")
         self.block_tables = array("i")
         self.group_block_tables = [array("i") for _ in range(self.num_groups - 1)]
-        self.group_slot_mappings = [array("q") for _ in range(self.num_groups - 1)]
+        self._group_slots = array("q")
         self.width = 0
         self._row_blocks = array("i")
         self.extend(seqs)
@@ -155,11 +158,12 @@ class DecodeBatch:
         self.slot_mapping.fromlist(
             [_slot(seq.block_table, p, size) for seq, p in zip(seqs, positions, strict=True)]
         )
-        for group, slots in enumerate(self.group_slot_mappings):
-            slots.fromlist(
+        if self.num_groups > 1:
+            self._group_slots.fromlist(
                 [
-                    _slot(seq.group_block_tables[group], p, size)
+                    _slot(table, p, size)
                     for seq, p in zip(seqs, positions, strict=True)
+                    for table in seq.group_block_tables
                 ]
             )
         counts = [len(seq.block_table) for seq in seqs]
@@ -213,10 +217,8 @@ class DecodeBatch:
         self.input_ids = input_ids
         self.positions = _add_lanes(self.positions, rows.ones_q)
         self.slot_mapping = _add_lanes(self.slot_mapping, rows.ones_q)
-        if self.group_slot_mappings:
-            self.group_slot_mappings = [
-                _add_lanes(slots, rows.ones_q) for slots in self.group_slot_mappings
-            ]
+        if self._group_ones:
+            self._group_slots = _add_lanes(self._group_slots, self._group_ones)
         self.context_lens = _add_lanes(self.context_lens, rows.ones_i)
         self.cu_seqlens_k = _add_lanes(self.cu_seqlens_k, rows.ramp_i)
         self.max_context_len += 1
@@ -263,7 +265,7 @@ class DecodeBatch:
             carried_rows=array("q") if carried_rows is None else carried_rows,
             carried_samples=array("q") if carried_samples is None else carried_samples,
             group_block_tables=tuple(tables[:] for tables in self.group_block_tables),
-            group_slot_mappings=tuple(slots[:] for slots in self.group_slot_mappings),
+            group_slot_mappings=tuple(self.group_slot_mappings),
         )
 
     # ------------------------------------------------------------- single rows
@@ -279,9 +281,10 @@ class DecodeBatch:
             self.positions,
             self.context_lens,
             self.slot_mapping,
-            *self.group_slot_mappings,
         ):
             del values[row]
+        others = self.num_groups - 1
+        del self._group_slots[row * others : (row + 1) * others]
         width = self.width
         for tables in (self.block_tables, *self.group_block_tables):
             del tables[row * width : (row + 1) * width]
@@ -306,8 +309,10 @@ class DecodeBatch:
         position = self.positions[row]
         size = self.block_size
         self.slot_mapping[row] = _slot(seq.block_table, position, size)
-        for slots, table in zip(self.group_slot_mappings, seq.group_block_tables, strict=True):
-            slots[row] = _slot(table, position, size)
+        others = self.num_groups - 1
+        self._group_slots[row * others : (row + 1) * others] = array(
+            "q", [_slot(table, position, size) for table in seq.group_block_tables]
+        )
 
     def refresh_table(self, seq: Sequence) -> None:
         """``seq``'s tables changed in place (a sliding window freed their first blocks):
@@ -318,6 +323,12 @@ class DecodeBatch:
         self.block_tables[start:end] = array("i", seq.block_table)
         for tables, table in zip(self.group_block_tables, seq.group_block_tables, strict=True):
             tables[start:end] = array("i", table)
+
+    @property
+    def group_slot_mappings(self) -> list[array[int]]:
+        """Each other group's slots, group 1 first (new arrays)."""
+        others = self.num_groups - 1
+        return [self._group_slots[group::others] for group in range(others)]
 
     def block_table_row(self, row: int) -> list[int]:
         """Row ``row`` of ``block_tables``, filler entries included."""
@@ -390,6 +401,8 @@ class DecodeBatch:
                 self._count_q = array("q", range(size))
                 self._count_i = array("i", range(size + 1))
             self._rows = _RowConstants(num_rows, self._count_q, self._count_i)
+            others = self.num_groups - 1
+            self._group_ones = _pack(array("q", [1]) * (num_rows * others)) if others else 0
         self.version += 1
 
 

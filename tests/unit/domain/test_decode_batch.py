@@ -184,3 +184,42 @@ def test_the_row_count_can_grow_past_the_counting_arrays() -> None:
     assert plan.cu_seqlens_q.tolist() == list(range(151))
     batch.advance([1] * 150)
     batch.check()
+
+
+def test_every_kv_group_keeps_its_rows_through_growth_freeing_and_removal() -> None:
+    """Three groups: each row's group tables and slots follow the sequences' tables through
+    a step, a new block, a window freeing a block in place and a row leaving."""
+    a, b = decoding(0, 6, [3, 9]), decoding(1, 3, [7])
+    a.group_block_tables = [[13, 19], [23, 29]]
+    b.group_block_tables = [[17], [27]]
+    batch = DecodeBatch(BLOCK, num_groups=3)
+    batch.rebuild([a, b])
+    plan = batch.plan(released_slots=(), new_requests=())
+    assert [t.tolist() for t in plan.group_block_tables] == [[13, 19, 17, 0], [23, 29, 27, 0]]
+    # Positions 5 and 2: offsets 1 and 2 in their blocks.
+    assert [s.tolist() for s in plan.group_slot_mappings] == [
+        [19 * BLOCK + 1, 17 * BLOCK + 2],
+        [29 * BLOCK + 1, 27 * BLOCK + 2],
+    ]
+    batch.advance([1, 2])  # positions 6 and 3
+    batch.check()
+    assert [s.tolist() for s in batch.group_slot_mappings] == [
+        [19 * BLOCK + 2, 17 * BLOCK + 3],
+        [29 * BLOCK + 2, 27 * BLOCK + 3],
+    ]
+    batch.advance([3, 4])  # b's position 4 opens its second block
+    for table, block in zip((b.block_table, *b.group_block_tables), (8, 18, 28), strict=True):
+        table.append(block)
+    batch.grew(b)
+    batch.check()
+    assert [s.tolist()[1] for s in batch.group_slot_mappings] == [18 * BLOCK, 28 * BLOCK]
+    a.group_block_tables[1][0] = BLOCK_TABLE_FILLER  # group 2's window left a's first block
+    batch.refresh_table(a)
+    batch.check()
+    assert batch.group_block_tables[1].tolist() == [BLOCK_TABLE_FILLER, 29, 27, 28]
+    assert batch.group_block_tables[0].tolist() == [13, 19, 17, 18]  # the others unchanged
+    batch.remove(a)
+    batch.check()
+    plan = batch.plan(released_slots=(), new_requests=())
+    assert [t.tolist() for t in plan.group_block_tables] == [[17, 18], [27, 28]]
+    assert [s.tolist() for s in plan.group_slot_mappings] == [[18 * BLOCK], [28 * BLOCK]]

@@ -112,14 +112,27 @@ class AttentionMetadata:
         key = f"kv_group_{group}"
         cached = self.derived.get(key)
         if cached is None:
+            tables = self.group_block_tables[group - 1]
+            slots = self.group_slot_mappings[group - 1]
             cached = dataclasses.replace(
                 self,
-                block_tables=self.group_block_tables[group - 1],
-                slot_mapping=self.group_slot_mappings[group - 1],
+                block_tables=tables,
+                slot_mapping=slots,
                 derived={},
                 group_block_tables=(),
                 group_slot_mappings=(),
             )
+            if self.is_mixed:  # group 0's parts with this group's tables (no device ops)
+                rows = self.num_decode_rows
+                decode, prefill = self.split_mixed()
+                cached.derived["mixed_parts"] = (
+                    dataclasses.replace(
+                        decode, block_tables=tables[:rows], slot_mapping=slots[:rows], derived={}
+                    ),
+                    dataclasses.replace(
+                        prefill, block_tables=tables[rows:], slot_mapping=slots[rows:], derived={}
+                    ),
+                )
             self.derived[key] = cached
         assert isinstance(cached, AttentionMetadata)
         return cached

@@ -238,13 +238,15 @@ class GroupedBlockAllocator(BlockAllocator):
                     seq.block_hashes, seq.token_ids, size, num_full, seq.extra_key
                 )
                 null = self.null_block
-                for group, table in enumerate(self.tables(seq)):
-                    for index in range(done, num_full):
+                tables = self.tables(seq)
+                for index in range(done, num_full):
+                    # One tuple for every group (the pool keeps a tuple as it is).
+                    tokens = tuple(seq.token_ids[index * size : (index + 1) * size])
+                    for group, table in enumerate(tables):
                         block_id = table[index]
                         if block_id == null or pool.block(block_id).hash is not None:
                             continue
                         parent = group_block_key(hashes[index - 1], group) if index else None
-                        tokens = seq.token_ids[index * size : (index + 1) * size]
                         pool.register(
                             block_id, group_block_key(hashes[index], group), parent, tokens
                         )
