@@ -44,6 +44,7 @@ from hypothesis import event
 from hypothesis import strategies as st
 
 from pagedinfer import Engine, SamplingParams
+from pagedinfer.domain.kv_groups import is_plain
 from pagedinfer.domain.sampling import MAX_SEED
 from pagedinfer.engine.engine import completion_seed
 from pagedinfer.engine.outputs import CompletionOutput, Logprob, RequestOutput
@@ -91,6 +92,25 @@ def describe_vocab(engine: Engine) -> Vocab:
         counts.update(output.outputs[0].token_ids)
     hot = tuple(token for token, _ in counts.most_common(6) if token != eos)
     return Vocab(size=size, eos=eos, plain=tuple(plain), hot=hot, prefix=prefix)
+
+
+def assert_blocks_all_free(engine: Engine) -> None:
+    """An idle engine's pool holds nothing: every block free but the null block a grouped
+    allocator (hybrid models, issue 42: ``stats().kv_groups`` not empty) holds for life, and
+    every KV group, one per scheduler group, reports no block held."""
+    pool = engine.scheduler.pool
+    pool.check_integrity()
+    stats = engine.stats()
+    assert stats.kv_cache_usage == 0.0
+    reported = stats.kv_groups
+    assert pool.num_free_blocks == pool.num_blocks - (1 if reported else 0), "KV blocks leaked"
+    if reported:
+        groups = engine.scheduler.config.kv_groups
+        assert not is_plain(groups)
+        assert [(g.window, g.num_layers) for g in reported] == [
+            (g.window, len(g.layers)) for g in groups
+        ]
+        assert all(g.num_blocks_held == 0 for g in reported), reported
 
 
 # --------------------------------------------------------------------------- strategies

@@ -48,7 +48,16 @@ from hypothesis.stateful import (
 from pagedinfer import Engine, RequestOutput, RequestStream, SamplingParams
 from pagedinfer.engine.outputs import CompletionOutput, Logprob
 
-from .mixed import MAX_TOKENS, Checker, Reference, Vocab, describe_vocab, prompts, sampling_params
+from .mixed import (
+    MAX_TOKENS,
+    Checker,
+    Reference,
+    Vocab,
+    assert_blocks_all_free,
+    describe_vocab,
+    prompts,
+    sampling_params,
+)
 from .profiles import sized
 
 SETTINGS = sized(
@@ -295,10 +304,9 @@ class EngineMachine(RuleBasedStateMachine):
     # --------------------------------------------------------------- invariants
     @invariant()
     def pool_is_intact_and_free_when_idle(self) -> None:
-        pool = self.engine.scheduler.pool
-        pool.check_integrity()
+        self.engine.scheduler.pool.check_integrity()
         if not self.engine.has_unfinished_requests():
-            assert pool.num_free_blocks == pool.num_blocks
+            assert_blocks_all_free(self.engine)
 
     def teardown(self) -> None:
         """Finish everything, then check each request ended exactly once."""
@@ -320,8 +328,7 @@ class EngineMachine(RuleBasedStateMachine):
                     assert not tracked.finals or tracked.consumer != "stream"
                 else:
                     assert len(tracked.finals) == 1, f"request {request_id} never ended"
-            pool = self.engine.scheduler.pool
-            assert pool.num_free_blocks == pool.num_blocks
+            assert_blocks_all_free(self.engine)
         finally:
             executor = self.engine._executor
             assert executor is not None

@@ -64,6 +64,10 @@ class EngineReports:
             pool = self.scheduler.pool.stats()
             scheduler = self.scheduler.stats()
             counts = self._outputs.accounting
+            kv_groups = self.scheduler.kv_group_usage()
+            # A grouped allocator (hybrid attention) holds the null block for life: not usage.
+            reserved = 1 if kv_groups else 0
+            usable = pool.num_blocks - reserved
             return EngineStats(
                 num_requests_finished=self._table.num_finished,
                 num_waiting=scheduler.num_waiting,
@@ -73,13 +77,13 @@ class EngineReports:
                 prefill_throughput=counts.prefill_throughput,
                 decode_throughput=counts.decode_throughput,
                 prefix_cache_hit_rate=pool.prefix_hit_rate,
-                kv_cache_usage=pool.usage,
+                kv_cache_usage=(pool.num_used_blocks - reserved) / usable if usable else 0.0,
                 num_kv_blocks=pool.num_blocks,
                 num_preemptions=scheduler.num_preemptions,
                 spec_decode_num_drafts=scheduler.num_spec_verify_rows,
                 spec_decode_num_draft_tokens=scheduler.num_draft_tokens,
                 spec_decode_num_accepted_tokens=scheduler.num_accepted_tokens,
                 spec_decode_num_accepted_tokens_per_pos=scheduler.accepted_per_position,
-                kv_groups=self.scheduler.kv_group_usage(),
+                kv_groups=kv_groups,
                 host_tier=host_tier_stats(self.scheduler, self.model_config, self.kv_cache_dtype),
             )

@@ -49,7 +49,7 @@ class EngineStats:
     prefill_throughput: float
     decode_throughput: float
     prefix_cache_hit_rate: float  # fraction of looked-up prompt tokens served from the cache
-    kv_cache_usage: float  # fraction of KV blocks in use now
+    kv_cache_usage: float  # fraction of KV blocks in use now (a hybrid model's null block: not)
     num_kv_blocks: int
     num_preemptions: int
     # Speculative decoding (vLLM's spec_decode counters): verify rows with drafts, drafts

@@ -93,6 +93,7 @@ def test_a_hybrid_model_runs_with_a_full_and_a_sliding_group(hybrid_checkpoint: 
             (12, 1, 0),
         ]
         assert stats.kv_groups[1].max_blocks_per_sequence == 2  # ceil(12 / 16) + 1
+        assert stats.kv_cache_usage == 0.0  # idle: the null block held for life is not usage
         assert stats.prefix_cache_hit_rate > 0
         assert stats.num_preemptions > 0
 
