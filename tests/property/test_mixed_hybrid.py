@@ -36,7 +36,7 @@ from .profiles import sized
 from .test_engine_machine import ENGINE_OPTIONS, Setup, machine_for
 from .test_mixed_batches import Engines, batches, step_budget
 
-MAX_MODEL_LEN = 48
+MAX_MODEL_LEN = 32
 BLOCK_SIZE = 4
 WINDOW = 6
 TINY = {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "head_dim": 16}
@@ -152,7 +152,10 @@ def test_engine_state_machine_on_gemma3(
         options = {
             **ENGINE_OPTIONS,
             "attention_backend": "torch",
-            "num_kv_blocks": min_blocks_for_one_sequence(groups, BLOCK_SIZE, MAX_MODEL_LEN, 16) + 2,
+            "num_kv_blocks": min_blocks_for_one_sequence(
+                groups, BLOCK_SIZE, ENGINE_OPTIONS["max_model_len"], 16
+            )
+            + 2,
             "async_scheduling": async_scheduling,
         }
         setup = Setup(checkpoint, Reference(fresh), describe_vocab(fresh), options=options)

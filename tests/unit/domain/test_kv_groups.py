@@ -19,7 +19,7 @@ from pagedinfer.domain.sliding_window import (
     longest_window_hit,
     max_live_blocks,
 )
-from pagedinfer.errors import ConfigurationError
+from pagedinfer.errors import ConfigurationError, InvalidRequestError
 
 
 def test_one_kind_is_one_group_of_every_layer() -> None:
@@ -201,3 +201,27 @@ def test_the_scheduler_reports_each_groups_blocks() -> None:
     assert (sliding.window, sliding.num_blocks_held, sliding.max_blocks_per_sequence) == (8, 3, 3)
     plain = SchedulerConfig(num_blocks=60, block_size=4, max_model_len=64)
     assert Scheduler(plain).kv_group_usage() == ()
+
+
+def test_forks_of_a_prompt_longer_than_the_window_fit_by_its_window_not_its_length() -> None:
+    """n > 1 is admitted when the prompt's window fits in the sliding group: the check once
+    counted the whole prompt in every group and refused requests the pool runs."""
+    config = SchedulerConfig(
+        num_blocks=30, block_size=4, max_model_len=64, max_num_batched_tokens=16, kv_groups=GROUPS
+    )
+    scheduler = Scheduler(config)
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    prompt = list(range(1, 51))  # 13 blocks: 2 x (13 + 2 copies) + 1 = 31 > 30 blocks
+    seq = Sequence(1, prompt, params)
+    scheduler.add(seq, [Sequence(2, prompt, params), Sequence(3, prompt, params)])
+    for _ in range(100):
+        plan = scheduler.schedule()
+        if plan is None:
+            break
+        scheduler.postprocess(plan, [5] * plan.num_samples)
+    assert not scheduler.has_unfinished()
+    assert scheduler.pool.num_used_blocks == 1  # the null block
+    longer = list(range(1, 63))  # full: 16 + 2 copies; sliding: 11 + 2; the null block
+    with pytest.raises(InvalidRequestError, match="n=3 completions need 32 KV blocks"):
+        scheduler.add(Sequence(4, longer, params), [Sequence(i, longer, params) for i in (5, 6)])
+    scheduler.check_integrity()
