@@ -183,7 +183,10 @@ class GrammarCompiler:
 
     ``tokenizer`` is the engine's Hugging Face tokenizer (a fast tokenizer: its
     ``backend_tokenizer`` gives llguidance every token's bytes); ``vocab_size`` the width of
-    the model's logits (ids the tokenizer does not know are never allowed); ``eos_token_ids``
+    the model's logits (ids the tokenizer does not know are never allowed; a tokenizer with
+    more ids than the logits widens the bitmask to its own count, as llguidance needs a bit
+    per token it knows, and the columns past the logits are dropped when a mask is applied,
+    so those ids are never sampled); ``eos_token_ids``
     the model's EOS ids, allowed where an output is complete. Nothing is imported or built
     until the first :meth:`compile`.
     """
@@ -198,7 +201,7 @@ class GrammarCompiler:
         limits: GrammarLimits = DEFAULT_GRAMMAR_LIMITS,
     ) -> None:
         self.tokenizer = tokenizer
-        self.vocab_size = vocab_size
+        self.vocab_size = max(vocab_size, _token_count(tokenizer))  # the bitmask's width
         self.eos_token_ids = tuple(eos_token_ids)
         self.cache_size = cache_size
         self.limits = limits
@@ -340,6 +343,14 @@ class GrammarCompiler:
                 backend.to_str(), n_vocab=self.vocab_size, eos_token=list(self.eos_token_ids)
             )
             return self._ll_tokenizer
+
+
+def _token_count(tokenizer: Any) -> int:
+    """The ids a Hugging Face tokenizer knows, added tokens included (0 without one)."""
+    try:
+        return len(tokenizer) if tokenizer is not None else 0
+    except TypeError:  # not a sized tokenizer: llguidance reads its count itself
+        return 0
 
 
 class _FailedMatcher:
