@@ -36,6 +36,11 @@ class AsyncSchedulerMachine(SchedulerMachine):
         # returned None: `advanced`).
         self.flight: list[tuple[BatchPlan, list[int]]] = []
         self.advanced = False
+        # Prefill chunks of dropped plans: sequence -> (its preemptions then, the blocks up
+        # to the chunk's end). The roll-back keeps them for the chunk planned again, which
+        # may be shorter (decode rows joined meanwhile take some of the budget): then the
+        # sequence holds them past a record, until its next chunk uses them.
+        self.kept: dict[int, tuple[int, int]] = {}
 
     # ---------------------------------------------------------------------- rules
     def one_step(self) -> None:
@@ -64,8 +69,13 @@ class AsyncSchedulerMachine(SchedulerMachine):
         plan runs, or fails too before it ran (the next call plans it again)."""
         if not self.flight:
             return
+        size = self.config.block_size
         for plan, _ in self.flight:
             self.ahead.update(plan.seq_ids)
+            for i in range(plan.num_decode_rows, plan.num_seqs):
+                chunk_seq = self.seqs[plan.seq_ids[i]]
+                held = cdiv(plan.context_lens[i], size)
+                self.kept[chunk_seq.seq_id] = (chunk_seq.num_preemptions, held)
         if len(self.flight) == 2 or self.advanced:
             # The contract (Scheduler.schedule_ahead): a plan moved on by schedule_ahead()
             # failed, so did the plan made ahead of its tokens; the sequences of both end
@@ -225,7 +235,15 @@ class AsyncSchedulerMachine(SchedulerMachine):
                 # token (given for a step that never ran), never more.
                 assert blocks <= len(seq.block_table) <= seq.num_computed_tokens // size + 1
             else:
-                assert len(seq.block_table) == blocks
+                # A chunk planned again shorter than the dropped one leaves the blocks up to
+                # the dropped chunk's end (prompt tokens: its next chunks write them).
+                preemptions, held = self.kept.get(seq.seq_id, (-1, 0))
+                if preemptions == seq.num_preemptions and held > blocks:
+                    assert blocks <= len(seq.block_table) <= held
+                    assert held <= cdiv(seq.num_tokens, size)
+                    event("kept the blocks of a dropped chunk past a record")
+                else:
+                    assert len(seq.block_table) == blocks
             assert len(set(seq.block_table)) == len(seq.block_table)
         for seq in self.seqs.values():
             pending = seq.token_ids.count(PENDING_TOKEN)

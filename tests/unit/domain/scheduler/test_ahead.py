@@ -303,3 +303,46 @@ def test_schedule_ahead_needs_exactly_one_plan_in_flight_and_no_speculation() ->
     assert speculating.schedule() is not None
     with pytest.raises(ValueError, match="speculative decoding"):
         speculating.schedule_ahead()
+
+
+def test_a_chunk_planned_again_shorter_keeps_the_dropped_chunks_blocks_for_the_next() -> None:
+    # A chunk planned ahead is dropped (its step failed) after a decode row joined: planned
+    # again in what the row leaves of the budget, it is shorter, and the sequence keeps the
+    # block of the dropped chunk's last token past the record; its next chunk writes it,
+    # and nothing is left held at the end.
+    config = SchedulerConfig(
+        num_blocks=12,
+        block_size=1,
+        max_model_len=12,
+        max_num_batched_tokens=3,
+        scheduling_policy="mixed",
+    )
+    scheduler = Scheduler(config)
+    a = Sequence(0, [1], SamplingParams(max_tokens=4, ignore_eos=True))
+    b = Sequence(1, [1, 1, 1, 1, 6, 34], SamplingParams(max_tokens=1, ignore_eos=True))
+    scheduler.add(a)
+    scheduler.add(b)
+    first = scheduler.schedule()
+    assert first is not None and first.query_lens.tolist() == [1, 2]
+    ahead = scheduler.schedule_ahead()  # a's chunk samples: only b's next chunk
+    assert ahead is not None and ahead.seq_ids.tolist() == [1]
+    assert ahead.query_lens.tolist() == [3] and len(b.block_table) == 5
+    scheduler.postprocess(first, [7])
+    assert a.decoding
+    # The plan made ahead fails: planned again, a's row takes one token of the budget.
+    again = scheduler.schedule()
+    assert again is not None and again.seq_ids.tolist() == [0, 1]
+    assert again.query_lens.tolist() == [1, 2]
+    kept = b.block_table[4]
+    scheduler.postprocess(again, [8])
+    assert b.num_computed_tokens == 4 and len(b.block_table) == 5  # one past what it computed
+    scheduler.check_integrity()
+    nxt = scheduler.schedule()
+    assert nxt is not None and nxt.query_lens.tolist() == [1, 2]
+    assert b.block_table[4] == kept and len(b.block_table) == 6  # written, one more given
+    scheduler.postprocess(nxt, [9, 10])
+    while scheduler.has_unfinished():
+        plan = scheduler.schedule()
+        assert plan is not None
+        scheduler.postprocess(plan, [11] * plan.num_samples)
+    assert scheduler.pool.num_free_blocks == config.num_blocks
