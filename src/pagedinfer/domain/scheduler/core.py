@@ -31,7 +31,7 @@ from pagedinfer.domain.scheduler.allocator import BlockAllocator
 from pagedinfer.domain.scheduler.config import SchedulerConfig, SchedulerStats
 from pagedinfer.domain.scheduler.fork_table import ForkTable, check_new_forks
 from pagedinfer.domain.scheduler.group_allocator import GroupedBlockAllocator, KVGroupUsage
-from pagedinfer.domain.scheduler.prefill import PrefillPlanner
+from pagedinfer.domain.scheduler.prefill import PrefillPlanner, computed_only_at_admission
 from pagedinfer.domain.scheduler.rows import DecodeRows
 from pagedinfer.domain.scheduler.slots import SlotTable
 from pagedinfer.domain.scheduler.stop_rules import StopRules
@@ -769,16 +769,16 @@ class Scheduler(HostTierViews):
         """Raise ``AssertionError`` if the incremental bookkeeping disagrees with a
         recomputation from the sequences: phases, decode rows, calendar, slots. O(state);
         for tests, between steps."""
-        running = self._running
+        running, caching = self._running, self.pool.enable_prefix_caching
         if self._prefilling != [seq for seq in running if not seq.decoding]:
             raise AssertionError("the prefilling list is not the running non-decoders")
         for seq in running:
-            # Once a step is recorded, a sequence with one token left decodes (a plan that
-            # was never postprocessed may have admitted it with a one-token chunk: then it
-            # computed nothing yet, and that chunk is planned again).
+            # Once a step is recorded, a sequence with one token left decodes (a plan never
+            # postprocessed may have admitted it with a one-token chunk: then it computed
+            # nothing but its cached prefix, and that chunk is planned again).
             if (
                 not seq.decoding
-                and seq.num_computed_tokens > 0
+                and not computed_only_at_admission(seq, self.block_size, caching=caching)
                 and (seq.num_uncomputed_tokens == 0 or self._policy.ready_to_decode(seq))
                 and self._in_flight is None
                 and self._ahead is None

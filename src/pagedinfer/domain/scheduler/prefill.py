@@ -32,7 +32,7 @@ from pagedinfer.domain.scheduler.fork_table import ForkTable
 from pagedinfer.domain.scheduler.slots import SlotTable
 from pagedinfer.domain.sequence import Sequence, SequenceStatus
 
-__all__ = ["PrefillDecision", "PrefillPlanner"]
+__all__ = ["PrefillDecision", "PrefillPlanner", "computed_only_at_admission"]
 
 
 @dataclass(slots=True)
@@ -164,3 +164,18 @@ class PrefillPlanner:
         if seq.slot < 0:  # first admission (a preempted request keeps its slot)
             self._slots.assign(seq)
         return admission.num_tokens
+
+
+def computed_only_at_admission(seq: Sequence, block_size: int, *, caching: bool) -> bool:
+    """Whether running ``seq`` may have computed nothing since its admission but the prefix
+    the cache gave it then (``caching``: prefix caching on). A plan that admitted it and
+    was never recorded leaves it so, and a shorter plan made again (decode rows that joined
+    meanwhile took the budget) may not give it its chunk: then it prefills on, even with
+    one token left. A first admission computed exactly its cached tokens; a readmitted
+    request (its own blocks found) a whole number of blocks."""
+    computed = seq.num_computed_tokens
+    if computed == 0:
+        return True
+    if not caching or computed % block_size:
+        return False
+    return seq.num_preemptions > 0 or computed == seq.num_cached_tokens

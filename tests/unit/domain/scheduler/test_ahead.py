@@ -346,3 +346,52 @@ def test_a_chunk_planned_again_shorter_keeps_the_dropped_chunks_blocks_for_the_n
         assert plan is not None
         scheduler.postprocess(plan, [11] * plan.num_samples)
     assert scheduler.pool.num_free_blocks == config.num_blocks
+
+
+def test_a_cached_admission_dropped_and_not_planned_again_prefills_its_last_token() -> None:
+    # A request admitted ahead with its prompt cached but for the last token has its
+    # one-token chunk dropped (its step failed); planned again, a decode row that joined
+    # meanwhile and an older prefill take the budget: it stays prefilling with one token
+    # left (not decoding: nothing was sampled for it), and its chunk comes next.
+    config = SchedulerConfig(
+        num_blocks=16,
+        block_size=1,
+        max_model_len=12,
+        max_num_batched_tokens=3,
+        scheduling_policy="mixed",
+        enable_prefix_caching=True,
+    )
+    scheduler = Scheduler(config)
+    warm = Sequence(0, [32, 37], SamplingParams(max_tokens=1, ignore_eos=True))
+    scheduler.add(warm)
+    plan = scheduler.schedule()
+    assert plan is not None
+    scheduler.postprocess(plan, [9])
+    assert warm.is_finished  # its prompt's blocks stay in the prefix cache
+    a = Sequence(1, [1], SamplingParams(max_tokens=3, ignore_eos=True))
+    b = Sequence(2, [5, 5, 5, 5], SamplingParams(max_tokens=2, ignore_eos=True))
+    c = Sequence(3, [32, 40], SamplingParams(max_tokens=2, ignore_eos=True))
+    for seq in (a, b, c):
+        scheduler.add(seq)
+    first = scheduler.schedule()
+    assert first is not None and first.query_lens.tolist() == [1, 2]
+    ahead = scheduler.schedule_ahead()
+    assert ahead is not None and ahead.seq_ids.tolist() == [2, 3]
+    assert c.num_computed_tokens == 1  # its first token from the cache
+    scheduler.postprocess(first, [7])
+    assert a.decoding
+    again = scheduler.schedule()  # the plan made ahead failed
+    assert again is not None and again.seq_ids.tolist() == [1, 2]
+    scheduler.postprocess(again, [8, 6])
+    assert not c.decoding and c.num_computed_tokens == c.num_tokens - 1
+    scheduler.check_integrity()
+    nxt = scheduler.schedule()
+    assert nxt is not None and 3 in nxt.sampled_seq_ids  # its last prompt token samples
+    scheduler.postprocess(nxt, [4] * nxt.num_samples)
+    assert c.completion_token_ids == [4]
+    while scheduler.has_unfinished():
+        plan = scheduler.schedule()
+        assert plan is not None
+        scheduler.postprocess(plan, [11] * plan.num_samples)
+        scheduler.check_integrity()
+    assert scheduler.pool.num_free_blocks == config.num_blocks
