@@ -20,11 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedinfer.adapters.kernels.launch import launch
+from pagedinfer.adapters.kernels.silu_and_mul import launch_gated
 
 __all__ = ["clamped_swiglu"]
-
-_BLOCK = 1024
 
 
 @triton.jit  # type: ignore[untyped-decorator]
@@ -52,25 +50,4 @@ def _clamped_swiglu_kernel(  # type: ignore[no-untyped-def]
 
 def clamped_swiglu(x: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
     """``[..., 2I]`` interleaved gate/up -> ``[..., I]`` (see the module docstring)."""
-    width = int(x.shape[-1]) // 2
-    assert x.shape[-1] == 2 * width, x.shape
-    rows = x.reshape(-1, 2 * width)
-    assert rows.stride(-1) == 1, "the last dim must be contiguous"
-    out = torch.empty((*x.shape[:-1], width), dtype=x.dtype, device=x.device)
-    out_rows = out.view(-1, width)
-    num_rows = int(rows.shape[0])
-    if num_rows == 0 or width == 0:
-        return out
-    block = min(_BLOCK, triton.next_power_of_2(width))
-    launch(_clamped_swiglu_kernel, (num_rows, triton.cdiv(width, block)))(
-        out_rows,
-        rows,
-        rows.stride(0),
-        out_rows.stride(0),
-        float(alpha),
-        float(limit),
-        WIDTH=width,
-        BLOCK=block,
-        num_warps=4,
-    )
-    return out
+    return launch_gated(_clamped_swiglu_kernel, x, float(alpha), float(limit))

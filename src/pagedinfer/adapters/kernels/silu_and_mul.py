@@ -13,13 +13,15 @@ Tiling: program ``(row, block)`` handles ``BLOCK`` consecutive output columns of
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
 
 from pagedinfer.adapters.kernels.launch import launch
 
-__all__ = ["silu_and_mul"]
+__all__ = ["launch_gated", "silu_and_mul"]
 
 _BLOCK = 1024
 
@@ -46,6 +48,13 @@ def _silu_and_mul_kernel(  # type: ignore[no-untyped-def]
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """``[..., 2 * d] -> [..., d]``: ``silu(x[..., :d]) * x[..., d:]`` in one launch."""
+    return launch_gated(_silu_and_mul_kernel, x)
+
+
+def launch_gated(kernel: Any, x: torch.Tensor, *scalars: float) -> torch.Tensor:
+    """``[..., 2 * d] -> [..., d]`` through a gated-activation ``kernel`` over its rows:
+    ``kernel(out, x, stride_x, stride_out, *scalars, WIDTH=d, BLOCK=...)`` on the grid
+    ``(rows, cdiv(d, BLOCK))`` (this module's kernel, and GPT-OSS's clamped SwiGLU)."""
     width = int(x.shape[-1]) // 2
     assert x.shape[-1] == 2 * width, x.shape
     rows = x.reshape(-1, 2 * width)
@@ -56,11 +65,12 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if num_rows == 0 or width == 0:
         return out
     block = min(_BLOCK, triton.next_power_of_2(width))
-    launch(_silu_and_mul_kernel, (num_rows, triton.cdiv(width, block)))(
+    launch(kernel, (num_rows, triton.cdiv(width, block)))(
         out_rows,
         rows,
         rows.stride(0),
         out_rows.stride(0),
+        *scalars,
         WIDTH=width,
         BLOCK=block,
         num_warps=4,
